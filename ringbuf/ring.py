@@ -1,0 +1,218 @@
+"""A single-writer, multi-reader ring of fixed-layout float64 records.
+
+Segment layout (all words little-endian 64-bit)::
+
+    header (128 B): magic, version, capacity, n_fields, names_len, data_offset,
+                    ..., head at byte 64 (records committed so far)
+    field names:    UTF-8 JSON list, padded to 64 bytes
+    slots:          capacity x [seq, checksum, timestamp_ns, value_0 .. value_F-1]
+
+Each slot is a seqlock. Writing record ``i`` stores ``seq = 2i+1`` (odd: being
+written), the values and timestamp, the checksum, then ``seq = 2i+2``
+(committed), then ``head = i+1``. A reader copies a batch of slots and accepts
+record ``i`` only if ``seq`` read before *and* after the copy equals ``2i+2`` and
+the checksum matches. Since ``seq`` names the record, not just the slot's
+parity, a lapped slot is told apart from a torn one for free; both are counted
+as lost, never returned.
+
+Memory ordering: the seqlock relies on the writer's stores becoming visible in
+program order and the reader's loads not being reordered, which x86-64 (TSO)
+guarantees. Weaker architectures (aarch64, POWER) may show a reader the new
+``seq`` with stale values; the checksum, a multiply-sum of the timestamp and
+value words seeded with the committed ``seq``, rejects such a mix with
+probability ~1 - 2^-64, so a torn record is never accepted there either.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ringbuf import segment
+
+_MAGIC = int.from_bytes(b"WLRING01", "little")
+_VERSION = 1
+_HEADER_WORDS = 16  # 128 bytes
+_HEAD_WORD = 8  # own cache line: the only header word written after creation
+_NAMES_OFFSET = _HEADER_WORDS * 8
+_SLOT_META = 3  # seq, checksum, timestamp_ns
+_ALIGN = 64
+_GOLDEN = 0x9E3779B97F4A7C15
+_MASK = (1 << 64) - 1
+
+
+def _pad(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _weights(n_fields: int) -> npt.NDArray[np.uint64]:
+    """Odd per-word multipliers for the checksum: seq, timestamp, values..."""
+    return np.array([(_GOLDEN * (k + 1)) & _MASK | 1 for k in range(n_fields + 2)], dtype=np.uint64)
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """Records accepted by one ``Ring.read`` call, oldest first."""
+
+    values: npt.NDArray[np.float64]
+    """(n, n_fields) record values."""
+    timestamps_ns: npt.NDArray[np.int64]
+    """(n,) writer timestamps, ns (``time.monotonic_ns`` unless the writer chose)."""
+    indices: npt.NDArray[np.int64]
+    """(n,) record numbers: the k-th record ever written is number k."""
+    cursor: int
+    """Pass to the next ``read``: every record before it was accepted or lost."""
+    lost: int
+    """Records overwritten (or torn) before this reader could copy them."""
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class Ring:
+    """A ring in a named shared-memory segment; use ``create`` or ``attach``."""
+
+    def __init__(self, seg: segment.Segment, *, writer: bool, owner: bool) -> None:
+        words = np.frombuffer(seg.buf, dtype=np.uint64, count=_HEADER_WORDS)
+        if int(words[0]) != _MAGIC or int(words[1]) != _VERSION:
+            del words
+            raise ValueError(f"shared-memory segment {seg.name!r} is not a ring (or not ready)")
+        capacity, n_fields, names_len, data_offset = (int(w) for w in words[2:6])
+        names_raw = bytes(seg.buf[_NAMES_OFFSET : _NAMES_OFFSET + names_len])
+        self._seg = seg
+        self._writer = writer
+        self._owner = owner
+        self.name: str = seg.name
+        self.fields: tuple[str, ...] = tuple(json.loads(names_raw.decode("utf-8")))
+        self.capacity: int = capacity
+        stride = _SLOT_META + n_fields
+        count = capacity * stride
+        self._head = words[_HEAD_WORD : _HEAD_WORD + 1]
+        self._slots = np.frombuffer(seg.buf, np.uint64, count, data_offset).reshape(capacity, stride)
+        self._fslots = np.frombuffer(seg.buf, np.float64, count, data_offset).reshape(capacity, stride)
+        self._seq = self._slots[:, 0]
+        self._weights = _weights(n_fields)
+        self._next = int(self._head[0])
+
+    @classmethod
+    def create(cls, fields: Sequence[str], capacity: int, name: str | None = None) -> Ring:
+        """Create a ring (the owning, writing side) in a new segment."""
+        fields = tuple(fields)
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if len(set(fields)) != len(fields) or not all(isinstance(f, str) for f in fields):
+            raise ValueError("fields must be distinct strings")
+        names = json.dumps(list(fields)).encode("utf-8")
+        data_offset = _pad(_NAMES_OFFSET + len(names))
+        size = data_offset + capacity * (_SLOT_META + len(fields)) * 8
+        seg = segment.Segment.create(size, name)
+        words = np.frombuffer(seg.buf, dtype=np.uint64, count=_HEADER_WORDS)
+        words[1:6] = (_VERSION, capacity, len(fields), len(names), data_offset)
+        seg.buf[_NAMES_OFFSET : _NAMES_OFFSET + len(names)] = names
+        words[0] = _MAGIC  # last: an attach that sees the magic sees a whole header
+        del words
+        try:
+            return cls(seg, writer=True, owner=True)
+        except BaseException:
+            seg.close()
+            segment.unlink(seg.name)
+            raise
+
+    @classmethod
+    def attach(cls, name: str, writer: bool = False) -> Ring:
+        """Attach to an existing ring by name; layout is read from the segment.
+
+        At most one writer may exist at a time; a writer that attaches continues
+        numbering after the records already committed.
+        """
+        seg = segment.Segment.attach(name)
+        try:
+            return cls(seg, writer=writer, owner=False)
+        except BaseException:
+            seg.close()
+            raise
+
+    @property
+    def head(self) -> int:
+        """Records committed so far."""
+        return int(self._head[0])
+
+    def write(self, values: Sequence[float] | npt.ArrayLike, timestamp_ns: int | None = None) -> int:
+        """Append one record; returns its record number."""
+        if not self._writer:
+            raise PermissionError(f"ring {self.name!r} is attached read-only")
+        row_values = np.asarray(values, dtype=np.float64)
+        if row_values.shape != (len(self.fields),):
+            raise ValueError(f"expected {len(self.fields)} values, got shape {row_values.shape}")
+        ts = time.monotonic_ns() if timestamp_ns is None else int(timestamp_ns)
+        index = self._next
+        slot = index % self.capacity
+        committed = 2 * index + 2
+        row = self._slots[slot]
+        row[0] = committed - 1
+        self._fslots[slot, _SLOT_META:] = row_values
+        row[2] = ts & _MASK
+        row[1] = self._checksum(row[2:], committed)
+        row[0] = committed
+        self._head[0] = index + 1
+        self._next = index + 1
+        return index
+
+    def read(self, cursor: int) -> ReadResult:
+        """Copy every record from ``cursor`` up to the writer's head.
+
+        Records the writer overwrote before they could be copied are skipped
+        and counted in ``lost``; the returned cursor is always the head seen.
+        """
+        head = int(self._head[0])
+        if not 0 <= cursor <= head:
+            raise ValueError(f"cursor {cursor} outside [0, {head}] for ring {self.name!r}")
+        start = max(cursor, head - self.capacity)
+        indices = np.arange(start, head, dtype=np.uint64)
+        slots = (indices % np.uint64(self.capacity)).astype(np.intp)
+        expected = indices * np.uint64(2) + np.uint64(2)
+        seq_before = self._seq[slots]
+        rows = self._slots[slots]
+        seq_after = self._seq[slots]
+        ok = (seq_before == expected) & (seq_after == expected)
+        ok &= self._checksum(rows[:, 2:], expected) == rows[:, 1]
+        rows = rows[ok]
+        return ReadResult(
+            values=rows[:, _SLOT_META:].view(np.float64),
+            timestamps_ns=rows[:, 2].view(np.int64),
+            indices=indices[ok].astype(np.int64),
+            cursor=head,
+            lost=(start - cursor) + int(len(ok) - np.count_nonzero(ok)),
+        )
+
+    def _checksum(self, words: npt.NDArray[np.uint64], seq: object) -> npt.NDArray[np.uint64]:
+        with np.errstate(over="ignore"):  # arithmetic modulo 2**64 is the point
+            mixed = (words * self._weights[1:]).sum(axis=-1, dtype=np.uint64)
+            return mixed + np.asarray(seq, dtype=np.uint64) * self._weights[0]  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """Unmap this side's view; the segment lives on while others map it."""
+        if self._seg.buf.closed:
+            return
+        del self._head, self._slots, self._fslots, self._seq
+        self._seg.close()
+
+    def unlink(self) -> bool:
+        """Remove the segment's name so nothing can attach or leak it; mappings stay."""
+        return segment.unlink(self.name)
+
+    def __enter__(self) -> Ring:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+        if self._owner:
+            self.unlink()
+
+    def __repr__(self) -> str:
+        return f"Ring(name={self.name!r}, fields={len(self.fields)}, capacity={self.capacity})"
