@@ -1,0 +1,36 @@
+"""Crash-isolated resource monitoring for ML training backends.
+
+A child process samples CPU, memory, disk, network, the backend process and
+every NVIDIA GPU into a shared-memory ring; a daemon thread here stamps each
+sample with the watched model's age and logs it as ``resource/...`` signals.
+"""
+
+from sampler import signals
+from sampler.config import (
+    DEFAULT_CATEGORIES,
+    DEFAULT_INTERVAL_SECONDS,
+    DEFAULT_STEP_SOURCE,
+    STEP_SOURCES,
+    load_resource_monitoring_config,
+)
+from sampler.monitor import (
+    ResourceMonitor,
+    get_resource_monitor,
+    start_resource_monitor_from_config,
+    stop_resource_monitor,
+)
+from sampler.steps import watch_model
+
+__all__ = [
+    "DEFAULT_CATEGORIES",
+    "DEFAULT_INTERVAL_SECONDS",
+    "DEFAULT_STEP_SOURCE",
+    "STEP_SOURCES",
+    "ResourceMonitor",
+    "get_resource_monitor",
+    "load_resource_monitoring_config",
+    "signals",
+    "start_resource_monitor_from_config",
+    "stop_resource_monitor",
+    "watch_model",
+]

@@ -1,0 +1,45 @@
+"""The backend process as seen from outside: CPU, threads, memory."""
+
+from __future__ import annotations
+
+import psutil
+
+from sampler.collectors.base import MB, MISSING, Collector, attempt
+
+
+class ProcessCollector(Collector):
+    """Readings of process ``pid`` (the backend, never the sampling child).
+
+    ``cpu_utilization_percent`` follows psutil: 100 per fully busy core, so a
+    process using four cores reads 400.
+    """
+
+    category = "process"
+    names = (
+        "resource/process/cpu_utilization_percent",
+        "resource/process/cpu_threads_in_use",
+        "resource/process/memory_in_use_mb",
+        "resource/process/memory_in_use_percent",
+        "resource/process/memory_available_mb",
+    )
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._process = psutil.Process(pid)
+        self._process.cpu_percent(interval=None)  # prime: the first call has no window
+
+    def sample(self) -> list[float]:
+        proc = self._process
+        with proc.oneshot():
+            cpu = attempt(lambda: proc.cpu_percent(interval=None))
+            threads = attempt(proc.num_threads)
+            rss = attempt(lambda: proc.memory_info().rss)
+            percent = attempt(proc.memory_percent)
+        memory = attempt(psutil.virtual_memory)
+        return [
+            MISSING if cpu is None else float(cpu),
+            MISSING if threads is None else float(threads),
+            MISSING if rss is None else rss / MB,
+            MISSING if percent is None else float(percent),
+            MISSING if memory is None else memory.available / MB,
+        ]

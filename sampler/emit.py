@@ -1,0 +1,57 @@
+"""From a ring record to signals: stamp the step, then feed the sink."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from sampler.ratelimit import RateLimitedWarning
+from sampler.stats import MonitorStats
+from sampler.steps import StepStamper
+
+Sink = Callable[[str, float, int], object]
+SampleHook = Callable[[int, dict[str, float]], object]
+
+
+class Emitter:
+    """Logs each record's readings at its step; O(signals) per record.
+
+    A NaN reading failed in the child and is skipped. A sink or hook that
+    raises is counted and reported (rate-limited); it never stops the reader.
+    """
+
+    def __init__(
+        self, stamper: StepStamper, sink: Sink, stats: MonitorStats, on_sample: SampleHook | None = None
+    ) -> None:
+        self.stamper = stamper
+        self.sink = sink
+        self.stats = stats
+        self.on_sample = on_sample
+        self._failures = RateLimitedWarning()
+
+    def emit(self, fields: Sequence[str], values: Sequence[float], timestamp_ns: int) -> None:
+        stats = self.stats
+        stats.last_record_monotonic = time.monotonic()
+        step = self.stamper.stamp(timestamp_ns)
+        if step is None:
+            stats.records_dropped += 1
+            return
+        sample: dict[str, float] = {}
+        for name, value in zip(fields, values, strict=True):
+            if math.isnan(value):
+                continue
+            sample[name] = value
+            try:
+                self.sink(name, value, step)
+                stats.signals_logged += 1
+            except Exception as exc:
+                stats.sink_errors += 1
+                self._failures.warn("resource monitor: sink raised %r while logging %s", exc, name)
+        stats.records_logged += 1
+        if self.on_sample is not None:
+            try:
+                self.on_sample(step, sample)
+            except Exception as exc:
+                stats.sink_errors += 1
+                self._failures.warn("resource monitor: on_sample hook raised %r", exc)

@@ -1,0 +1,47 @@
+"""The signal pipeline that losses, metrics and resource signals share.
+
+``log_signal(name, value, step)`` hands a value to every subscriber and, when
+WeightsLab is importable, to WeightsLab's own logger.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from sampler import wl_adapter
+from sampler.ratelimit import RateLimitedWarning
+
+Subscriber = Callable[[str, float, int], object]
+
+_lock = threading.Lock()
+_subscribers: tuple[Subscriber, ...] = ()
+_failures = RateLimitedWarning()
+
+
+def subscribe(fn: Subscriber) -> Callable[[], None]:
+    """Call ``fn(name, value, step)`` for every signal; returns the unsubscribe callable."""
+    global _subscribers
+    with _lock:
+        _subscribers = (*_subscribers, fn)
+
+    def unsubscribe() -> None:
+        global _subscribers
+        with _lock:
+            _subscribers = tuple(s for s in _subscribers if s is not fn)
+
+    return unsubscribe
+
+
+def log_signal(name: str, value: float, step: int) -> None:
+    """Deliver one signal value at ``step``. A subscriber that raises is reported
+    (rate-limited) and does not keep the value from the others."""
+    for fn in _subscribers:
+        try:
+            fn(name, value, step)
+        except Exception as exc:
+            _failures.warn("resource monitor: signal subscriber %r raised %r", fn, exc)
+    try:
+        wl_adapter.forward_signal(name, value, step)
+    except Exception as exc:
+        _failures.warn("resource monitor: forwarding %s to WeightsLab raised %r", name, exc)
