@@ -26,6 +26,7 @@ probability ~1 - 2^-64, so a torn record is never accepted there either.
 from __future__ import annotations
 
 import json
+import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,6 +56,32 @@ def _weights(n_fields: int) -> npt.NDArray[np.uint64]:
     return np.array([(_GOLDEN * (k + 1)) & _MASK | 1 for k in range(n_fields + 2)], dtype=np.uint64)
 
 
+def _parse_header(seg: segment.Segment) -> tuple[int, int, int, tuple[str, ...]]:
+    """(capacity, n_fields, data_offset, field names) of a ring segment; ValueError
+    if the segment is not a ring, not ready, or inconsistent."""
+    size = len(seg.buf)
+    if size < _NAMES_OFFSET:
+        raise ValueError(f"shared-memory segment {seg.name!r} is too small to be a ring")
+    words = struct.unpack_from(f"<{_HEADER_WORDS}Q", seg.buf, 0)
+    if words[0] != _MAGIC or words[1] != _VERSION:
+        raise ValueError(f"shared-memory segment {seg.name!r} is not a ring (or not ready)")
+    capacity, n_fields, names_len, data_offset = words[2:6]
+    if (
+        capacity < 1
+        or data_offset < _NAMES_OFFSET + names_len
+        or data_offset % _ALIGN
+        or data_offset + capacity * (_SLOT_META + n_fields) * 8 > size
+    ):
+        raise ValueError(f"ring {seg.name!r} has an inconsistent header")
+    try:
+        fields = tuple(json.loads(bytes(seg.buf[_NAMES_OFFSET : _NAMES_OFFSET + names_len]).decode("utf-8")))
+    except (UnicodeDecodeError, ValueError):
+        raise ValueError(f"ring {seg.name!r} has unreadable field names") from None
+    if len(fields) != n_fields or not all(isinstance(f, str) for f in fields):
+        raise ValueError(f"ring {seg.name!r} field names do not match its layout")
+    return capacity, n_fields, data_offset, fields
+
+
 @dataclass(frozen=True)
 class ReadResult:
     """Records accepted by one ``Ring.read`` call, oldest first."""
@@ -78,21 +105,18 @@ class Ring:
     """A ring in a named shared-memory segment; use ``create`` or ``attach``."""
 
     def __init__(self, seg: segment.Segment, *, writer: bool, owner: bool) -> None:
-        words = np.frombuffer(seg.buf, dtype=np.uint64, count=_HEADER_WORDS)
-        if int(words[0]) != _MAGIC or int(words[1]) != _VERSION:
-            del words
-            raise ValueError(f"shared-memory segment {seg.name!r} is not a ring (or not ready)")
-        capacity, n_fields, names_len, data_offset = (int(w) for w in words[2:6])
-        names_raw = bytes(seg.buf[_NAMES_OFFSET : _NAMES_OFFSET + names_len])
+        # The header is validated through struct, not numpy views, so a corrupt
+        # segment raises before any view exists and the caller can unmap it.
+        capacity, n_fields, data_offset, fields = _parse_header(seg)
         self._seg = seg
         self._writer = writer
         self._owner = owner
         self.name: str = seg.name
-        self.fields: tuple[str, ...] = tuple(json.loads(names_raw.decode("utf-8")))
+        self.fields: tuple[str, ...] = fields
         self.capacity: int = capacity
         stride = _SLOT_META + n_fields
         count = capacity * stride
-        self._head = words[_HEAD_WORD : _HEAD_WORD + 1]
+        self._head = np.frombuffer(seg.buf, np.uint64, 1, _HEAD_WORD * 8)
         self._slots = np.frombuffer(seg.buf, np.uint64, count, data_offset).reshape(capacity, stride)
         self._fslots = np.frombuffer(seg.buf, np.float64, count, data_offset).reshape(capacity, stride)
         self._seq = self._slots[:, 0]

@@ -27,6 +27,8 @@ import threading
 import time
 from typing import Any
 
+import psutil
+
 from ringbuf import Ring
 from ringbuf.segment import unlink
 from sampler.collectors import Collector, build_collectors
@@ -69,9 +71,12 @@ class Child:
 
     def run(self) -> None:
         p = self.params
-        self.collectors = build_collectors(
-            p["categories"], disk_path=p["disk_path"], pid=p["pid"], nvml_module=p["nvml_module"]
-        )
+        try:
+            self.collectors = build_collectors(
+                p["categories"], disk_path=p["disk_path"], pid=p["pid"], nvml_module=p["nvml_module"]
+            )
+        except psutil.NoSuchProcess:
+            return  # the backend died while the child was starting
         fields = [name for c in self.collectors for name in c.names]
         with self.ring_lock:
             if self.stop.is_set():

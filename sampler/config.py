@@ -57,12 +57,12 @@ def defaults() -> dict[str, Any]:
     }
 
 
-def parse_interval(raw: object) -> float:
+def parse_interval(raw: object, source: str = "interval_seconds") -> float:
     """Seconds between samples, clamped to ``MIN_INTERVAL_SECONDS``.
 
     Accepts numbers and numeric strings; raises ``ValueError`` for anything
     non-numeric, non-finite or not positive. A positive value under the floor
-    is clamped with a warning.
+    is clamped with a warning naming ``source`` (the variable, file or flag).
     """
     if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
         raise _Invalid(f"expected a number of seconds, got {type(raw).__name__}")
@@ -74,7 +74,8 @@ def parse_interval(raw: object) -> float:
         raise _Invalid("must be a finite number of seconds > 0")
     if value < MIN_INTERVAL_SECONDS:
         log.warning(
-            "resource monitor: interval_seconds=%r is below the %.0f s floor; using %.1f",
+            "resource monitor: %s: interval_seconds=%r is below the %g s floor; using %r instead",
+            source,
             raw,
             MIN_INTERVAL_SECONDS,
             MIN_INTERVAL_SECONDS,
@@ -130,7 +131,7 @@ def _apply_env(cfg: dict[str, Any], environ: Mapping[str, str]) -> None:
                 "monitoring stays enabled",
             )
 
-    simple = ((ENV_INTERVAL, "interval_seconds", parse_interval),
+    simple = ((ENV_INTERVAL, "interval_seconds", lambda raw: parse_interval(raw, ENV_INTERVAL)),
               (ENV_DISK_PATH, "disk_path", _parse_disk_path),
               (ENV_STEP_SOURCE, "step_source", _parse_step_source))  # fmt: skip
     for var, key, parse in simple:
@@ -179,7 +180,7 @@ def _apply_file(cfg: dict[str, Any], path: Path) -> None:
         return
 
     parsers = {"enabled": _parse_bool,
-               "interval_seconds": parse_interval,
+               "interval_seconds": lambda raw: parse_interval(raw, source),
                "disk_path": _parse_disk_path,
                "step_source": _parse_step_source}  # fmt: skip
     for key, raw in section.items():

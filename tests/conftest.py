@@ -1,0 +1,100 @@
+"""Shared fixtures: fast monitors, and a guard that every test leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psutil
+import pytest
+
+import sampler
+from ringbuf import NAME_PREFIX
+from sampler import steps
+
+FAST = {"interval_seconds": 0.1, "_min_interval_seconds": 0.05}
+"""Monitor settings for tests: below the 1 s floor, which only tests and benchmarks may use."""
+
+ENV_VARS = (
+    "WEIGHTSLAB_DISABLE_RESOURCE_MONITORING",
+    "WL_RESOURCE_MONITOR_INTERVAL_SECONDS",
+    "WL_RESOURCE_MONITOR_CATEGORIES",
+    "WL_RESOURCE_MONITOR_DISK_PATH",
+    "WL_RESOURCE_MONITOR_STEP_SOURCE",
+    "WL_RESOURCE_MONITOR_CONFIG_PATH",
+    "FAKE_NVML",
+)
+
+
+def shm_segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(NAME_PREFIX)}
+
+
+def open_fds() -> set[int]:
+    return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
+@pytest.fixture(autouse=True)
+def hermetic(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No user env var leaks in; no process, thread or segment leaks out."""
+    for var in ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+    before_children = {p.pid for p in psutil.Process().children(recursive=True)}
+    before_shm = shm_segments()
+    yield
+    sampler.stop_resource_monitor()
+    steps.watch_model(None)
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        children = {p.pid for p in psutil.Process().children(recursive=True)} - before_children
+        threads = [t for t in threading.enumerate() if t.name == "WL-ResourceMonitor"]
+        if not children and not threads:
+            break
+        time.sleep(0.05)
+    assert not children, f"test left child processes {children}"
+    assert not threads, "test left a WL-ResourceMonitor thread running"
+    assert shm_segments() <= before_shm, f"test left shared memory {shm_segments() - before_shm}"
+
+
+class Recorder:
+    """A sink that keeps every (name, value, step) it is given."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float, int]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, name: str, value: float, step: int) -> None:
+        with self._lock:
+            self.calls.append((name, value, step))
+
+    def names(self) -> set[str]:
+        return {name for name, _, _ in self.calls}
+
+    def steps(self, name: str) -> list[int]:
+        return [step for n, _, step in self.calls if n == name]
+
+    def values(self, name: str) -> list[float]:
+        return [value for n, value, _ in self.calls if n == name]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def run_monitor(records: int = 2, **kwargs: Any) -> tuple[Recorder, dict[str, Any]]:
+    """Run a fast monitor until ``records`` samples were logged; returns the sink and stats."""
+    sink = Recorder()
+    options = {**FAST, "step_source": "seconds", **kwargs}
+    with sampler.ResourceMonitor(sink=sink, **options) as monitor:
+        wait_for(lambda: monitor.stats()["records_logged"] >= records, what=f"{records} records")
+        stats = monitor.stats()
+    return sink, stats

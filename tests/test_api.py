@@ -1,0 +1,188 @@
+"""The public API of SPEC 5: singleton from config, signal pipeline, WeightsLab."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import Recorder, wait_for
+
+import sampler
+from sampler import signals, steps, wl_adapter
+
+CPU = "resource/cpu/utilization_percent"
+
+
+def test_public_names() -> None:
+    assert sampler.DEFAULT_CATEGORIES == ("cpu", "memory", "gpu", "disk", "network", "process")
+    assert sampler.DEFAULT_STEP_SOURCE == "model_age"
+    assert sampler.STEP_SOURCES == ("model_age", "seconds")
+    assert sampler.DEFAULT_INTERVAL_SECONDS == 15.0
+
+
+def use_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, yaml_text: str) -> None:
+    """Point the lookup at a config file of the test's own, from a cwd with no repository."""
+    (tmp_path / "resource_monitoring.yaml").write_text(textwrap.dedent(yaml_text))
+    monkeypatch.setenv("WL_RESOURCE_MONITOR_CONFIG_PATH", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+
+
+def test_singleton_from_config_is_idempotent_and_logs_through_the_pipeline(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    use_config(
+        monkeypatch,
+        tmp_path,
+        """
+        resource_monitoring:
+          interval_seconds: 1
+          categories: {gpu: false, disk: false, network: false, process: false}
+        """,
+    )
+    seen = Recorder()
+    unsubscribe = signals.subscribe(seen)
+    try:
+        monitor = sampler.start_resource_monitor_from_config()
+        assert monitor is not None
+        assert sampler.start_resource_monitor_from_config() is monitor
+        assert sampler.get_resource_monitor() is monitor
+        assert monitor.interval_seconds == 1.0
+        assert monitor.categories == ("cpu", "memory")
+        wait_for(lambda: CPU in seen.names(), what="a resource signal through log_signal")
+    finally:
+        unsubscribe()
+        sampler.stop_resource_monitor()
+    assert sampler.get_resource_monitor() is None
+    assert seen.steps(CPU)[0] == 0  # no model registered: step 0
+
+
+def test_disabled_by_env_starts_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WEIGHTSLAB_DISABLE_RESOURCE_MONITORING", "TRUE")
+    assert sampler.start_resource_monitor_from_config() is None
+    assert sampler.get_resource_monitor() is None
+
+
+def test_garbage_interval_does_not_stop_the_backend(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    use_config(monkeypatch, tmp_path, "resource_monitoring:\n  interval_seconds: abc\n")
+    monitor = sampler.start_resource_monitor_from_config()
+    assert monitor is not None and monitor.interval_seconds == sampler.DEFAULT_INTERVAL_SECONDS
+    assert any("'abc'" in r.getMessage() for r in caplog.records)
+
+
+def test_subscribe_and_unsubscribe() -> None:
+    first, second = Recorder(), Recorder()
+    off_first = signals.subscribe(first)
+    off_second = signals.subscribe(second)
+    signals.log_signal("train/loss", 0.5, 3)
+    off_first()
+    signals.log_signal("train/loss", 0.4, 4)
+    off_second()
+    signals.log_signal("train/loss", 0.3, 5)
+    assert first.calls == [("train/loss", 0.5, 3)]
+    assert second.calls == [("train/loss", 0.5, 3), ("train/loss", 0.4, 4)]
+
+
+def test_a_raising_subscriber_does_not_starve_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    def broken(name: str, value: float, step: int) -> None:
+        raise ValueError("boom")
+
+    good = Recorder()
+    offs = [signals.subscribe(broken), signals.subscribe(good)]
+    try:
+        signals.log_signal("a", 1.0, 1)
+    finally:
+        for off in offs:
+            off()
+    assert good.calls == [("a", 1.0, 1)]
+    assert any("boom" in r.getMessage() for r in caplog.records)
+
+
+FAKE_WEIGHTSLAB = {
+    "weightslab/__init__.py": "",
+    "weightslab/src.py": """
+        CALLS = []
+
+        def _log_signal(scalar, signal_per_sample, reg_name, step=0, **kwargs):
+            CALLS.append((reg_name, scalar, step, signal_per_sample, kwargs))
+        """,
+    "weightslab/backend/__init__.py": "",
+    "weightslab/backend/ledgers.py": """
+        class Proxy:
+            def __init__(self):
+                self._obj = None
+
+            def __getattr__(self, item):
+                obj = object.__getattribute__(self, "_obj")
+                if obj is None:
+                    raise AttributeError("Proxy target not set")
+                return getattr(obj, item)
+
+        _MODEL = Proxy()
+
+        def get_model(name="main"):
+            return _MODEL
+
+        def register_model(model, name="main"):
+            _MODEL._obj = model
+        """,
+}
+
+
+@pytest.fixture
+def weightslab(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """A minimal stand-in for WeightsLab's ledger and logger (the real package
+    needs torch and a CUDA build to install), importable from sys.path."""
+    for relative, text in FAKE_WEIGHTSLAB.items():
+        path = tmp_path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(wl_adapter, "_src", wl_adapter._Lazy("weightslab.src"))
+    monkeypatch.setattr(wl_adapter, "_ledgers", wl_adapter._Lazy("weightslab.backend.ledgers"))
+    yield
+    for name in [m for m in sys.modules if m == "weightslab" or m.startswith("weightslab.")]:
+        del sys.modules[name]
+
+
+def test_weightslab_gets_every_signal_at_the_ledger_models_age(weightslab) -> None:
+    from weightslab import src
+    from weightslab.backend import ledgers
+
+    class Model:
+        age = 0
+
+        def get_age(self) -> int:
+            return self.age
+
+    signals.log_signal("train/loss", 0.25, 7)
+    assert src.CALLS == [("train/loss", 0.25, 7, None, {"per_sample": False})]
+
+    model = Model()
+    with sampler.ResourceMonitor(categories=["cpu"], interval_seconds=0.1, _min_interval_seconds=0.05):
+        wait_for(lambda: any(c[0] == CPU for c in src.CALLS), what="step 0 before the ledger has a model")
+        ledgers.register_model(model)
+        model.age = 42
+        wait_for(lambda: any(c[0] == CPU and c[2] == 42 for c in src.CALLS), what="the ledger model's age")
+    assert [c[2] for c in src.CALLS if c[0] == CPU] == [0, 42]
+
+
+def test_watch_model_beats_the_ledger(weightslab) -> None:
+    from weightslab.backend import ledgers
+
+    class Model:
+        def __init__(self, age: int) -> None:
+            self.age = age
+
+        def get_age(self) -> int:
+            return self.age
+
+    ledgers.register_model(Model(100))
+    sampler.watch_model(Model(5))
+    assert steps.watched_model_age() == 5
+    sampler.watch_model(None)
+    assert steps.watched_model_age() == 100

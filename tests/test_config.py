@@ -1,0 +1,642 @@
+"""Tests for ``sampler.config``: defaults, env vars, the YAML file, lookup order, bad input (SPEC 4).
+
+Every test is hermetic: it passes an explicit ``environ`` dict, a ``cwd`` and a ``package_dir`` under
+pytest's ``tmp_path``, so neither the real environment nor the repository's own
+``resource_monitoring.yaml`` can leak in. Warnings go through the ``sampler`` logger and are captured
+with ``caplog``; each bad input must produce exactly one warning that names the source (env var or
+file), the key, the bad value and what is used instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sampler
+from sampler import config
+
+ALL_ON = dict.fromkeys(config.DEFAULT_CATEGORIES, True)
+ROOT = os.path.abspath(os.sep)
+FILE_NAME = "resource_monitoring.yaml"
+DOT_FILE_NAME = ".resource_monitoring.yaml"
+
+
+@dataclass
+class Tree:
+    """A scratch layout: ``base`` holds no ``.git``; ``pkg`` is an empty package dir; ``work`` the cwd."""
+
+    base: Path
+    pkg: Path
+    work: Path
+
+    def load(
+        self,
+        environ: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        package_dir: Path | None = None,
+    ) -> dict[str, Any]:
+        return config.load_resource_monitoring_config(
+            environ={} if environ is None else dict(environ),
+            cwd=self.work if cwd is None else cwd,
+            package_dir=self.pkg if package_dir is None else package_dir,
+        )
+
+
+@pytest.fixture
+def tree(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> Tree:
+    base = tmp_path.resolve()
+    # Hermeticity guard: an ancestor repository holding a real config file would be picked up as the
+    # "repository-level" file by every test that builds no .git of its own.
+    for directory in (base, *base.parents):
+        if (directory / ".git").exists() and (directory / FILE_NAME).exists():
+            pytest.skip(f"{directory / FILE_NAME} above tmp_path would leak into the lookup")
+    pkg = base / "pkg"
+    work = base / "work"
+    pkg.mkdir()
+    work.mkdir()
+    caplog.set_level(logging.WARNING, logger="sampler")
+    return Tree(base=base, pkg=pkg, work=work)
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def section(body: str) -> str:
+    """A YAML document with ``body`` (one ``key: value`` per line) under ``resource_monitoring``."""
+    lines = "".join(f"  {line}\n" for line in body.strip("\n").splitlines())
+    return f"resource_monitoring:\n{lines}"
+
+
+def make_repo(base: Path, depth: int = 3) -> tuple[Path, Path]:
+    """A repository root (holding ``.git``) and a subdirectory ``depth`` levels below it."""
+    root = base / "repo"
+    (root / ".git").mkdir(parents=True)
+    nested = root.joinpath(*(f"level{i}" for i in range(depth)))
+    nested.mkdir(parents=True, exist_ok=True)
+    return root, nested
+
+
+def sampler_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "sampler" and r.levelno >= logging.WARNING]
+
+
+def assert_no_warnings(caplog: pytest.LogCaptureFixture) -> None:
+    assert sampler_warnings(caplog) == []
+
+
+def assert_one_warning(caplog: pytest.LogCaptureFixture, *fragments: str) -> str:
+    """Exactly one ``sampler`` warning, containing every fragment; returns it."""
+    messages = sampler_warnings(caplog)
+    assert len(messages) == 1, messages
+    for fragment in fragments:
+        assert fragment in messages[0], f"{fragment!r} missing from {messages[0]!r}"
+    return messages[0]
+
+
+# --------------------------------------------------------------------------- defaults and constants
+
+
+def test_defaults_with_empty_environment_and_no_file(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    cfg = tree.load()
+    assert cfg == {
+        "enabled": True,
+        "interval_seconds": 15.0,
+        "categories": ALL_ON,
+        "disk_path": ROOT,
+        "step_source": "model_age",
+        "config_file": None,
+    }
+    assert isinstance(cfg["interval_seconds"], float)
+    assert_no_warnings(caplog)
+
+
+def test_module_constants() -> None:
+    assert config.DEFAULT_CATEGORIES == ("cpu", "memory", "gpu", "disk", "network", "process")
+    assert config.STEP_SOURCES == ("model_age", "seconds")
+    assert config.DEFAULT_STEP_SOURCE == "model_age"
+    assert config.DEFAULT_INTERVAL_SECONDS == 15.0
+
+
+@pytest.mark.parametrize(
+    "name", ["DEFAULT_CATEGORIES", "STEP_SOURCES", "DEFAULT_STEP_SOURCE", "DEFAULT_INTERVAL_SECONDS"]
+)
+def test_constants_exported_from_package(name: str) -> None:
+    assert name in sampler.__all__
+    assert getattr(sampler, name) == getattr(config, name)
+
+
+def test_load_is_exported_from_package() -> None:
+    assert sampler.load_resource_monitoring_config is config.load_resource_monitoring_config
+
+
+def test_calls_do_not_share_state(tree: Tree) -> None:
+    write(tree.work / FILE_NAME, section("categories: {cpu: false}"))
+    assert tree.load()["categories"]["cpu"] is False
+    (tree.work / FILE_NAME).unlink()
+    assert tree.load()["categories"] == ALL_ON
+
+
+# --------------------------------------------------------------------------- environment variables
+
+
+@pytest.mark.parametrize("raw", ["1", "true", "YES", "On", "TRUE", " yes "])
+def test_disable_env_truthy_disables(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
+    assert tree.load({config.ENV_DISABLE: raw})["enabled"] is False
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize("raw", ["0", "false", "no", "off", "", "OFF"])
+def test_disable_env_falsy_keeps_enabled(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
+    assert tree.load({config.ENV_DISABLE: raw})["enabled"] is True
+    assert_no_warnings(caplog)
+
+
+def test_disable_env_garbage_warns_and_stays_enabled(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    assert tree.load({config.ENV_DISABLE: "maybe"})["enabled"] is True
+    assert_one_warning(caplog, "WEIGHTSLAB_DISABLE_RESOURCE_MONITORING", "'maybe'", "enabled")
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("30", 30.0), ("2.5", 2.5), (" 60 ", 60.0), ("1", 1.0)])
+def test_interval_env_valid(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str, expected: float) -> None:
+    value = tree.load({config.ENV_INTERVAL: raw})["interval_seconds"]
+    assert value == expected
+    assert isinstance(value, float)
+    assert_no_warnings(caplog)
+
+
+def test_interval_env_below_floor_is_clamped(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    assert tree.load({config.ENV_INTERVAL: "0.2"})["interval_seconds"] == 1.0
+    assert_one_warning(caplog, "interval_seconds", "0.2", "1.0")
+
+
+def test_interval_env_clamp_warning_names_the_variable(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    # SPEC 4: a value of the wrong range gets one warning naming the file or variable.
+    tree.load({config.ENV_INTERVAL: "0.2"})
+    assert_one_warning(caplog, "WL_RESOURCE_MONITOR_INTERVAL_SECONDS", "0.2", "1.0")
+
+
+@pytest.mark.parametrize("raw", ["abc", "-5", "nan", "inf", "0", "-inf", ""])
+def test_interval_env_invalid_warns_and_keeps_default(
+    tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
+) -> None:
+    assert tree.load({config.ENV_INTERVAL: raw})["interval_seconds"] == 15.0
+    assert_one_warning(caplog, "WL_RESOURCE_MONITOR_INTERVAL_SECONDS", "interval_seconds", repr(raw), "15.0")
+
+
+def test_categories_env_allowlist(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    cats = tree.load({config.ENV_CATEGORIES: "cpu, GPU"})["categories"]
+    assert cats == {
+        "cpu": True,
+        "memory": False,
+        "gpu": True,
+        "disk": False,
+        "network": False,
+        "process": False,
+    }
+    assert_no_warnings(caplog)
+
+
+def test_categories_env_unknown_name_warns_and_known_ones_apply(
+    tree: Tree, caplog: pytest.LogCaptureFixture
+) -> None:
+    cats = tree.load({config.ENV_CATEGORIES: "cpu,bogus,disk"})["categories"]
+    assert cats == {
+        "cpu": True,
+        "memory": False,
+        "gpu": False,
+        "disk": True,
+        "network": False,
+        "process": False,
+    }
+    assert_one_warning(caplog, "WL_RESOURCE_MONITOR_CATEGORIES", "'bogus'", "ignor")
+
+
+def test_categories_env_unset_means_all_on(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    assert tree.load({})["categories"] == ALL_ON
+    assert_no_warnings(caplog)
+
+
+def test_disk_path_env_existing_dir_is_used(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    disk = tree.base / "data"
+    disk.mkdir()
+    assert tree.load({config.ENV_DISK_PATH: str(disk)})["disk_path"] == str(disk)
+    assert_no_warnings(caplog)
+
+
+def test_disk_path_env_missing_warns_and_uses_root(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    missing = str(tree.base / "no" / "such" / "dir")
+    assert tree.load({config.ENV_DISK_PATH: missing})["disk_path"] == ROOT
+    assert_one_warning(caplog, "WL_RESOURCE_MONITOR_DISK_PATH", "disk_path", repr(missing), repr(ROOT))
+
+
+@pytest.mark.parametrize("raw", ["seconds", "Seconds", "model_age"])
+def test_step_source_env_valid(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
+    assert tree.load({config.ENV_STEP_SOURCE: raw})["step_source"] == raw.lower()
+    assert_no_warnings(caplog)
+
+
+def test_step_source_env_bogus_warns_and_uses_model_age(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    assert tree.load({config.ENV_STEP_SOURCE: "bogus"})["step_source"] == "model_age"
+    assert_one_warning(caplog, "WL_RESOURCE_MONITOR_STEP_SOURCE", "step_source", "'bogus'", "'model_age'")
+
+
+# --------------------------------------------------------------------------- YAML over env
+
+
+def test_file_interval_beats_env(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    write(tree.work / FILE_NAME, section("interval_seconds: 5"))
+    cfg = tree.load({config.ENV_INTERVAL: "30"})
+    assert cfg["interval_seconds"] == 5.0
+    assert isinstance(cfg["interval_seconds"], float)
+    assert_no_warnings(caplog)
+
+
+def test_file_omitted_keys_keep_env_values(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    disk = tree.base / "data"
+    disk.mkdir()
+    write(tree.work / FILE_NAME, section("interval_seconds: 5"))
+    cfg = tree.load(
+        {
+            config.ENV_STEP_SOURCE: "seconds",
+            config.ENV_DISK_PATH: str(disk),
+            config.ENV_CATEGORIES: "cpu",
+            config.ENV_DISABLE: "1",
+        }
+    )
+    assert cfg["interval_seconds"] == 5.0
+    assert cfg["step_source"] == "seconds"
+    assert cfg["disk_path"] == str(disk)
+    assert cfg["categories"] == {name: name == "cpu" for name in config.DEFAULT_CATEGORIES}
+    assert cfg["enabled"] is False
+    assert_no_warnings(caplog)
+
+
+def test_file_categories_override_per_key(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    write(tree.work / FILE_NAME, section("categories: {memory: true, gpu: false}"))
+    cats = tree.load({config.ENV_CATEGORIES: "cpu,gpu"})["categories"]
+    assert cats == {
+        "cpu": True,
+        "memory": True,
+        "gpu": False,
+        "disk": False,
+        "network": False,
+        "process": False,
+    }
+    assert_no_warnings(caplog)
+
+
+def test_file_categories_override_defaults(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    write(tree.work / FILE_NAME, section("categories:\n  gpu: false\n  network: false"))
+    cats = tree.load()["categories"]
+    assert cats == {**ALL_ON, "gpu": False, "network": False}
+    assert_no_warnings(caplog)
+
+
+def test_file_enabled_false_disables(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    write(tree.work / FILE_NAME, section("enabled: false"))
+    assert tree.load()["enabled"] is False
+    assert_no_warnings(caplog)
+
+
+def test_file_enabled_true_beats_env_disable(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    # SPEC 4: any key present in the file overrides the env var.
+    write(tree.work / FILE_NAME, section("enabled: true"))
+    assert tree.load({config.ENV_DISABLE: "1"})["enabled"] is True
+    assert_no_warnings(caplog)
+
+
+def test_file_step_source_and_disk_path_beat_env(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    env_disk = tree.base / "env_disk"
+    file_disk = tree.base / "file_disk"
+    env_disk.mkdir()
+    file_disk.mkdir()
+    write(tree.work / FILE_NAME, section(f"step_source: seconds\ndisk_path: '{file_disk}'"))
+    cfg = tree.load({config.ENV_STEP_SOURCE: "model_age", config.ENV_DISK_PATH: str(env_disk)})
+    assert cfg["step_source"] == "seconds"
+    assert cfg["disk_path"] == str(file_disk)
+    assert_no_warnings(caplog)
+
+
+def test_config_file_reports_the_path_used(tree: Tree) -> None:
+    path = write(tree.work / FILE_NAME, section("interval_seconds: 5"))
+    assert tree.load()["config_file"] == str(path)
+
+
+def test_quoted_numeric_interval_is_accepted(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    # Intended leniency: a numeric string is read as a number, the same way the env var is.
+    write(tree.work / FILE_NAME, section('interval_seconds: "30"'))
+    value = tree.load()["interval_seconds"]
+    assert value == 30.0
+    assert isinstance(value, float)
+    assert_no_warnings(caplog)
+
+
+# --------------------------------------------------------------------------- lookup order
+
+
+def test_config_path_dotfile_beats_plain_file(tree: Tree) -> None:
+    cfg_dir = tree.base / "cfg"
+    dot = write(cfg_dir / DOT_FILE_NAME, section("interval_seconds: 2"))
+    write(cfg_dir / FILE_NAME, section("interval_seconds: 3"))
+    cfg = tree.load({config.ENV_CONFIG_PATH: str(cfg_dir)})
+    assert cfg["interval_seconds"] == 2.0
+    assert cfg["config_file"] == str(dot)
+
+
+def test_config_path_plain_file_beats_repository_root(tree: Tree) -> None:
+    root, nested = make_repo(tree.base)
+    write(root / FILE_NAME, section("interval_seconds: 4"))
+    cfg_dir = tree.base / "cfg"
+    plain = write(cfg_dir / FILE_NAME, section("interval_seconds: 3"))
+    cfg = tree.load({config.ENV_CONFIG_PATH: str(cfg_dir)}, cwd=nested)
+    assert cfg["interval_seconds"] == 3.0
+    assert cfg["config_file"] == str(plain)
+
+
+def test_config_path_without_files_falls_through(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    root, nested = make_repo(tree.base)
+    root_file = write(root / FILE_NAME, section("interval_seconds: 4"))
+    cfg_dir = tree.base / "cfg"
+    cfg_dir.mkdir()
+    cfg = tree.load({config.ENV_CONFIG_PATH: str(cfg_dir)}, cwd=nested)
+    assert cfg["config_file"] == str(root_file)
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize("depth", [0, 1, 4])
+def test_repository_root_found_from_nested_dir_beats_package(tree: Tree, depth: int) -> None:
+    root, nested = make_repo(tree.base, depth=depth)
+    root_file = write(root / FILE_NAME, section("interval_seconds: 4"))
+    write(tree.pkg / FILE_NAME, section("interval_seconds: 5"))
+    if depth:
+        write(nested / FILE_NAME, section("interval_seconds: 6"))
+    cfg = tree.load(cwd=nested)
+    assert cfg["interval_seconds"] == 4.0
+    assert cfg["config_file"] == str(root_file)
+
+
+def test_nearest_git_ancestor_is_the_repository_root(tree: Tree) -> None:
+    outer, _ = make_repo(tree.base, depth=0)
+    write(outer / FILE_NAME, section("interval_seconds: 7"))
+    inner = outer / "vendor" / "inner"
+    (inner / ".git").mkdir(parents=True)
+    inner_file = write(inner / FILE_NAME, section("interval_seconds: 8"))
+    nested = inner / "src"
+    nested.mkdir()
+    assert tree.load(cwd=nested)["config_file"] == str(inner_file)
+
+
+def test_package_file_beats_cwd_file(tree: Tree) -> None:
+    pkg_file = write(tree.pkg / FILE_NAME, section("interval_seconds: 5"))
+    write(tree.work / FILE_NAME, section("interval_seconds: 6"))
+    cfg = tree.load()
+    assert cfg["interval_seconds"] == 5.0
+    assert cfg["config_file"] == str(pkg_file)
+
+
+def test_cwd_file_used_when_nothing_else_exists(tree: Tree) -> None:
+    cwd_file = write(tree.work / FILE_NAME, section("interval_seconds: 6"))
+    cfg = tree.load()
+    assert cfg["interval_seconds"] == 6.0
+    assert cfg["config_file"] == str(cwd_file)
+
+
+def test_only_the_first_file_found_is_used(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    root, nested = make_repo(tree.base)
+    disk = tree.base / "data"
+    disk.mkdir()
+    cfg_dir = tree.base / "cfg"
+    write(cfg_dir / DOT_FILE_NAME, section("interval_seconds: 2"))
+    write(cfg_dir / FILE_NAME, section("step_source: seconds\ncategories: {cpu: false}"))
+    write(root / FILE_NAME, section(f"disk_path: '{disk}'\nenabled: false"))
+    write(tree.pkg / FILE_NAME, section("categories: {gpu: false}"))
+    write(nested / FILE_NAME, section("categories: {disk: false}"))
+    cfg = tree.load({config.ENV_CONFIG_PATH: str(cfg_dir)}, cwd=nested)
+    assert cfg == {
+        "enabled": True,
+        "interval_seconds": 2.0,
+        "categories": ALL_ON,
+        "disk_path": ROOT,
+        "step_source": "model_age",
+        "config_file": str(cfg_dir / DOT_FILE_NAME),
+    }
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize("kind", ["file", "missing"])
+def test_config_path_not_a_directory_warns_and_search_goes_on(
+    tree: Tree, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    not_dir = tree.base / "not_a_dir"
+    if kind == "file":
+        not_dir.write_text("x", encoding="utf-8")
+    root, nested = make_repo(tree.base)
+    root_file = write(root / FILE_NAME, section("interval_seconds: 4"))
+    cfg = tree.load({config.ENV_CONFIG_PATH: str(not_dir)}, cwd=nested)
+    assert cfg["config_file"] == str(root_file)
+    assert cfg["interval_seconds"] == 4.0
+    assert_one_warning(caplog, "WL_RESOURCE_MONITOR_CONFIG_PATH", str(not_dir))
+
+
+# --------------------------------------------------------------------------- bad YAML input
+
+
+ENV_30 = {config.ENV_INTERVAL: "30", config.ENV_STEP_SOURCE: "seconds"}
+
+
+def test_unparseable_file_warns_and_uses_env(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(tree.work / FILE_NAME, "resource_monitoring: [unclosed\n")
+    cfg = tree.load(ENV_30)
+    assert cfg["interval_seconds"] == 30.0
+    assert cfg["step_source"] == "seconds"
+    assert cfg["categories"] == ALL_ON
+    assert_one_warning(caplog, str(path))
+
+
+def test_unparseable_first_file_is_not_replaced_by_a_later_one(
+    tree: Tree, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The first file found is the one used; when it is broken, env vars and defaults apply.
+    path = write(tree.pkg / FILE_NAME, "resource_monitoring: [unclosed\n")
+    write(tree.work / FILE_NAME, section("interval_seconds: 6"))
+    assert tree.load(ENV_30)["interval_seconds"] == 30.0
+    assert_one_warning(caplog, str(path))
+
+
+def test_undecodable_file_warns_and_uses_env(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    path = tree.work / FILE_NAME
+    path.write_bytes(b"resource_monitoring:\n  interval_seconds: 5\n  step_source: \xff\xfe\n")
+    cfg = tree.load(ENV_30)
+    assert cfg["interval_seconds"] == 30.0
+    assert cfg["step_source"] == "seconds"
+    assert_one_warning(caplog, str(path))
+
+
+@pytest.mark.parametrize("text", ["- interval_seconds: 5\n", "just a string\n", "42\n"])
+def test_top_level_not_a_mapping_warns(tree: Tree, caplog: pytest.LogCaptureFixture, text: str) -> None:
+    path = write(tree.work / FILE_NAME, text)
+    cfg = tree.load(ENV_30)
+    assert cfg["interval_seconds"] == 30.0
+    assert cfg["step_source"] == "seconds"
+    assert_one_warning(caplog, str(path), "top level", "env")
+
+
+@pytest.mark.parametrize("value", ["[1, 2]", "yes please", "5"])
+def test_section_not_a_mapping_warns(tree: Tree, caplog: pytest.LogCaptureFixture, value: str) -> None:
+    path = write(tree.work / FILE_NAME, f"resource_monitoring: {value}\n")
+    cfg = tree.load(ENV_30)
+    assert cfg["interval_seconds"] == 30.0
+    assert cfg["step_source"] == "seconds"
+    assert_one_warning(caplog, str(path), "resource_monitoring", "env")
+
+
+def test_unknown_section_key_warns_and_other_keys_apply(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(
+        tree.work / FILE_NAME, section("interval_secs: 5\ninterval_seconds: 7\nstep_source: seconds")
+    )
+    cfg = tree.load()
+    assert cfg["interval_seconds"] == 7.0
+    assert cfg["step_source"] == "seconds"
+    assert_one_warning(caplog, str(path), "interval_secs", "5", "ignor")
+
+
+def test_unknown_top_level_key_warns_and_section_applies(
+    tree: Tree, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(tree.work / FILE_NAME, "resource_monitor:\n  x: 1\n" + section("interval_seconds: 7"))
+    cfg = tree.load()
+    assert cfg["interval_seconds"] == 7.0
+    assert_one_warning(caplog, str(path), "resource_monitor=", "ignor")
+
+
+@pytest.mark.parametrize(
+    ("yaml_value", "parsed"),
+    [
+        ('"abc"', "abc"),
+        ("-5", -5),
+        (".nan", math.nan),
+        (".inf", math.inf),
+        ("0", 0),
+        ("true", True),
+        ("[1, 2]", [1, 2]),
+        ("{a: 1}", {"a": 1}),
+    ],
+)
+def test_file_interval_invalid_warns_and_keeps_env(
+    tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, parsed: object
+) -> None:
+    path = write(tree.work / FILE_NAME, section(f"interval_seconds: {yaml_value}"))
+    assert tree.load(ENV_30)["interval_seconds"] == 30.0
+    assert_one_warning(caplog, str(path), "interval_seconds", repr(parsed), "30.0")
+
+
+def test_file_interval_invalid_keeps_default(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    write(tree.work / FILE_NAME, section("interval_seconds: -5"))
+    assert tree.load()["interval_seconds"] == 15.0
+    assert_one_warning(caplog, "-5", "15.0")
+
+
+def test_file_interval_below_floor_is_clamped(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    write(tree.work / FILE_NAME, section("interval_seconds: 0.5"))
+    assert tree.load(ENV_30)["interval_seconds"] == 1.0
+    assert_one_warning(caplog, "interval_seconds", "0.5", "1.0")
+
+
+def test_file_interval_clamp_warning_names_the_file(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    # SPEC 4: a value of the wrong range gets one warning naming the file or variable.
+    path = write(tree.work / FILE_NAME, section("interval_seconds: 0.5"))
+    tree.load()
+    assert_one_warning(caplog, str(path), "0.5", "1.0")
+
+
+def test_file_step_source_invalid_warns(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(tree.work / FILE_NAME, section("step_source: sideways\ninterval_seconds: 7"))
+    cfg = tree.load({config.ENV_STEP_SOURCE: "seconds"})
+    assert cfg["step_source"] == "seconds"
+    assert cfg["interval_seconds"] == 7.0
+    assert_one_warning(caplog, str(path), "step_source", "'sideways'", "'seconds'")
+
+
+def test_file_step_source_invalid_falls_back_to_default(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    write(tree.work / FILE_NAME, section("step_source: sideways"))
+    assert tree.load()["step_source"] == "model_age"
+    assert_one_warning(caplog, "'sideways'", "'model_age'")
+
+
+def test_file_disk_path_missing_warns(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    missing = str(tree.base / "nowhere")
+    path = write(tree.work / FILE_NAME, section(f"disk_path: '{missing}'"))
+    assert tree.load()["disk_path"] == ROOT
+    assert_one_warning(caplog, str(path), "disk_path", repr(missing), repr(ROOT))
+
+
+def test_file_unknown_category_warns_and_others_apply(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(tree.work / FILE_NAME, section("categories: {gpu: false, tpu: true, disk: false}"))
+    cats = tree.load()["categories"]
+    assert cats == {**ALL_ON, "gpu": False, "disk": False}
+    assert "tpu" not in cats
+    assert_one_warning(caplog, str(path), "tpu", "ignor")
+
+
+@pytest.mark.parametrize(("yaml_value", "parsed"), [('"yes"', "yes"), ('"false"', "false"), ("0", 0)])
+def test_file_category_flag_not_a_bool_warns(
+    tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, parsed: object
+) -> None:
+    path = write(tree.work / FILE_NAME, section(f"categories: {{cpu: {yaml_value}, gpu: false}}"))
+    cats = tree.load({config.ENV_CATEGORIES: "cpu,gpu,memory"})["categories"]
+    assert cats["cpu"] is True  # keeps the env value
+    assert cats["gpu"] is False  # the valid flag still applies
+    assert_one_warning(caplog, str(path), "cpu", repr(parsed), "True")
+
+
+def test_file_categories_as_list_warns(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(tree.work / FILE_NAME, section("categories: [cpu, gpu]\ninterval_seconds: 7"))
+    cfg = tree.load({config.ENV_CATEGORIES: "memory"})
+    assert cfg["categories"] == {name: name == "memory" for name in config.DEFAULT_CATEGORIES}
+    assert cfg["interval_seconds"] == 7.0
+    assert_one_warning(caplog, str(path), "categories", "['cpu', 'gpu']")
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "\n\n"])
+def test_empty_file_changes_nothing(tree: Tree, caplog: pytest.LogCaptureFixture, text: str) -> None:
+    write(tree.work / FILE_NAME, text)
+    cfg = tree.load(ENV_30)
+    assert cfg["interval_seconds"] == 30.0
+    assert cfg["step_source"] == "seconds"
+    assert cfg["enabled"] is True
+    assert cfg["categories"] == ALL_ON
+    assert cfg["disk_path"] == ROOT
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize(("yaml_value", "parsed"), [('"no"', "no"), ("0", 0), ('"false"', "false")])
+def test_file_enabled_not_a_bool_warns(
+    tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, parsed: object
+) -> None:
+    path = write(tree.work / FILE_NAME, section(f"enabled: {yaml_value}"))
+    assert tree.load()["enabled"] is True
+    assert_one_warning(caplog, str(path), "enabled", repr(parsed), "True")
+
+
+def test_several_bad_keys_warn_once_each(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    write(
+        tree.work / FILE_NAME,
+        section("interval_seconds: abc\nstep_source: sideways\nbogus: 1\ncategories: {tpu: true}"),
+    )
+    cfg = tree.load()
+    assert cfg["interval_seconds"] == 15.0
+    assert cfg["step_source"] == "model_age"
+    messages = sampler_warnings(caplog)
+    assert len(messages) == 4, messages
+    for fragment in ("'abc'", "'sideways'", "bogus", "tpu"):
+        assert sum(fragment in m for m in messages) == 1, (fragment, messages)

@@ -1,0 +1,176 @@
+"""SPEC 6: the child is a separate interpreter that dies with the backend and
+leaves nothing behind; starting it costs the backend nothing it waits for."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import FAST, Recorder, open_fds, shm_segments, wait_for
+
+import sampler
+
+TESTS_DIR = str(Path(__file__).resolve().parent)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def backend_script(body: str) -> str:
+    """A training script that starts a fast monitor, as a user would write it."""
+    return textwrap.dedent(
+        """
+        import sys, time
+        sys.path.insert(0, {tests!r})
+        import sampler
+        """
+    ).format(tests=TESTS_DIR) + textwrap.dedent(body)
+
+
+def test_script_without_main_guard_runs_its_body_once(tmp_path: Path) -> None:
+    marker = tmp_path / "ran.txt"
+    script = tmp_path / "train.py"
+    script.write_text(
+        backend_script(
+            f"""
+            with open({str(marker)!r}, "a") as f:
+                f.write("body ran\\n")
+            got = []
+            mon = sampler.ResourceMonitor(categories=["cpu"], sink=lambda *a: got.append(a),
+                                          step_source="seconds", interval_seconds=0.1,
+                                          _min_interval_seconds=0.05)
+            mon.start()
+            deadline = time.monotonic() + 20
+            while not got and time.monotonic() < deadline:
+                time.sleep(0.02)
+            mon.stop()
+            print("samples", len(got))
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert marker.read_text() == "body ran\n"
+    assert "samples 0" not in done.stdout and "samples" in done.stdout
+
+
+@pytest.mark.parametrize("when", ["right-after-start", "after-first-sample"])
+def test_sigkilled_backend_takes_the_child_and_its_segment_along(tmp_path: Path, when: str) -> None:
+    wait_line = "" if when == "right-after-start" else "while not got: time.sleep(0.01)"
+    script = tmp_path / "backend.py"
+    script.write_text(
+        backend_script(
+            f"""
+            got = []
+            mon = sampler.ResourceMonitor(categories=["cpu", "process"], sink=lambda *a: got.append(a),
+                                          step_source="seconds", interval_seconds=0.1,
+                                          _min_interval_seconds=0.05).start()
+            {wait_line}
+            print(mon.child_pid, flush=True)
+            time.sleep(120)
+            """
+        )
+    )
+    shm_before = shm_segments()
+    backend = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert backend.stdout is not None
+        child_pid = int(backend.stdout.readline())
+        backend.send_signal(signal.SIGKILL)
+        backend.wait(10)
+        killed_at = time.monotonic()
+        wait_for(lambda: gone(child_pid), timeout=1.0, what="the child to exit after the backend died")
+        print(f"child gone {time.monotonic() - killed_at:.3f} s after the backend was killed")
+    finally:
+        backend.kill()
+        backend.wait()
+    wait_for(lambda: shm_segments() <= shm_before, timeout=2.0, what="no leftover segment")
+
+
+def test_start_does_not_wait_for_the_child() -> None:
+    monitor = sampler.ResourceMonitor(categories=["cpu"], sink=Recorder(), **FAST)
+    began = time.perf_counter()
+    monitor.start()
+    took = time.perf_counter() - began
+    try:
+        assert monitor.child_pid is not None
+        assert monitor.stats()["records_read"] == 0  # the child is still coming up
+        assert took < 0.5
+    finally:
+        monitor.stop()
+
+
+def test_twenty_start_stop_cycles_leave_nothing_behind() -> None:
+    fds, threads = open_fds(), threading.active_count()
+    shm = shm_segments()
+    me = psutil.Process()
+    monitor = sampler.ResourceMonitor(categories=["cpu", "process"], sink=Recorder(), **FAST)
+    pids = []
+    for cycle in range(20):
+        monitor.start()
+        pids.append(monitor.child_pid)
+        if cycle % 2:  # half the cycles stop before the child is even ready
+            wait_for(lambda: monitor.stats()["records_read"] >= 1, what="a record")
+        monitor.stop()
+        monitor.stop()  # idempotent
+        assert monitor.child_pid is None
+    assert len(set(pids)) == 20
+    assert all(gone(pid) for pid in pids)
+    assert me.children() == []
+    assert threading.active_count() == threads
+    assert open_fds() == fds
+    assert shm_segments() == shm
+
+
+def test_the_child_is_a_fresh_interpreter_not_a_fork() -> None:
+    with sampler.ResourceMonitor(categories=["cpu"], sink=Recorder(), **FAST) as monitor:
+        wait_for(lambda: monitor.stats()["records_read"] >= 1)
+        child = psutil.Process(monitor.child_pid)
+        cmdline = child.cmdline()
+        assert child.ppid() == os.getpid()
+    assert cmdline[:3] == [sys.executable, "-m", "sampler.child"]
+
+
+def test_a_sink_that_raises_does_not_stop_the_thread(caplog: pytest.LogCaptureFixture) -> None:
+    def broken(name: str, value: float, step: int) -> None:
+        raise RuntimeError("logger is down")
+
+    with sampler.ResourceMonitor(
+        categories=["cpu", "memory"], sink=broken, step_source="seconds", **FAST
+    ) as mon:
+        wait_for(lambda: mon.stats()["records_read"] >= 5, what="records despite the sink failing")
+        stats = mon.stats()
+        assert mon.running
+    assert stats["sink_errors"] >= 10
+    assert stats["records_logged"] >= 5
+    reported = [r for r in caplog.records if "sink raised" in r.getMessage()]
+    assert 1 <= len(reported) <= 2  # rate-limited, not one per signal
+
+
+def test_stop_is_bounded_while_the_sink_is_slow() -> None:
+    release = threading.Event()
+
+    def slow(name: str, value: float, step: int) -> None:
+        release.wait(30)
+
+    monitor = sampler.ResourceMonitor(categories=["cpu"], sink=slow, step_source="seconds", **FAST).start()
+    wait_for(lambda: monitor.stats()["records_read"] >= 1)
+    began = time.monotonic()
+    monitor.stop()
+    took = time.monotonic() - began
+    release.set()
+    assert took < 5

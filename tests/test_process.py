@@ -1,0 +1,54 @@
+"""The process category describes the backend, not the sampling child."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import psutil
+import pytest
+from conftest import FAST, Recorder, wait_for
+
+import sampler
+
+RSS = "resource/process/memory_in_use_mb"
+THREADS = "resource/process/cpu_threads_in_use"
+
+
+def logged_records(monitor: sampler.ResourceMonitor) -> int:
+    return int(monitor.stats()["records_logged"])
+
+
+def test_memory_in_use_follows_a_300_mb_allocation_in_the_backend() -> None:
+    sink = Recorder()
+    with sampler.ResourceMonitor(sink=sink, categories=["process"], step_source="seconds", **FAST) as mon:
+        wait_for(lambda: logged_records(mon) >= 2)
+        before = sink.values(RSS)[-1]
+        block = np.ones(300 * 1024**2 // 8)  # touched: really resident
+        seen = logged_records(mon)
+        wait_for(lambda: logged_records(mon) >= seen + 2)
+        during = sink.values(RSS)[-1]
+        del block
+    assert during - before == pytest.approx(300, abs=60)
+    child_rss = [v for v in sink.values(RSS)]
+    assert min(child_rss) > 0
+
+
+def test_thread_count_is_the_backends() -> None:
+    sink = Recorder()
+    release = threading.Event()
+    extra = [threading.Thread(target=release.wait) for _ in range(7)]
+    with sampler.ResourceMonitor(sink=sink, categories=["process"], step_source="seconds", **FAST) as mon:
+        wait_for(lambda: logged_records(mon) >= 2)
+        baseline = sink.values(THREADS)[-1]
+        assert baseline == psutil.Process(os.getpid()).num_threads()
+        for t in extra:
+            t.start()
+        seen = logged_records(mon)
+        wait_for(lambda: logged_records(mon) >= seen + 2)
+        with_extra = sink.values(THREADS)[-1]
+        release.set()
+        for t in extra:
+            t.join()
+    assert with_extra == baseline + 7

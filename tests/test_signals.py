@@ -1,0 +1,72 @@
+"""Every SPEC 2 signal, per category, from a real child reading real psutil."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+import pytest
+from conftest import run_monitor
+
+SPEC_SIGNALS = {
+    "cpu": {"resource/cpu/utilization_percent"},
+    "memory": {"resource/memory/system_utilization_percent"},
+    "disk": {
+        "resource/disk/utilization_percent",
+        "resource/disk/utilization_gb",
+        "resource/disk/read_mb",
+        "resource/disk/written_mb",
+    },
+    "network": {"resource/network/bytes_sent", "resource/network/bytes_received"},
+    "process": {
+        "resource/process/cpu_utilization_percent",
+        "resource/process/cpu_threads_in_use",
+        "resource/process/memory_in_use_mb",
+        "resource/process/memory_in_use_percent",
+        "resource/process/memory_available_mb",
+    },
+}
+HAS_DISK_IO = psutil.disk_io_counters() is not None
+
+
+@pytest.mark.parametrize("category", sorted(SPEC_SIGNALS))
+def test_one_category_yields_exactly_its_signals(category: str) -> None:
+    sink, _ = run_monitor(categories=[category])
+    expected = SPEC_SIGNALS[category]
+    if category == "disk" and not HAS_DISK_IO:
+        expected = expected - {"resource/disk/read_mb", "resource/disk/written_mb"}
+    assert sink.names() == expected
+
+
+def test_all_categories_by_default_and_values_in_range() -> None:
+    sink, stats = run_monitor(records=3, nvml_module="tests_have_no_such_module")
+    assert {n for names in SPEC_SIGNALS.values() for n in names} - sink.names() <= {
+        "resource/disk/read_mb",
+        "resource/disk/written_mb",
+    }
+    for name in sink.names():
+        if name.endswith("_percent") and "process/cpu" not in name:
+            assert all(0.0 <= v <= 100.0 for v in sink.values(name)), name
+    usage = psutil.disk_usage(os.sep)
+    (used_gb, *_) = sink.values("resource/disk/utilization_gb")
+    assert used_gb == pytest.approx(usage.used / 1024**3, rel=0.05)
+    assert all(v >= 0 for v in sink.values("resource/network/bytes_received"))
+    assert stats["records_lost"] == 0 and stats["sink_errors"] == 0
+
+
+def test_disabled_categories_are_not_sampled() -> None:
+    sink, _ = run_monitor(categories={"cpu": True, "memory": False, "disk": False, "network": True})
+    assert sink.names() == SPEC_SIGNALS["cpu"] | SPEC_SIGNALS["network"]
+
+
+def test_disk_path_selects_the_filesystem(tmp_path) -> None:
+    sink, _ = run_monitor(categories=["disk"], disk_path=str(tmp_path))
+    (percent, *_) = sink.values("resource/disk/utilization_percent")
+    assert percent == pytest.approx(psutil.disk_usage(str(tmp_path)).percent, abs=1.0)
+
+
+def test_unknown_category_is_a_clear_error() -> None:
+    import sampler
+
+    with pytest.raises(ValueError, match="gpus"):
+        sampler.ResourceMonitor(categories=["cpu", "gpus"])
