@@ -121,6 +121,7 @@ class Ring:
         self._fslots = np.frombuffer(seg.buf, np.float64, count, data_offset).reshape(capacity, stride)
         self._seq = self._slots[:, 0]
         self._weights = _weights(n_fields)
+        self._seed = int(self._weights[0])
         self._next = int(self._head[0])
 
     @classmethod
@@ -181,7 +182,7 @@ class Ring:
         row[0] = committed - 1
         self._fslots[slot, _SLOT_META:] = row_values
         row[2] = ts & _MASK
-        row[1] = self._checksum(row[2:], committed)
+        row[1] = (int((row[2:] * self._weights[1:]).sum(dtype=np.uint64)) + committed * self._seed) & _MASK
         row[0] = committed
         self._head[0] = index + 1
         self._next = index + 1
@@ -214,10 +215,11 @@ class Ring:
             lost=(start - cursor) + int(len(ok) - np.count_nonzero(ok)),
         )
 
-    def _checksum(self, words: npt.NDArray[np.uint64], seq: object) -> npt.NDArray[np.uint64]:
-        with np.errstate(over="ignore"):  # arithmetic modulo 2**64 is the point
-            mixed = (words * self._weights[1:]).sum(axis=-1, dtype=np.uint64)
-            return mixed + np.asarray(seq, dtype=np.uint64) * self._weights[0]  # type: ignore[no-any-return]
+    def _checksum(self, words: npt.NDArray[np.uint64], seq: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+        """Per-row checksums of (n, 1 + n_fields) words; uint64 array arithmetic
+        wraps modulo 2**64 silently, which is the point."""
+        mixed = (words * self._weights[1:]).sum(axis=-1, dtype=np.uint64)
+        return mixed + seq * self._weights[0]  # type: ignore[no-any-return]
 
     def close(self) -> None:
         """Unmap this side's view; the segment lives on while others map it."""
