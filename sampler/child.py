@@ -1,8 +1,11 @@
 """The sampling child: ``python -m sampler.child '<json parameters>'``.
 
 Runs in a fresh interpreter started by the backend (never a fork of it, and
-never a re-run of the user's ``__main__``). It builds the collectors, creates the
-ring under the name the backend chose, and writes one record per interval.
+never a re-run of the user's ``__main__``). It attaches the status block the
+backend made, builds the collectors, creates the ring under the name the
+backend chose, and writes one record per interval. Before each collector is
+built or sampled it publishes that collector's phase in the status block, so
+whatever kills or freezes the child is attributed.
 
 Pipes shared with the backend:
 
@@ -31,13 +34,12 @@ import psutil
 
 from ringbuf import Ring
 from ringbuf.segment import unlink
-from sampler.collectors import Collector, build_collectors
+from sampler.cadence import Cadence
+from sampler.collectors import Collector, build_collector
+from sampler.status import EXIT_NO_SHARED_MEMORY, PHASE_IDLE, ChildStatus, phase_of
 
 _EXIT_GRACE_SECONDS = 0.4
 """How long the watchdog lets the main thread finish cleanly before forcing exit."""
-FIRST_SAMPLE_MAX_DELAY = 1.0
-"""The first sample comes after min(interval, this), so rates such as CPU %
-have a real window and a long interval does not delay the first point."""
 
 
 class Child:
@@ -50,6 +52,7 @@ class Child:
         # Held while the ring is created and while the watchdog unlinks it, so a
         # ring is never created after the watchdog decided to leave.
         self.ring_lock = threading.Lock()
+        self.status = ChildStatus.attach(params["status"])
         self.collectors: list[Collector] = []
 
     def watch_parent(self) -> None:
@@ -67,41 +70,53 @@ class Child:
             return
         self.ring_lock.acquire(timeout=_EXIT_GRACE_SECONDS)
         unlink(self.ring_name)
+        unlink(self.status.name)
         os._exit(0)
 
-    def run(self) -> None:
+    def run(self) -> int:
         p = self.params
-        try:
-            self.collectors = build_collectors(
-                p["categories"], disk_path=p["disk_path"], pid=p["pid"], nvml_module=p["nvml_module"]
-            )
-        except psutil.NoSuchProcess:
-            return  # the backend died while the child was starting
+        for category in p["categories"]:
+            self.status.enter(phase_of(category))
+            try:
+                collector = build_collector(
+                    category, disk_path=p["disk_path"], pid=p["pid"], nvml_module=p["nvml_module"]
+                )
+            except psutil.NoSuchProcess:
+                return 0  # the backend died while the child was starting
+            if collector is not None:
+                self.collectors.append(collector)
+        self.status.enter(PHASE_IDLE)
         fields = [name for c in self.collectors for name in c.names]
         with self.ring_lock:
             if self.stop.is_set():
-                return
-            ring = Ring.create(fields, p["capacity"], name=self.ring_name)
+                return 0
+            try:
+                ring = Ring.create(fields, p["capacity"], name=self.ring_name)
+            except OSError as exc:
+                print(f"resource monitor child: cannot create the ring: {exc}", file=sys.stderr)
+                return EXIT_NO_SHARED_MEMORY
         try:
             self._notify()
             self._loop(ring, float(p["interval"]))
         finally:
             ring.close()
-            unlink(self.ring_name)  # normally the backend already did, once attached
+        return 0
 
     def _loop(self, ring: Ring, interval: float) -> None:
-        due = time.monotonic() + min(interval, FIRST_SAMPLE_MAX_DELAY)
-        while not self.stop.wait(max(0.0, due - time.monotonic())):
+        cadence = Cadence(interval)
+        phases = [phase_of(c.category) for c in self.collectors]
+        while not self.stop.wait(cadence.seconds_left()):
+            cpu_before = time.process_time_ns()
             timestamp_ns = time.monotonic_ns()
             values: list[float] = []
-            for collector in self.collectors:
+            for collector, phase in zip(self.collectors, phases, strict=True):
+                self.status.enter(phase)
                 values += collector.sample()
+            self.status.enter(PHASE_IDLE)
             ring.write(values, timestamp_ns)
+            self.status.count_sample(time.process_time_ns() - cpu_before)
             self._notify()
-            due += interval
-            now = time.monotonic()
-            if due < now:  # sampling overran: skip the missed ticks, keep the phase
-                due += (now - due) // interval * interval + interval
+            cadence.advance()
 
     def _notify(self) -> None:
         # A full pipe means the reader is behind; it finds the record in the ring anyway.
@@ -120,14 +135,19 @@ def main(argv: list[str]) -> int:
     os.set_blocking(notify_fd, False)
     child = Child(params, notify_fd)
     threading.Thread(target=child.watch_parent, name="parent-watch", daemon=True).start()
+    code = 0
     try:
-        child.run()
+        code = child.run()
     except BrokenPipeError:
         pass  # the backend is gone
     finally:
         child.close()
+        # Normally the backend unlinked both once attached; if it died first,
+        # nobody else will.
+        unlink(child.ring_name)
+        unlink(child.status.name)
         child.finished.set()
-    return 0
+    return code
 
 
 if __name__ == "__main__":

@@ -11,18 +11,21 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ringbuf.segment import new_name
 from sampler import config, signals
 from sampler.emit import Emitter, SampleHook, Sink
-from sampler.reader import Reader
-from sampler.spawn import STOP_TIMEOUT_SECONDS, SamplingChild
+from sampler.spawn import STOP_TIMEOUT_SECONDS
 from sampler.stats import MonitorStats
 from sampler.steps import AgeSource, StepStamper
+from sampler.supervisor import Settings, Supervisor
 
 log = logging.getLogger("sampler")
 
 RING_CAPACITY = 1024
 """Records the ring holds: 17 minutes at the 1 s floor before a stalled reader loses any."""
+DEFAULT_HANG_DEADLINE_SECONDS = 5.0
+"""A collector call running longer than this gets the child killed (independent of the interval)."""
+RESTART_BACKOFF_SECONDS = (1.0, 60.0)
+"""Delay before restarting a dead child: the first, doubling up to the second."""
 _JOIN_SLACK_SECONDS = 1.0
 
 
@@ -40,6 +43,9 @@ def _resolve_categories(categories: Iterable[str] | Mapping[str, bool] | None) -
     return tuple(c for c in config.DEFAULT_CATEGORIES if c in enabled)
 
 
+ISOLATION_MODES = ("process", "thread")
+
+
 class ResourceMonitor:
     """Samples resources in a child process and logs them as ``resource/...`` signals.
 
@@ -47,8 +53,11 @@ class ResourceMonitor:
     (all), names, or a mapping name -> bool. ``sink(name, value, step)``
     defaults to ``sampler.signals.log_signal``; ``age_source()`` to the model
     given to ``watch_model``. ``on_sample(step, {name: value})`` is called once
-    per logged sample, after the sink. Use as a context manager or call
-    ``start()``/``stop()``.
+    per logged sample, after the sink. ``isolation="process"`` (default) samples
+    in a supervised child and falls back to ``"thread"`` (sampling in the
+    monitor thread itself) when no child can run. A collector call that takes
+    longer than ``hang_deadline_seconds`` gets the child killed and restarted.
+    Use as a context manager or call ``start()``/``stop()``.
     """
 
     def __init__(
@@ -61,11 +70,14 @@ class ResourceMonitor:
         age_source: AgeSource | None = None,
         nvml_module: str = "pynvml",
         *,
+        isolation: str = "process",
+        hang_deadline_seconds: float = DEFAULT_HANG_DEADLINE_SECONDS,
         on_sample: SampleHook | None = None,
         _min_interval_seconds: float = config.MIN_INTERVAL_SECONDS,
+        _ring_capacity: int = RING_CAPACITY,
+        _restart_backoff: tuple[float, float] = RESTART_BACKOFF_SECONDS,
     ) -> None:
-        if isinstance(interval_seconds, bool) or not math.isfinite(interval_seconds) or interval_seconds <= 0:
-            raise ValueError(f"interval_seconds must be a finite number > 0, got {interval_seconds!r}")
+        interval_seconds = _positive("interval_seconds", interval_seconds)
         if interval_seconds < _min_interval_seconds:
             log.warning(
                 "resource monitor: interval_seconds=%r is below the %g s floor; using %g",
@@ -76,6 +88,8 @@ class ResourceMonitor:
             interval_seconds = _min_interval_seconds
         if step_source not in config.STEP_SOURCES:
             raise ValueError(f"step_source must be one of {config.STEP_SOURCES}, got {step_source!r}")
+        if isolation not in ISOLATION_MODES:
+            raise ValueError(f"isolation must be one of {ISOLATION_MODES}, got {isolation!r}")
         self.interval_seconds = float(interval_seconds)
         self.categories = _resolve_categories(categories)
         self.disk_path = os.path.abspath(disk_path)
@@ -83,17 +97,22 @@ class ResourceMonitor:
         self.sink: Sink = sink or signals.log_signal
         self.age_source = age_source
         self.nvml_module = nvml_module
+        self.isolation = isolation
+        self.hang_deadline_seconds = _positive("hang_deadline_seconds", hang_deadline_seconds)
         self.on_sample = on_sample
+        self._ring_capacity = _ring_capacity
+        self._restart_backoff = _restart_backoff
         self._lock = threading.Lock()
         self._stats = MonitorStats()
-        self._child: SamplingChild | None = None
+        self._supervisor: Supervisor | None = None
         self._thread: threading.Thread | None = None
         self._stop_w: int | None = None
 
     @property
     def child_pid(self) -> int | None:
         """Pid of the sampling child while it runs, else None."""
-        child = self._child
+        supervisor = self._supervisor
+        child = supervisor.child if supervisor is not None else None
         return child.pid if child is not None and child.exit_code() is None else None
 
     @property
@@ -102,65 +121,68 @@ class ResourceMonitor:
         return thread is not None and thread.is_alive()
 
     def start(self) -> ResourceMonitor:
-        """Launch the child and the reader thread; returns at once (no-op if running).
-
-        The first sample follows within min(interval, 1 s) plus the child's
-        start-up. A child that cannot be launched is reported, never raised.
-        """
+        """Start the monitor thread (which launches the child); returns at once,
+        and is a no-op while running. The first sample follows within
+        min(interval, 1 s) plus the child's start-up. Nothing here raises for
+        an unusable platform: the monitor falls back to sampling in-thread."""
         with self._lock:
             if self._thread is not None:
                 return self
-            self._stats = MonitorStats()
-            child = SamplingChild(
-                {
-                    "ring": new_name(),
-                    "capacity": RING_CAPACITY,
-                    "interval": self.interval_seconds,
-                    "categories": list(self.categories),
-                    "disk_path": self.disk_path,
-                    "pid": os.getpid(),
-                    "nvml_module": self.nvml_module,
-                }
+            self._stats = MonitorStats(isolation=self.isolation)
+            settings = Settings(
+                interval=self.interval_seconds,
+                categories=self.categories,
+                disk_path=self.disk_path,
+                nvml_module=self.nvml_module,
+                isolation=self.isolation,
+                hang_deadline=self.hang_deadline_seconds,
+                ring_capacity=self._ring_capacity,
+                backoff_base=self._restart_backoff[0],
+                backoff_cap=self._restart_backoff[1],
             )
-            try:
-                child.start()
-            except OSError as exc:
-                log.warning("resource monitor: cannot start the sampling child (%s); monitoring is off", exc)
-                return self
             stop_r, self._stop_w = os.pipe()
             stamper = StepStamper(self.step_source, self.age_source, time.monotonic_ns())
             emitter = Emitter(stamper, self.sink, self._stats, self.on_sample)
-            reader = Reader(child, stop_r, emitter, self._stats)
-            self._child = child
-            self._thread = threading.Thread(target=reader.run, name="WL-ResourceMonitor", daemon=True)
+            self._supervisor = Supervisor(settings, emitter, self._stats, stop_r)
+            self._thread = threading.Thread(
+                target=self._supervisor.run, name="WL-ResourceMonitor", daemon=True
+            )
             self._thread.start()
             atexit.register(self.stop)
             return self
 
     def stop(self) -> None:
-        """Stop the child and the thread; idempotent, returns within about 2 s even
-        if the child is stuck or the sink is slow."""
+        """Stop the child and the thread; idempotent. Returns within about 2 s
+        even if the child is stuck in a driver call or the sink is slow."""
         with self._lock:
-            thread, child, stop_w = self._thread, self._child, self._stop_w
-            if thread is None or child is None or stop_w is None:
+            thread, supervisor, stop_w = self._thread, self._supervisor, self._stop_w
+            if thread is None or supervisor is None or stop_w is None:
                 return
-            self._thread = self._child = self._stop_w = None
+            self._thread = self._stop_w = None
             atexit.unregister(self.stop)
-            os.write(stop_w, b"x")
+            os.write(stop_w, b"x")  # never read: every later wait of the thread sees it
             os.close(stop_w)
-            child.request_stop()
+            child = supervisor.child
+            if child is not None:
+                child.request_stop()
             thread.join(STOP_TIMEOUT_SECONDS + _JOIN_SLACK_SECONDS)
             if thread.is_alive():
-                # The sink is holding the thread; the thread reaps the child and
-                # releases the ring when the sink returns.
-                child.kill()
+                # The sink (or an in-thread collector) holds the thread; it reaps
+                # the child and releases shared memory when that call returns.
+                child = supervisor.child
+                if child is not None:
+                    child.kill()
                 log.warning(
-                    "resource monitor: the sink is still busy; the reader thread ends after it returns"
+                    "resource monitor: the monitor thread is busy in a call; it ends after it returns"
                 )
+            self._supervisor = None
 
     def stats(self) -> dict[str, Any]:
-        """Counters: records read/logged/dropped/lost, signals logged, sink
-        errors, restarts, quarantined categories, child pid, time since the last record."""
+        """Counters and health: records read/logged/dropped/lost, signals logged,
+        sink errors, restarts (total and by cause), recent child deaths with the
+        collector each was attributed to, quarantined categories, isolation in
+        use, the child's CPU seconds per sample, its pid, and the seconds since
+        the last record."""
         out = self._stats.snapshot()
         out["child_pid"] = self.child_pid
         out["running"] = self.running
@@ -171,6 +193,17 @@ class ResourceMonitor:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _positive(name: str, value: float) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
 
 
 _singleton_lock = threading.Lock()

@@ -1,60 +1,90 @@
-"""The ``WL-ResourceMonitor`` thread: wait for a record, read it, emit it.
+"""Reading one sampling child: wait for a record, read it, emit it, and notice
+when the child died or is stuck.
 
-The thread spends its life in ``select()`` on two pipes, which releases the
-GIL: the child's wake-up pipe (a byte per record, EOF when the child exits)
-and the monitor's own stop pipe. There is no polling timer, so an idle monitor
-costs the training loop nothing.
+The ``WL-ResourceMonitor`` thread spends its life in ``select()`` on two pipes,
+which releases the GIL: the child's wake-up pipe (a byte per record, EOF when
+the child exits) and the monitor's stop pipe. Its only timeout is the moment
+the child would be overdue (the current phase's deadline, read from the status
+block), so in steady state it wakes once per record and never polls.
 """
 
 from __future__ import annotations
 
-import logging
+import enum
 import os
 import select
+import time
 
 from ringbuf import Ring
 from sampler.emit import Emitter
 from sampler.spawn import SamplingChild
 from sampler.stats import MonitorStats
+from sampler.status import PHASE_IDLE, PHASE_STARTING, ChildStatus, Snapshot
 
-log = logging.getLogger("sampler")
+STARTUP_DEADLINE_SECONDS = 30.0
+"""Interpreter start-up and imports may take this long before the child counts
+as stuck (a loaded machine can take seconds to import numpy)."""
 
 
-class Reader:
-    """Body of the reader thread for one sampling child."""
+class Outcome(enum.Enum):
+    STOPPED = "stopped"
+    """``stop()`` was called."""
+    EXITED = "exited"
+    """The child's wake-up pipe closed: it exited or was killed."""
+    HUNG = "hung"
+    """The child overran a deadline; it is still running and must be killed."""
 
-    def __init__(self, child: SamplingChild, stop_fd: int, emitter: Emitter, stats: MonitorStats) -> None:
+
+class ChildReader:
+    """Serves one child until it stops, exits or hangs."""
+
+    def __init__(
+        self,
+        child: SamplingChild,
+        status: ChildStatus,
+        stop_fd: int,
+        emitter: Emitter,
+        stats: MonitorStats,
+        *,
+        interval: float,
+        hang_deadline: float,
+    ) -> None:
         self.child = child
+        self.status = status
         self.stop_fd = stop_fd
         self.emitter = emitter
         self.stats = stats
+        self.interval_ns = int(interval * 1e9)
+        self.hang_deadline_ns = int(hang_deadline * 1e9)
         self.ring: Ring | None = None
         self.cursor = 0
+        self.hung_phase: int | None = None
 
-    def run(self) -> None:
-        try:
-            self._serve()
-        finally:
-            self.stats.child_exit_code = self.child.stop()
-            if self.ring is not None:
-                self.ring.close()
-            os.close(self.stop_fd)
+    def _deadline_ns(self, snap: Snapshot) -> int:
+        """When the child's current phase becomes overdue (monotonic ns)."""
+        if snap.phase == PHASE_STARTING:
+            return snap.since_ns + int(STARTUP_DEADLINE_SECONDS * 1e9)
+        if snap.phase == PHASE_IDLE:  # the next sample must start, then finish
+            return snap.since_ns + self.interval_ns + self.hang_deadline_ns
+        return snap.since_ns + self.hang_deadline_ns
 
-    def _serve(self) -> None:
+    def serve(self) -> Outcome:
         notify_fd = self.child.notify_fd
         while True:
-            ready, _, _ = select.select([notify_fd, self.stop_fd], [], [])
+            timeout = max(0, self._deadline_ns(self.status.read()) - time.monotonic_ns()) / 1e9
+            ready, _, _ = select.select([notify_fd, self.stop_fd], [], [], timeout)
             if self.stop_fd in ready:
-                return
-            if not os.read(notify_fd, 4096):
+                return Outcome.STOPPED
+            if notify_fd in ready:
+                alive = bool(os.read(notify_fd, 4096))
                 self._drain()
-                code = self.child.stop()
-                log.warning(
-                    "resource monitor: the sampling child exited (status %s); resource signals stop here",
-                    code,
-                )
-                return
-            self._drain()
+                if not alive:
+                    return Outcome.EXITED
+                continue
+            snap = self.status.read()  # the phase may have moved on since we slept
+            if time.monotonic_ns() >= self._deadline_ns(snap):
+                self.hung_phase = snap.phase
+                return Outcome.HUNG
 
     def _drain(self) -> None:
         if self.ring is None:
@@ -62,13 +92,20 @@ class Reader:
                 self.ring = Ring.attach(self.child.ring_name)
             except (FileNotFoundError, ValueError):
                 return  # the child died before its ring was ready
-            # Both sides are attached: drop the name so nothing can leak it, not
-            # even a SIGKILL of both processes.
+            # Both sides hold both segments now: drop the names so nothing can
+            # leak them, not even a SIGKILL of both processes.
             self.ring.unlink()
+            self.status.unlink()
         result = self.ring.read(self.cursor)
         self.cursor = result.cursor
         self.stats.records_read += len(result)
         self.stats.records_lost += result.lost
+        self.stats.child_cpu_seconds_per_sample = self.status.read().cpu_seconds_per_sample
         fields = self.ring.fields
         for values, timestamp_ns in zip(result.values.tolist(), result.timestamps_ns.tolist(), strict=True):
             self.emitter.emit(fields, values, timestamp_ns)
+
+    def close(self) -> None:
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None

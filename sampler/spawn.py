@@ -29,11 +29,13 @@ def _child_sys_path() -> str:
 
 
 class SamplingChild:
-    """One sampling child process and the ring it writes, named by the backend."""
+    """One sampling child process, and the names of the ring it writes and the
+    status block it keeps (``params["ring"]``, ``params["status"]``)."""
 
     def __init__(self, params: dict[str, Any]) -> None:
         self.params = params
         self.ring_name: str = params["ring"]
+        self.status_name: str = params["status"]
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -77,8 +79,8 @@ class SamplingChild:
         """End the child in bounded time and release its pipes; idempotent.
 
         Closing stdin is the request to leave; a child stuck inside a call is
-        killed after ``STOP_TIMEOUT_SECONDS``. The ring's name is unlinked in
-        case the child died before the backend attached.
+        killed after ``STOP_TIMEOUT_SECONDS``. The shared-memory names are
+        unlinked in case the child died before the backend attached.
         """
         proc, self._proc = self._proc, None
         if proc is None:
@@ -93,4 +95,5 @@ class SamplingChild:
             code = proc.wait()
         proc.stdout.close()
         unlink(self.ring_name)
+        unlink(self.status_name)
         return code

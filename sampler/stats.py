@@ -1,4 +1,4 @@
-"""Counters the reader thread keeps and ``ResourceMonitor.stats()`` reports."""
+"""Counters the monitor thread keeps and ``ResourceMonitor.stats()`` reports."""
 
 from __future__ import annotations
 
@@ -6,25 +6,51 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+MAX_DEATHS_KEPT = 20
+
+
+@dataclass
+class Death:
+    """One sampling child that died or was killed."""
+
+    cause: str
+    """"crash" (it died), "hang" (killed past a deadline) or "start" (died before sampling)."""
+    category: str | None
+    """The collector it was in, None if it was between samples or starting up."""
+    exit_code: int | None
+    """Exit status; negative: the signal that ended it."""
+    lifetime_seconds: float
+
 
 @dataclass
 class MonitorStats:
-    """Written by the reader thread only; read as a snapshot from any thread."""
+    """Written by the monitor thread only; read as a snapshot from any thread."""
 
+    isolation: str = "process"
+    """Where collectors run now: "process" (the child) or "thread" (fallback or chosen)."""
     records_read: int = 0
-    """Records taken from the ring."""
+    """Samples taken from the ring (or, in-thread, taken at all)."""
     records_logged: int = 0
-    """Records whose signals went to the sink."""
+    """Samples whose signals went to the sink."""
     records_dropped: int = 0
-    """Records not logged because their step equals the last logged step."""
+    """Samples not logged because their step equals the last logged step."""
     records_lost: int = 0
-    """Records overwritten in the ring before the reader got to them."""
+    """Samples overwritten in the ring before the reader got to them (a slow sink)."""
     signals_logged: int = 0
     sink_errors: int = 0
     restarts: int = 0
+    restarts_by_cause: dict[str, int] = field(default_factory=lambda: {"crash": 0, "hang": 0, "start": 0})
+    deaths: list[Death] = field(default_factory=list)
+    """The latest ``MAX_DEATHS_KEPT`` children that died, oldest first."""
     quarantined: list[str] = field(default_factory=list)
     child_exit_code: int | None = None
+    """Exit status of the latest child that ended (0: it left when asked)."""
+    child_cpu_seconds_per_sample: float | None = None
+    """CPU the current child spent per sample (collectors plus ring write), s."""
     last_record_monotonic: float | None = None
+
+    def record_death(self, death: Death) -> None:
+        self.deaths = [*self.deaths, death][-MAX_DEATHS_KEPT:]
 
     def snapshot(self) -> dict[str, Any]:
         out = asdict(self)

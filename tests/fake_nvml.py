@@ -10,14 +10,19 @@ test set up:
   ``sm_clock`` (MHz), ``used`` and ``total`` (bytes), ``temp`` (deg C),
   ``util`` (%), ``power_mw`` (mW); missing keys get plausible defaults.
 - ``init_error``: NVML return code ``nvmlInit`` fails with (e.g. 9, driver not loaded).
-- ``fail``: {function name: [device indices]} calls that raise NVMLError
-  (NVML_ERROR_NOT_SUPPORTED) for those devices.
+- ``fail``: {function name: [device indices] or true} calls that raise
+  NVMLError (NVML_ERROR_NOT_SUPPORTED) for those devices (true: always).
+- ``segfault``: {function name: [device indices] or true} calls that crash
+  the process with a real SIGSEGV, as a driver does when a GPU falls off the bus.
+- ``hang``: {function name: [device indices] or true} calls that never return.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,17 +97,32 @@ def _config() -> dict[str, Any]:
     return json.loads(os.environ.get("FAKE_NVML", "{}"))
 
 
+def _targets(cfg: dict[str, Any], mode: str, function: str, index: int | None) -> bool:
+    targets = cfg.get(mode, {}).get(function, [])
+    return targets is True or (index is not None and index in targets)
+
+
+def _misbehave(cfg: dict[str, Any], function: str, index: int | None = None) -> None:
+    if _targets(cfg, "segfault", function, index):
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+    if _targets(cfg, "hang", function, index):
+        threading.Event().wait()  # forever, like a call stuck in the driver
+    if _targets(cfg, "fail", function, index):
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+
+
 def _device(handle: _Handle, function: str) -> dict[str, Any]:
     if not _state["initialized"]:
         raise NVMLError(NVML_ERROR_UNINITIALIZED)
     cfg = _config()
-    if handle.index in cfg.get("fail", {}).get(function, []):
-        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    _misbehave(cfg, function, handle.index)
     return {**DEFAULT_DEVICE, **cfg.get("devices", [])[handle.index]}
 
 
 def nvmlInit() -> None:
-    code = _config().get("init_error")
+    cfg = _config()
+    _misbehave(cfg, "nvmlInit")
+    code = cfg.get("init_error")
     if code:
         raise NVMLError(code)
     _state["initialized"] = True

@@ -70,7 +70,9 @@ def test_script_without_main_guard_runs_its_body_once(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("when", ["right-after-start", "after-first-sample"])
 def test_sigkilled_backend_takes_the_child_and_its_segment_along(tmp_path: Path, when: str) -> None:
-    wait_line = "" if when == "right-after-start" else "while not got: time.sleep(0.01)"
+    wait_line = "while mon.child_pid is None: time.sleep(0.001)"
+    if when == "after-first-sample":
+        wait_line = "while not got: time.sleep(0.01)"
     script = tmp_path / "backend.py"
     script.write_text(
         backend_script(
@@ -108,9 +110,9 @@ def test_start_does_not_wait_for_the_child() -> None:
     monitor.start()
     took = time.perf_counter() - began
     try:
-        assert monitor.child_pid is not None
         assert monitor.stats()["records_read"] == 0  # the child is still coming up
         assert took < 0.5
+        wait_for(lambda: monitor.child_pid is not None, what="the child to be launched")
     finally:
         monitor.stop()
 
@@ -123,7 +125,7 @@ def test_twenty_start_stop_cycles_leave_nothing_behind() -> None:
     pids = []
     for cycle in range(20):
         monitor.start()
-        pids.append(monitor.child_pid)
+        pids.append(wait_for(lambda: monitor.child_pid, what="the child"))
         if cycle % 2:  # half the cycles stop before the child is even ready
             wait_for(lambda: monitor.stats()["records_read"] >= 1, what="a record")
         monitor.stop()

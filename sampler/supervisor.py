@@ -1,0 +1,214 @@
+"""The ``WL-ResourceMonitor`` thread: keep a sampling child alive, or sample in-thread.
+
+A child that crashes or hangs is replaced with exponential backoff. Each death
+is attributed to the collector the child was in (from its status block); a
+category that brings the child down ``QUARANTINE_AFTER`` times is left out of
+later children so the others keep flowing. Where no child can run at all (no
+usable ``/dev/shm``, subprocesses forbidden, a child that never gets going),
+the same collectors run in this thread instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import time
+from dataclasses import dataclass
+
+from ringbuf.segment import new_name
+from sampler.cadence import Cadence
+from sampler.collectors import build_collectors
+from sampler.emit import Emitter
+from sampler.reader import ChildReader, Outcome
+from sampler.spawn import SamplingChild
+from sampler.stats import Death, MonitorStats
+from sampler.status import EXIT_NO_SHARED_MEMORY, PHASE_STARTING, ChildStatus, category_of
+
+log = logging.getLogger("sampler")
+
+QUARANTINE_AFTER = 3
+"""Deaths attributed to one category before it is quarantined."""
+HEALTHY_SECONDS = 60.0
+"""A child that lived this long resets the restart backoff."""
+MAX_START_FAILURES = 3
+"""Consecutive children dying before their first sample before falling back in-thread."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    interval: float
+    categories: tuple[str, ...]
+    disk_path: str
+    nvml_module: str
+    isolation: str
+    hang_deadline: float
+    ring_capacity: int
+    backoff_base: float
+    backoff_cap: float
+
+
+@dataclass(frozen=True)
+class _Fallback:
+    reason: str
+
+
+class Supervisor:
+    """Body of the monitor thread; ``child`` is the running child, if any."""
+
+    def __init__(self, settings: Settings, emitter: Emitter, stats: MonitorStats, stop_fd: int) -> None:
+        self.settings = settings
+        self.emitter = emitter
+        self.stats = stats
+        self.stop_fd = stop_fd
+        self.child: SamplingChild | None = None
+        self._strikes: dict[str, int] = {}
+
+    def run(self) -> None:
+        try:
+            if self.settings.isolation == "process" and self._supervise():
+                return
+            self.stats.isolation = "thread"
+            self._sample_in_thread()
+        finally:
+            os.close(self.stop_fd)
+
+    def _wait_for_stop(self, seconds: float) -> bool:
+        """Sleep up to ``seconds`` without the GIL; True if stop() was called."""
+        ready, _, _ = select.select([self.stop_fd], [], [], seconds)
+        return bool(ready)
+
+    def _categories(self) -> list[str]:
+        return [c for c in self.settings.categories if c not in self.stats.quarantined]
+
+    def _supervise(self) -> bool:
+        """Run children until stopped (True) or until none can run (False)."""
+        failures = start_failures = 0
+        while True:
+            result = self._run_child()
+            if result is None:
+                return True
+            if isinstance(result, _Fallback):
+                log.warning(
+                    "resource monitor: %s; sampling in the backend thread instead "
+                    "(no crash isolation for NVML from here on)",
+                    result.reason,
+                )
+                return False
+            self._attribute(result)
+            start_failures = start_failures + 1 if result.cause == "start" else 0
+            if start_failures >= MAX_START_FAILURES:
+                log.warning(
+                    "resource monitor: %d sampling children in a row died before their first sample; "
+                    "sampling in the backend thread instead (no crash isolation for NVML from here on)",
+                    start_failures,
+                )
+                return False
+            if result.lifetime_seconds >= HEALTHY_SECONDS:
+                failures = 0
+            failures += 1
+            delay = min(self.settings.backoff_cap, self.settings.backoff_base * 2 ** (failures - 1))
+            where = f"in the {result.category} collector" if result.category else "outside any collector"
+            log.warning(
+                "resource monitor: sampling child %s %s (exit status %s); restarting it in %g s",
+                {"crash": "crashed", "hang": "hung and was killed", "start": "died starting"}[result.cause],
+                where,
+                result.exit_code,
+                delay,
+            )
+            if self._wait_for_stop(delay):
+                return True
+            self.stats.restarts += 1
+            self.stats.restarts_by_cause[result.cause] += 1
+
+    def _run_child(self) -> Death | _Fallback | None:
+        """Run one child to its end: how it died, why none can run, or None if stopped."""
+        s = self.settings
+        try:
+            status = ChildStatus.create()
+        except OSError as exc:
+            return _Fallback(f"shared memory is unusable ({exc})")
+        child = SamplingChild(
+            {
+                "ring": new_name(),
+                "status": status.name,
+                "capacity": s.ring_capacity,
+                "interval": s.interval,
+                "categories": self._categories(),
+                "disk_path": s.disk_path,
+                "pid": os.getpid(),
+                "nvml_module": s.nvml_module,
+            }
+        )
+        reader = ChildReader(
+            child,
+            status,
+            self.stop_fd,
+            self.emitter,
+            self.stats,
+            interval=s.interval,
+            hang_deadline=s.hang_deadline,
+        )
+        started = time.monotonic()
+        try:
+            child.start()
+        except OSError as exc:
+            status.close()
+            status.unlink()
+            return _Fallback(f"cannot start the sampling child ({exc})")
+        self.child = child
+        try:
+            outcome = reader.serve()
+            if outcome is Outcome.HUNG:
+                child.kill()
+        finally:
+            code = self.stats.child_exit_code = child.stop()
+            self.child = None
+            phase = reader.hung_phase if reader.hung_phase is not None else status.read().phase
+            reader.close()
+            status.close()
+            status.unlink()
+        if outcome is Outcome.STOPPED:
+            return None
+        if code == EXIT_NO_SHARED_MEMORY:
+            return _Fallback("the sampling child cannot create its ring in shared memory")
+        cause = "start" if phase == PHASE_STARTING else "hang" if outcome is Outcome.HUNG else "crash"
+        return Death(cause, category_of(phase), code, time.monotonic() - started)
+
+    def _attribute(self, death: Death) -> None:
+        self.stats.record_death(death)
+        category = death.category
+        if category is None:
+            return
+        self._strikes[category] = strikes = self._strikes.get(category, 0) + 1
+        if strikes == QUARANTINE_AFTER:
+            self.stats.quarantined = [*self.stats.quarantined, category]
+            log.warning(
+                "resource monitor: the %s collector brought the sampling child down %d times (latest: %s); "
+                "%s is quarantined and the other categories keep flowing. Re-enable it by restarting the "
+                "monitor (stop() then start(), or restart the backend) once the cause is fixed.",
+                category,
+                strikes,
+                death.cause,
+                category,
+            )
+
+    def _sample_in_thread(self) -> None:
+        s = self.settings
+        collectors = build_collectors(
+            self._categories(), disk_path=s.disk_path, pid=os.getpid(), nvml_module=s.nvml_module
+        )
+        fields = [name for c in collectors for name in c.names]
+        cadence = Cadence(s.interval)
+        try:
+            while not self._wait_for_stop(cadence.seconds_left()):
+                timestamp_ns = time.monotonic_ns()
+                values: list[float] = []
+                for collector in collectors:
+                    values += collector.sample()
+                self.stats.records_read += 1
+                self.emitter.emit(fields, values, timestamp_ns)
+                cadence.advance()
+        finally:
+            for collector in collectors:
+                collector.close()

@@ -1,0 +1,279 @@
+"""Issue 3: a child that crashes or hangs costs a gap in the curves, never the backend."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import FAST, Recorder, wait_for
+
+import sampler
+from ringbuf import segment
+from sampler import spawn
+
+CPU = "resource/cpu/utilization_percent"
+GPU_TEMP = "resource/gpu/0/temperature_celsius"
+QUICK_RESTARTS = {"_restart_backoff": (0.05, 0.2)}
+TESTS_DIR = str(Path(__file__).resolve().parent)
+
+
+def fake_nvml(monkeypatch: pytest.MonkeyPatch, **config: object) -> None:
+    monkeypatch.setenv("FAKE_NVML", json.dumps({"devices": [{}], **config}))
+
+
+def count(sink: Recorder, name: str) -> int:
+    return len(sink.values(name))
+
+
+def test_a_killed_child_is_replaced_within_two_seconds() -> None:
+    sink = Recorder()
+    with sampler.ResourceMonitor(categories=["cpu"], sink=sink, step_source="seconds", **FAST) as monitor:
+        first = wait_for(lambda: monitor.child_pid, what="the first child")
+        wait_for(lambda: count(sink, CPU) >= 2)
+        os.kill(first, signal.SIGKILL)
+        killed_at = time.monotonic()
+        second = wait_for(lambda: monitor.child_pid not in (None, first) and monitor.child_pid, timeout=2.5)
+        print(f"new child {time.monotonic() - killed_at:.2f} s after the kill")
+        before = count(sink, CPU)
+        wait_for(lambda: count(sink, CPU) >= before + 2, what="samples from the new child")
+        stats = monitor.stats()
+    assert second != first
+    assert stats["restarts"] == 1 and stats["restarts_by_cause"]["crash"] == 1
+    (death,) = stats["deaths"]
+    assert death["exit_code"] == -signal.SIGKILL and death["cause"] == "crash"
+    assert stats["quarantined"] == []
+
+
+@pytest.mark.parametrize("where", ["nvmlDeviceGetTemperature", "nvmlInit"])
+def test_a_segfaulting_nvml_is_quarantined_after_three_crashes(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    fake_nvml(monkeypatch, segfault={where: True})
+    sink = Recorder()
+    options = {**FAST, **QUICK_RESTARTS}
+    with sampler.ResourceMonitor(
+        categories=["cpu", "gpu"], sink=sink, nvml_module="fake_nvml", step_source="seconds", **options
+    ) as monitor:
+        wait_for(lambda: monitor.stats()["quarantined"] == ["gpu"], what="gpu quarantined")
+        before = count(sink, CPU)
+        wait_for(lambda: count(sink, CPU) >= before + 3, what="cpu signals after the quarantine")
+        stats = monitor.stats()
+    assert len(stats["deaths"]) == 3
+    assert all(d["category"] == "gpu" and d["exit_code"] == -signal.SIGSEGV for d in stats["deaths"])
+    assert stats["restarts_by_cause"]["crash"] == 3
+    assert GPU_TEMP not in sink.names()
+    warnings = [r.getMessage() for r in caplog.records if "quarantined" in r.getMessage()]
+    assert len(warnings) == 1 and "gpu" in warnings[0] and "Re-enable" in warnings[0]
+
+
+def test_a_hanging_call_is_killed_at_its_deadline_and_quarantined(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_nvml(monkeypatch, hang={"nvmlDeviceGetMemoryInfo": [0]})
+    sink = Recorder()
+    with sampler.ResourceMonitor(
+        categories=["cpu", "gpu"],
+        sink=sink,
+        nvml_module="fake_nvml",
+        step_source="seconds",
+        hang_deadline_seconds=0.5,
+        **FAST,
+        **QUICK_RESTARTS,
+    ) as monitor:
+        first = wait_for(lambda: monitor.child_pid, what="the first child")
+        wait_for(lambda: monitor.stats()["deaths"], what="the hang to be detected")
+        (death,) = monitor.stats()["deaths"]
+        assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
+        wait_for(lambda: monitor.stats()["quarantined"] == ["gpu"], what="gpu quarantined")
+        before = count(sink, CPU)
+        wait_for(lambda: count(sink, CPU) >= before + 3, what="cpu signals after the quarantine")
+        stats = monitor.stats()
+    assert death["cause"] == "hang" and death["category"] == "gpu" and death["exit_code"] == -signal.SIGKILL
+    assert 0.5 <= death["lifetime_seconds"] < 5
+    assert stats["restarts_by_cause"]["hang"] == 3
+
+
+def test_stop_during_a_hang_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_nvml(monkeypatch, hang={"nvmlDeviceGetClockInfo": True})
+    monitor = sampler.ResourceMonitor(
+        categories=["gpu"], sink=Recorder(), nvml_module="fake_nvml", hang_deadline_seconds=60, **FAST
+    ).start()
+    child = wait_for(lambda: monitor.child_pid, what="the child")
+    time.sleep(0.8)  # the child is now inside the call that never returns
+    began = time.monotonic()
+    monitor.stop()
+    took = time.monotonic() - began
+    assert took < 3
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
+def test_an_nvml_error_skips_one_reading_and_restarts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_nvml(monkeypatch, devices=[{}, {}], fail={"nvmlDeviceGetTemperature": [0]})
+    sink = Recorder()
+    with sampler.ResourceMonitor(
+        categories=["gpu"], sink=sink, nvml_module="fake_nvml", step_source="seconds", **FAST
+    ) as monitor:
+        wait_for(lambda: monitor.stats()["records_logged"] >= 4)
+        stats = monitor.stats()
+    assert GPU_TEMP not in sink.names()
+    assert "resource/gpu/0/sm_clock_mhz" in sink.names()
+    assert "resource/gpu/1/temperature_celsius" in sink.names()
+    assert stats["restarts"] == 0 and stats["deaths"] == []
+
+
+def test_steps_do_not_repeat_across_a_restart() -> None:
+    sink = Recorder()
+    with sampler.ResourceMonitor(categories=["cpu"], sink=sink, age_source=lambda: 5, **FAST) as monitor:
+        first = wait_for(lambda: monitor.child_pid)
+        wait_for(lambda: monitor.stats()["records_dropped"] >= 2)
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: monitor.stats()["restarts"] == 1)
+        dropped = monitor.stats()["records_dropped"]
+        wait_for(lambda: monitor.stats()["records_dropped"] >= dropped + 2, what="samples from the new child")
+    assert sink.steps(CPU) == [5]
+
+
+def test_a_slow_sink_never_slows_the_child_and_losses_are_counted() -> None:
+    def slow(name: str, value: float, step: int) -> None:
+        time.sleep(0.2)
+
+    interval = 0.05
+    options = {"interval_seconds": interval, "_min_interval_seconds": 0.01, "_ring_capacity": 4}
+    with sampler.ResourceMonitor(categories=["cpu"], sink=slow, step_source="seconds", **options) as monitor:
+        wait_for(lambda: monitor.stats()["records_read"] >= 1)
+        began = time.monotonic()
+        start = monitor.stats()
+        time.sleep(2)
+        stats = monitor.stats()
+        elapsed = time.monotonic() - began
+    produced = (stats["records_read"] + stats["records_lost"]) - (
+        start["records_read"] + start["records_lost"]
+    )
+    assert stats["records_lost"] > 0
+    assert stats["records_logged"] <= 0.5 * produced  # the sink really was the bottleneck
+    assert produced >= 0.6 * elapsed / interval  # ...and the child kept (most of) its cadence
+
+
+def test_self_report() -> None:
+    with sampler.ResourceMonitor(categories=["cpu", "process"], sink=Recorder(), **FAST) as monitor:
+        wait_for(lambda: monitor.stats()["records_read"] >= 3)
+        stats = monitor.stats()
+    assert stats["isolation"] == "process"
+    assert 0 < stats["child_cpu_seconds_per_sample"] < 0.5
+    assert 0 <= stats["seconds_since_last_record"] < 5
+    assert stats["restarts_by_cause"] == {"crash": 0, "hang": 0, "start": 0}
+
+
+def test_thread_isolation_samples_in_the_monitor_thread() -> None:
+    sink = Recorder()
+    with sampler.ResourceMonitor(
+        categories=["cpu", "process"], sink=sink, isolation="thread", step_source="seconds", **FAST
+    ) as monitor:
+        wait_for(lambda: monitor.stats()["records_logged"] >= 2)
+        assert monitor.child_pid is None
+        assert not [p for p in psutil.Process().children() if "sampler.child" in p.cmdline()]
+        stats = monitor.stats()
+    assert stats["isolation"] == "thread"
+    assert {CPU, "resource/process/memory_in_use_mb"} <= sink.names()
+
+
+def fallback_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "sampling in the backend thread" in r.getMessage()]
+
+
+def test_no_shared_memory_in_the_backend_falls_back_to_thread(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def full(size: int, name: str | None = None) -> segment.Segment:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(segment.Segment, "create", staticmethod(full))
+    sink = Recorder()
+    with sampler.ResourceMonitor(categories=["cpu"], sink=sink, step_source="seconds", **FAST) as monitor:
+        wait_for(lambda: monitor.stats()["records_logged"] >= 2)
+        stats = monitor.stats()
+    assert stats["isolation"] == "thread"
+    (warning,) = fallback_warnings(caplog)
+    assert "No space left" in warning
+
+
+def test_no_subprocesses_falls_back_to_thread(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(spawn.subprocess, "Popen", forbidden)
+    sink = Recorder()
+    with sampler.ResourceMonitor(categories=["cpu"], sink=sink, step_source="seconds", **FAST) as monitor:
+        wait_for(lambda: monitor.stats()["records_logged"] >= 2)
+    (warning,) = fallback_warnings(caplog)
+    assert "cannot start the sampling child" in warning
+
+
+def test_children_that_never_start_fall_back_to_thread(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    broken_python = tmp_path / "python"
+    broken_python.write_text("#!/bin/sh\nexit 1\n")
+    broken_python.chmod(0o755)
+    monkeypatch.setattr(spawn.sys, "executable", str(broken_python))
+    sink = Recorder()
+    with sampler.ResourceMonitor(
+        categories=["cpu"], sink=sink, step_source="seconds", **FAST, **QUICK_RESTARTS
+    ) as monitor:
+        wait_for(lambda: monitor.stats()["records_logged"] >= 2)
+        stats = monitor.stats()
+    assert stats["isolation"] == "thread"
+    assert [d["cause"] for d in stats["deaths"]] == ["start"] * 3
+    assert len(fallback_warnings(caplog)) == 1
+
+
+def unshare_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = ["unshare", "--mount", "--propagation", "private", "true"]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not unshare_works(), reason="needs root to mount a tmpfs in a private mount namespace")
+def test_a_full_dev_shm_falls_back_to_thread(tmp_path: Path) -> None:
+    """A real 8 KiB tmpfs over /dev/shm, seen only by the backend and its child:
+    the status block fits, the ring does not, and the child says so."""
+    script = tmp_path / "backend.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys, time
+            sys.path.insert(0, {TESTS_DIR!r})
+            import sampler
+            got = []
+            with sampler.ResourceMonitor(categories=["cpu", "memory"], sink=lambda *a: got.append(a),
+                                         step_source="seconds", interval_seconds=0.1,
+                                         _min_interval_seconds=0.05) as mon:
+                deadline = time.monotonic() + 20
+                while len(got) < 4 and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                print(mon.stats()["isolation"], len(got))
+            """
+        )
+    )
+    shell = f"mount -t tmpfs -o size=8k tmpfs /dev/shm && exec {sys.executable} {script}"
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", shell],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    isolation, samples = done.stdout.split()
+    assert isolation == "thread" and int(samples) >= 4
+    assert "cannot create its ring" in done.stderr
