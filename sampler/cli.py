@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from sampler import config
+from sampler.emit import Sample
 from sampler.monitor import ResourceMonitor
 
 
@@ -56,9 +57,9 @@ class _Printer:
         self.samples = 0
         self._lock = threading.Lock()
 
-    def __call__(self, step: int, sample: dict[str, float]) -> None:
+    def __call__(self, sample: Sample) -> None:
         with self._lock:
-            print(format_sample(step, sample), file=self.out, flush=True)
+            print(format_sample(sample.step, sample.values), file=self.out, flush=True)
             self.samples += 1
 
 

@@ -5,13 +5,26 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from sampler.ratelimit import RateLimitedWarning
 from sampler.stats import MonitorStats
 from sampler.steps import StepStamper
 
+
+@dataclass(frozen=True)
+class Sample:
+    """One logged sample, as ``on_sample`` hooks receive it."""
+
+    step: int
+    timestamp_ns: int
+    """``time.monotonic_ns()`` when sampling began (comparable across processes)."""
+    values: dict[str, float]
+    """Signal name -> value; failed readings are absent."""
+
+
 Sink = Callable[[str, float, int], object]
-SampleHook = Callable[[int, dict[str, float]], object]
+SampleHook = Callable[[Sample], object]
 
 
 class Emitter:
@@ -51,7 +64,7 @@ class Emitter:
         stats.records_logged += 1
         if self.on_sample is not None:
             try:
-                self.on_sample(step, sample)
+                self.on_sample(Sample(step, timestamp_ns, sample))
             except Exception as exc:
                 stats.sink_errors += 1
                 self._failures.warn("resource monitor: on_sample hook raised %r", exc)

@@ -52,12 +52,13 @@ class ResourceMonitor:
     ``interval_seconds`` is clamped to the 1 s floor. ``categories`` is None
     (all), names, or a mapping name -> bool. ``sink(name, value, step)``
     defaults to ``sampler.signals.log_signal``; ``age_source()`` to the model
-    given to ``watch_model``. ``on_sample(step, {name: value})`` is called once
-    per logged sample, after the sink. ``isolation="process"`` (default) samples
-    in a supervised child and falls back to ``"thread"`` (sampling in the
-    monitor thread itself) when no child can run. A collector call that takes
-    longer than ``hang_deadline_seconds`` gets the child killed and restarted.
-    Use as a context manager or call ``start()``/``stop()``.
+    given to ``watch_model``. ``on_sample(sample)`` gets each logged
+    ``sampler.emit.Sample`` (step, timestamp, values) once, after the sink.
+    ``isolation="process"`` (default) samples in a supervised child and falls
+    back to ``"thread"`` (sampling in the monitor thread itself) when no child
+    can run. A collector call that takes longer than ``hang_deadline_seconds``
+    gets the child killed and restarted. Use as a context manager or call
+    ``start()``/``stop()``.
     """
 
     def __init__(

@@ -29,8 +29,8 @@ log = logging.getLogger("sampler")
 
 QUARANTINE_AFTER = 3
 """Deaths attributed to one category before it is quarantined."""
-HEALTHY_SECONDS = 60.0
-"""A child that lived this long resets the restart backoff."""
+HEALTHY_SECONDS = 10.0
+"""A child that lived this long was not crash-looping: its death resets the restart backoff."""
 MAX_START_FAILURES = 3
 """Consecutive children dying before their first sample before falling back in-thread."""
 

@@ -90,11 +90,13 @@ class _Handle:
     index: int
 
 
-_state: dict[str, Any] = {"initialized": False}
+_state: dict[str, Any] = {"initialized": False, "config": {}}
 
 
 def _config() -> dict[str, Any]:
-    return json.loads(os.environ.get("FAKE_NVML", "{}"))
+    """The configuration read at ``nvmlInit`` (parsed once, so per-call cost stays
+    that of a dict lookup, even with many devices)."""
+    return _state["config"]  # type: ignore[no-any-return]
 
 
 def _targets(cfg: dict[str, Any], mode: str, function: str, index: int | None) -> bool:
@@ -120,7 +122,7 @@ def _device(handle: _Handle, function: str) -> dict[str, Any]:
 
 
 def nvmlInit() -> None:
-    cfg = _config()
+    cfg = _state["config"] = json.loads(os.environ.get("FAKE_NVML", "{}"))
     _misbehave(cfg, "nvmlInit")
     code = cfg.get("init_error")
     if code:
