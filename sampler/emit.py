@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -50,17 +49,18 @@ class Emitter:
         if step is None:
             stats.records_dropped += 1
             return
+        sink = self.sink
         sample: dict[str, float] = {}
         for name, value in zip(fields, values, strict=True):
-            if math.isnan(value):
+            if value != value:  # NaN: the reading failed in the collector
                 continue
             sample[name] = value
             try:
-                self.sink(name, value, step)
-                stats.signals_logged += 1
+                sink(name, value, step)
             except Exception as exc:
                 stats.sink_errors += 1
                 self._failures.warn("resource monitor: sink raised %r while logging %s", exc, name)
+        stats.signals_logged += len(sample)
         stats.records_logged += 1
         if self.on_sample is not None:
             try:

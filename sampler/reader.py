@@ -71,12 +71,16 @@ class ChildReader:
     def serve(self) -> Outcome:
         notify_fd = self.child.notify_fd
         while True:
-            timeout = max(0, self._deadline_ns(self.status.read()) - time.monotonic_ns()) / 1e9
+            snap = self.status.read()
+            timeout = max(0, self._deadline_ns(snap) - time.monotonic_ns()) / 1e9
             ready, _, _ = select.select([notify_fd, self.stop_fd], [], [], timeout)
             if self.stop_fd in ready:
                 return Outcome.STOPPED
             if notify_fd in ready:
                 alive = bool(os.read(notify_fd, 4096))
+                # CPU per sample from the snapshot taken before the wait: one
+                # sample behind, and one status read per wake-up instead of two.
+                self.stats.child_cpu_seconds_per_sample = snap.cpu_seconds_per_sample
                 self._drain()
                 if not alive:
                     return Outcome.EXITED
@@ -100,7 +104,6 @@ class ChildReader:
         self.cursor = result.cursor
         self.stats.records_read += len(result)
         self.stats.records_lost += result.lost
-        self.stats.child_cpu_seconds_per_sample = self.status.read().cpu_seconds_per_sample
         fields = self.ring.fields
         for values, timestamp_ns in zip(result.values.tolist(), result.timestamps_ns.tolist(), strict=True):
             self.emitter.emit(fields, values, timestamp_ns)

@@ -37,6 +37,7 @@ class MonitorStats:
     records_lost: int = 0
     """Samples overwritten in the ring before the reader got to them (a slow sink)."""
     signals_logged: int = 0
+    """Readings handed to the sink (``sink_errors`` counts the calls that raised)."""
     sink_errors: int = 0
     restarts: int = 0
     restarts_by_cause: dict[str, int] = field(default_factory=lambda: {"crash": 0, "hang": 0, "start": 0})

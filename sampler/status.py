@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import struct
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ringbuf import segment
 from sampler.config import DEFAULT_CATEGORIES
@@ -29,7 +29,7 @@ EXIT_NO_SHARED_MEMORY = 3
 """The child's exit status when it cannot create its ring (e.g. ``/dev/shm``
 full): the backend then stops retrying and samples in-thread."""
 
-_FORMAT = "<4q"
+_WORDS = struct.Struct("<4q")
 _SIZE = 64
 
 
@@ -42,8 +42,9 @@ def category_of(phase: int) -> str | None:
     return DEFAULT_CATEGORIES[phase] if 0 <= phase < len(DEFAULT_CATEGORIES) else None
 
 
-@dataclass(frozen=True)
-class Snapshot:
+class Snapshot(NamedTuple):
+    """One read of the status block (a NamedTuple: the reader makes one per wake-up)."""
+
     phase: int
     since_ns: int
     samples: int
@@ -64,7 +65,7 @@ class ChildStatus:
     @classmethod
     def create(cls) -> ChildStatus:
         status = cls(segment.Segment.create(_SIZE))
-        struct.pack_into(_FORMAT, status._seg.buf, 0, PHASE_STARTING, time.monotonic_ns(), 0, 0)
+        _WORDS.pack_into(status._seg.buf, 0, PHASE_STARTING, time.monotonic_ns(), 0, 0)
         return status
 
     @classmethod
@@ -79,11 +80,11 @@ class ChildStatus:
 
     def count_sample(self, cpu_ns: int) -> None:
         """One more sample written, which cost the child ``cpu_ns`` of CPU time."""
-        _, _, samples, total = struct.unpack_from(_FORMAT, self._seg.buf, 0)
+        _, _, samples, total = _WORDS.unpack_from(self._seg.buf, 0)
         struct.pack_into("<2q", self._seg.buf, 16, samples + 1, total + cpu_ns)
 
     def read(self) -> Snapshot:
-        return Snapshot(*struct.unpack_from(_FORMAT, self._seg.buf, 0))
+        return Snapshot._make(_WORDS.unpack_from(self._seg.buf, 0))
 
     def close(self) -> None:
         self._seg.close()

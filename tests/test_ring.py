@@ -103,7 +103,7 @@ def test_create_with_explicit_name(rings):
         Ring.create(FIELDS, 3, name)
 
 
-def test_write_read_values_and_timestamps(rings):
+def test_write_read_values_and_timestamps(rings, read_path):
     w = rings.create(capacity=8)
     r = rings.attach(w.name)
 
@@ -162,7 +162,7 @@ def test_special_float_values_survive(rings):
     ("capacity", "written"),
     [(1, 1), (1, 5), (4, 3), (4, 4), (4, 5), (4, 10), (7, 100)],
 )
-def test_lapped_reader_counts_lost_exactly(rings, capacity, written):
+def test_lapped_reader_counts_lost_exactly(rings, capacity, written, read_path):
     w = rings.create(capacity=capacity)
     r = rings.attach(w.name)
     for i in range(written):
@@ -345,6 +345,14 @@ def test_unlink_returns_false_the_second_time(rings):
 # --- torn slots ------------------------------------------------------------------------------
 
 
+@pytest.fixture(params=["struct", "numpy"])
+def read_path(request, monkeypatch):
+    """Run a test through each of read()'s two implementations: slot by slot
+    (small batches) and vectorised (large ones)."""
+    monkeypatch.setattr(ring_mod, "_FEW", 10**9 if request.param == "struct" else 0)
+    return request.param
+
+
 def _write_three(rings, capacity=4):
     w = rings.create(capacity=capacity)
     r = rings.attach(w.name)
@@ -363,7 +371,7 @@ def _assert_record_1_lost(r):
     assert res.cursor == 3 == len(res) + res.lost
 
 
-def test_torn_slot_odd_sequence_is_lost(rings):
+def test_torn_slot_odd_sequence_is_lost(rings, read_path):
     w, r = _write_three(rings)
     slot = 1 % w.capacity
     assert int(w._slots[slot, 0]) == 2 * 1 + 2  # committed
@@ -371,7 +379,7 @@ def test_torn_slot_odd_sequence_is_lost(rings):
     _assert_record_1_lost(r)
 
 
-def test_slot_with_other_records_sequence_is_lost(rings):
+def test_slot_with_other_records_sequence_is_lost(rings, read_path):
     w, r = _write_three(rings)
     w._slots[1, 0] = 2 * (1 + w.capacity) + 2  # committed, but for record 5 (a lap later)
     _assert_record_1_lost(r)
@@ -381,7 +389,7 @@ def test_slot_with_other_records_sequence_is_lost(rings):
     ("column", "what"),
     [(1, "checksum"), (2, "timestamp"), (3, "first value"), (3 + len(FIELDS) - 1, "last value")],
 )
-def test_corrupt_word_fails_checksum_and_is_lost(rings, column, what):
+def test_corrupt_word_fails_checksum_and_is_lost(rings, column, what, read_path):
     w, r = _write_three(rings)
     assert int(w._slots[1, 0]) == 4  # seq still says "record 1, committed"
     w._slots[1, column] ^= np.uint64(1 << 17)
