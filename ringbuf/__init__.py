@@ -4,7 +4,7 @@ One writer, any number of readers, in any processes that know the ring's name.
 Nothing here knows what the records mean.
 """
 
-from ringbuf.ring import ReadResult, Ring
+from ringbuf.ring import ReadResult, Ring, Rows
 from ringbuf.segment import NAME_PREFIX
 
-__all__ = ["NAME_PREFIX", "ReadResult", "Ring"]
+__all__ = ["NAME_PREFIX", "ReadResult", "Ring", "Rows"]

@@ -31,6 +31,7 @@ import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -105,6 +106,16 @@ class ReadResult:
         return len(self.indices)
 
 
+class Rows(NamedTuple):
+    """Records accepted by one ``Ring.read_rows`` call, as Python values, oldest first."""
+
+    values: list[tuple[float, ...]]
+    timestamps_ns: list[int]
+    indices: list[int]
+    cursor: int
+    lost: int
+
+
 class Ring:
     """A ring in a named shared-memory segment; use ``create`` or ``attach``."""
 
@@ -173,7 +184,7 @@ class Ring:
     @property
     def head(self) -> int:
         """Records committed so far."""
-        return int(self._head[0])
+        return int(_U64.unpack_from(self._seg.buf, _HEAD_WORD * 8)[0])
 
     def write(self, values: Sequence[float] | npt.ArrayLike, timestamp_ns: int | None = None) -> int:
         """Append one record; returns its record number."""
@@ -196,18 +207,48 @@ class Ring:
         self._next = index + 1
         return index
 
+    def _span(self, cursor: int) -> tuple[int, int]:
+        """(first record still in the ring at or after ``cursor``, head)."""
+        head = self.head
+        if not 0 <= cursor <= head:
+            raise ValueError(f"cursor {cursor} outside [0, {head}] for ring {self.name!r}")
+        return max(cursor, head - self.capacity), head
+
     def read(self, cursor: int) -> ReadResult:
         """Copy every record from ``cursor`` up to the writer's head.
 
         Records the writer overwrote before they could be copied are skipped
         and counted in ``lost``; the returned cursor is always the head seen.
         """
-        head = int(self._head[0])
-        if not 0 <= cursor <= head:
-            raise ValueError(f"cursor {cursor} outside [0, {head}] for ring {self.name!r}")
-        start = max(cursor, head - self.capacity)
+        start, head = self._span(cursor)
+        if head - start <= _FEW:
+            rows = self._read_few(cursor, start, head)
+            return ReadResult(
+                values=np.array(rows.values, dtype=np.float64).reshape(len(rows.indices), len(self.fields)),
+                timestamps_ns=np.array(rows.timestamps_ns, dtype=np.int64),
+                indices=np.array(rows.indices, dtype=np.int64),
+                cursor=rows.cursor,
+                lost=rows.lost,
+            )
+        return self._read_many(cursor, start, head)
+
+    def read_rows(self, cursor: int) -> Rows:
+        """``read`` with plain Python values instead of arrays: cheaper for a
+        reader that consumes a record or two per wake-up."""
+        start, head = self._span(cursor)
         if head - start <= _FEW:
             return self._read_few(cursor, start, head)
+        result = self._read_many(cursor, start, head)
+        return Rows(
+            values=[tuple(row) for row in result.values.tolist()],
+            timestamps_ns=result.timestamps_ns.tolist(),
+            indices=result.indices.tolist(),
+            cursor=result.cursor,
+            lost=result.lost,
+        )
+
+    def _read_many(self, cursor: int, start: int, head: int) -> ReadResult:
+        """The vectorised read: every check done on whole columns at once."""
         indices = np.arange(start, head, dtype=np.uint64)
         slots = (indices % np.uint64(self.capacity)).astype(np.intp)
         expected = indices * np.uint64(2) + np.uint64(2)
@@ -225,15 +266,13 @@ class Ring:
             lost=(start - cursor) + int(len(ok) - np.count_nonzero(ok)),
         )
 
-    def _read_few(self, cursor: int, start: int, head: int) -> ReadResult:
-        """``read`` for a handful of records, slot by slot with struct: the same
+    def _read_few(self, cursor: int, start: int, head: int) -> Rows:
+        """The read for a handful of records, slot by slot with struct: the same
         seqlock and checksum checks, without numpy's per-call overhead, which
         dominates what a reader woken for one record spends."""
         buf = self._seg.buf
         slot_bytes = self._slot_format.size
-        indices: list[int] = []
-        stamps: list[int] = []
-        values: list[tuple[float, ...]] = []
+        rows = Rows([], [], [], head, 0)
         for index in range(start, head):
             offset = self._data_offset + (index % self.capacity) * slot_bytes
             committed = 2 * index + 2
@@ -246,16 +285,10 @@ class Ring:
             mixed = sum(map(operator.mul, words[2:], self._weights_int)) + committed * self._seed
             if mixed & _MASK != words[1]:
                 continue
-            indices.append(index)
-            stamps.append(words[2] - (1 << 64) if words[2] >> 63 else words[2])
-            values.append(self._values_format.unpack_from(raw, _SLOT_META * 8))
-        return ReadResult(
-            values=np.array(values, dtype=np.float64).reshape(len(indices), len(self.fields)),
-            timestamps_ns=np.array(stamps, dtype=np.int64),
-            indices=np.array(indices, dtype=np.int64),
-            cursor=head,
-            lost=(head - cursor) - len(indices),
-        )
+            rows.indices.append(index)
+            rows.timestamps_ns.append(words[2] - (1 << 64) if words[2] >> 63 else words[2])
+            rows.values.append(self._values_format.unpack_from(raw, _SLOT_META * 8))
+        return rows._replace(lost=(head - cursor) - len(rows.indices))
 
     def _checksum(self, words: npt.NDArray[np.uint64], seq: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
         """Per-row checksums of (n, 1 + n_fields) words; uint64 array arithmetic

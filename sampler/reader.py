@@ -100,12 +100,12 @@ class ChildReader:
             # leak them, not even a SIGKILL of both processes.
             self.ring.unlink()
             self.status.unlink()
-        result = self.ring.read(self.cursor)
-        self.cursor = result.cursor
-        self.stats.records_read += len(result)
-        self.stats.records_lost += result.lost
+        rows = self.ring.read_rows(self.cursor)
+        self.cursor = rows.cursor
+        self.stats.records_read += len(rows.indices)
+        self.stats.records_lost += rows.lost
         fields = self.ring.fields
-        for values, timestamp_ns in zip(result.values.tolist(), result.timestamps_ns.tolist(), strict=True):
+        for values, timestamp_ns in zip(rows.values, rows.timestamps_ns, strict=True):
             self.emitter.emit(fields, values, timestamp_ns)
 
     def close(self) -> None:

@@ -31,20 +31,31 @@ class ModelReader:
         self.lost = 0
 
 
-def check_read(ring: Ring, reader: ModelReader, written: int, capacity: int) -> None:
-    res = ring.read(reader.cursor)
+def check_read(ring: Ring, reader: ModelReader, written: int, capacity: int, as_rows: bool) -> None:
+    """One read through ``read`` (arrays) or ``read_rows`` (Python values), against the model."""
     first = max(reader.cursor, written - capacity)
     expected = list(range(first, written))
+    if as_rows:
+        res = ring.read_rows(reader.cursor)
+        indices, values, stamps = res.indices, [list(v) for v in res.values], res.timestamps_ns
+    else:
+        arrays = ring.read(reader.cursor)
+        assert arrays.values.shape == (len(expected), len(FIELDS))
+        indices, values, stamps = (
+            arrays.indices.tolist(),
+            arrays.values.tolist(),
+            arrays.timestamps_ns.tolist(),
+        )
+        res = arrays  # type: ignore[assignment]
 
-    assert res.indices.tolist() == expected
-    assert res.values.shape == (len(expected), len(FIELDS))
-    assert res.values.tolist() == [values_of(i) for i in expected]
-    assert res.timestamps_ns.tolist() == [timestamp_of(i) for i in expected]
+    assert indices == expected
+    assert values == [values_of(i) for i in expected]
+    assert stamps == [timestamp_of(i) for i in expected]
     assert res.lost == max(0, written - capacity - reader.cursor)
     assert res.cursor == written
 
     reader.cursor = res.cursor
-    reader.accepted += len(res)
+    reader.accepted += len(indices)
     reader.lost += res.lost
 
 
@@ -54,7 +65,8 @@ def test_reads_match_model(capacity, ops):
     ring = Ring.create(FIELDS, capacity)
     attached: list[Ring] = []
     try:
-        # Two independent readers, each with its own attachment, as separate processes would have.
+        # Two independent readers, each with its own attachment, as separate processes would have;
+        # reader 0 reads arrays (read), reader 1 Python values (read_rows).
         for _ in range(2):
             attached.append(Ring.attach(ring.name))
         model = [ModelReader(), ModelReader()]
@@ -66,9 +78,9 @@ def test_reads_match_model(capacity, ops):
                     written += 1
                 assert ring.head == written
             else:
-                check_read(attached[arg], model[arg], written, capacity)
-        for reader_ring, reader in zip(attached, model, strict=True):
-            check_read(reader_ring, reader, written, capacity)  # the final read
+                check_read(attached[arg], model[arg], written, capacity, as_rows=arg == 1)
+        for number, (reader_ring, reader) in enumerate(zip(attached, model, strict=True)):
+            check_read(reader_ring, reader, written, capacity, as_rows=number == 1)  # the final read
             assert reader.cursor == written == reader.accepted + reader.lost
     finally:
         ring.unlink()
