@@ -24,6 +24,10 @@ from sampler.status import PHASE_IDLE, PHASE_STARTING, ChildStatus, Snapshot
 STARTUP_DEADLINE_SECONDS = 30.0
 """Interpreter start-up and imports may take this long before the child counts
 as stuck (a loaded machine can take seconds to import numpy)."""
+STALL_SLACK_NS = 500_000_000
+"""Waking this much later than planned means the reader itself was stalled."""
+STALL_GRACE_NS = 1_000_000_000
+"""After such a stall the child gets this long to show progress before a hang is declared."""
 
 
 class Outcome(enum.Enum):
@@ -70,9 +74,11 @@ class ChildReader:
 
     def serve(self) -> Outcome:
         notify_fd = self.child.notify_fd
+        grace_until = 0
         while True:
             snap = self.status.read()
-            timeout = max(0, self._deadline_ns(snap) - time.monotonic_ns()) / 1e9
+            wake_at = max(self._deadline_ns(snap), grace_until)
+            timeout = max(0, wake_at - time.monotonic_ns()) / 1e9
             ready, _, _ = select.select([notify_fd, self.stop_fd], [], [], timeout)
             if self.stop_fd in ready:
                 return Outcome.STOPPED
@@ -85,8 +91,15 @@ class ChildReader:
                 if not alive:
                     return Outcome.EXITED
                 continue
+            now = time.monotonic_ns()
+            if now - wake_at > STALL_SLACK_NS:
+                # We woke far later than planned: this process or the whole
+                # machine stalled (a VM pause, a long sink call), and the child
+                # with it. Give it a moment to move before judging it.
+                grace_until = now + STALL_GRACE_NS
+                continue
             snap = self.status.read()  # the phase may have moved on since we slept
-            if time.monotonic_ns() >= self._deadline_ns(snap):
+            if now >= self._deadline_ns(snap):
                 self.hung_phase = snap.phase
                 return Outcome.HUNG
 
