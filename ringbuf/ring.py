@@ -141,7 +141,7 @@ class Ring:
         self._data_offset = data_offset
         self._slot_format = struct.Struct(f"<{stride}Q")
         self._values_format = struct.Struct(f"<{n_fields}d")
-        self._next = int(self._head[0])
+        self._next = self.head
 
     @classmethod
     def create(cls, fields: Sequence[str], capacity: int, name: str | None = None) -> Ring:

@@ -82,12 +82,11 @@ class SamplingChild:
         killed after ``STOP_TIMEOUT_SECONDS``. The shared-memory names are
         unlinked in case the child died before the backend attached.
         """
+        self.request_stop()
         proc, self._proc = self._proc, None
         if proc is None:
             return None
-        assert proc.stdin is not None and proc.stdout is not None
-        if not proc.stdin.closed:
-            proc.stdin.close()
+        assert proc.stdout is not None
         try:
             code = proc.wait(STOP_TIMEOUT_SECONDS)
         except subprocess.TimeoutExpired:
