@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import operator
+import os
 import struct
 import time
 from collections.abc import Sequence
@@ -54,6 +55,17 @@ _FEW = 8
 
 def _pad(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _layout(fields: Sequence[str], capacity: int) -> tuple[int, bytes]:
+    """(segment size in bytes, encoded field names) of a new ring; ValueError if unusable."""
+    fields = tuple(fields)
+    if capacity < 1:
+        raise ValueError(f"capacity must be >= 1, got {capacity}")
+    if len(set(fields)) != len(fields) or not all(isinstance(f, str) for f in fields):
+        raise ValueError("fields must be distinct strings")
+    names = json.dumps(list(fields)).encode("utf-8")
+    return _pad(_NAMES_OFFSET + len(names)) + capacity * (_SLOT_META + len(fields)) * 8, names
 
 
 def _weights(n_fields: int) -> npt.NDArray[np.uint64]:
@@ -126,7 +138,8 @@ class Ring:
         self._seg = seg
         self._writer = writer
         self._owner = owner
-        self.name: str = seg.name
+        self.name: str | None = seg.name
+        """None for an anonymous ring."""
         self.fields: tuple[str, ...] = fields
         self.capacity: int = capacity
         stride = _SLOT_META + n_fields
@@ -145,18 +158,26 @@ class Ring:
 
     @classmethod
     def create(cls, fields: Sequence[str], capacity: int, name: str | None = None) -> Ring:
-        """Create a ring (the owning, writing side) in a new segment."""
-        fields = tuple(fields)
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
-        if len(set(fields)) != len(fields) or not all(isinstance(f, str) for f in fields):
-            raise ValueError("fields must be distinct strings")
-        names = json.dumps(list(fields)).encode("utf-8")
-        data_offset = _pad(_NAMES_OFFSET + len(names))
-        size = data_offset + capacity * (_SLOT_META + len(fields)) * 8
-        seg = segment.Segment.create(size, name)
+        """Create a ring (the owning, writing side) in a new named segment."""
+        size, names = _layout(fields, capacity)
+        return cls._init_owned(segment.Segment.create(size, name), fields, capacity, names)
+
+    @classmethod
+    def create_anonymous(cls, fields: Sequence[str], capacity: int) -> tuple[Ring, int]:
+        """Create a ring in a segment with no name, and a descriptor the readers
+        attach through (``from_fd``); the caller closes the descriptor."""
+        size, names = _layout(fields, capacity)
+        seg, fd = segment.Segment.create_anonymous(size)
+        try:
+            return cls._init_owned(seg, fields, capacity, names), fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def _init_owned(cls, seg: segment.Segment, fields: Sequence[str], capacity: int, names: bytes) -> Ring:
         words = np.frombuffer(seg.buf, dtype=np.uint64, count=_HEADER_WORDS)
-        words[1:6] = (_VERSION, capacity, len(fields), len(names), data_offset)
+        words[1:6] = (_VERSION, capacity, len(fields), len(names), _pad(_NAMES_OFFSET + len(names)))
         seg.buf[_NAMES_OFFSET : _NAMES_OFFSET + len(names)] = names
         words[0] = _MAGIC  # last: an attach that sees the magic sees a whole header
         del words
@@ -164,7 +185,8 @@ class Ring:
             return cls(seg, writer=True, owner=True)
         except BaseException:
             seg.close()
-            segment.unlink(seg.name)
+            if seg.name is not None:
+                segment.unlink(seg.name)
             raise
 
     @classmethod
@@ -174,7 +196,16 @@ class Ring:
         At most one writer may exist at a time; a writer that attaches continues
         numbering after the records already committed.
         """
-        seg = segment.Segment.attach(name)
+        return cls._attached(segment.Segment.attach(name), writer)
+
+    @classmethod
+    def from_fd(cls, fd: int, writer: bool = False) -> Ring:
+        """Attach through a descriptor of the ring's segment (see ``create_anonymous``);
+        the descriptor stays the caller's to close."""
+        return cls._attached(segment.Segment.from_fd(fd), writer)
+
+    @classmethod
+    def _attached(cls, seg: segment.Segment, writer: bool) -> Ring:
         try:
             return cls(seg, writer=writer, owner=False)
         except BaseException:
@@ -304,8 +335,9 @@ class Ring:
         self._seg.close()
 
     def unlink(self) -> bool:
-        """Remove the segment's name so nothing can attach or leak it; mappings stay."""
-        return segment.unlink(self.name)
+        """Remove the segment's name so nothing can attach or leak it; mappings
+        stay. False if it had none left (or never had one: anonymous)."""
+        return self.name is not None and segment.unlink(self.name)
 
     def __enter__(self) -> Ring:
         return self

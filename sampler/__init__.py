@@ -13,6 +13,7 @@ from sampler.config import (
     STEP_SOURCES,
     load_resource_monitoring_config,
 )
+from sampler.emit import Sample
 from sampler.monitor import (
     ResourceMonitor,
     get_resource_monitor,
@@ -20,6 +21,7 @@ from sampler.monitor import (
     stop_resource_monitor,
 )
 from sampler.steps import watch_model
+from sampler.wl_adapter import replace_weightslab_monitor
 
 __all__ = [
     "DEFAULT_CATEGORIES",
@@ -27,8 +29,10 @@ __all__ = [
     "DEFAULT_STEP_SOURCE",
     "STEP_SOURCES",
     "ResourceMonitor",
+    "Sample",
     "get_resource_monitor",
     "load_resource_monitoring_config",
+    "replace_weightslab_monitor",
     "signals",
     "start_resource_monitor_from_config",
     "stop_resource_monitor",

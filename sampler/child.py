@@ -1,106 +1,120 @@
-"""The sampling child: ``python -m sampler.child '<json parameters>'``.
+"""The sampling child: the entry module the backend's spawn bootstrap runs.
 
 Runs in a fresh interpreter started by the backend (never a fork of it, and
-never a re-run of the user's ``__main__``). It attaches the status block the
-backend made, builds the collectors, creates the ring under the name the
-backend chose, and writes one record per interval. Before each collector is
-built or sampled it publishes that collector's phase in the status block, so
-whatever kills or freezes the child is attributed.
+never a re-run of the user's ``__main__``). It receives its parameters and
+the status block over its channel (fd 0, see ``sampler.channel``), builds the
+collectors, creates an anonymous ring, hands the ring's descriptor back, and
+writes one record per interval. Before each collector is built or sampled it
+publishes that collector's phase in the status block, so whatever kills or
+freezes the child is attributed.
 
-Pipes shared with the backend:
-
-- stdin: the backend holds the write end and never writes. EOF means the
-  backend has stopped the monitor or died, however it died (SIGKILL included);
-  a watchdog thread blocked on it then ends the child within a second, even if
-  the main thread is stuck inside a driver call.
-- stdout (fd 1): one byte per record, to wake the backend's reader thread. It
-  is non-blocking: if the reader falls behind and the pipe fills, wake-ups are
-  dropped (the records are still in the ring), so a slow backend never stalls
-  sampling. Python's own ``sys.stdout`` is pointed at stderr so a stray print
-  cannot land in the wake-up pipe.
+It leaves when the backend asks (``STOP``) or dies, however it dies (SIGKILL
+included): a watchdog thread blocked on the channel and on a pidfd of the
+backend ends the child within a second even if the main thread is stuck in a
+driver call. Wake-ups are sent non-blocking: if the reader falls behind and
+the socket fills, wake-ups are dropped (the records are still in the ring), so
+a slow backend never stalls sampling.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
+import select
+import signal
+import socket
 import sys
 import threading
 import time
-from typing import Any
 
 import psutil
 
 from ringbuf import Ring
-from ringbuf.segment import unlink
 from sampler.cadence import Cadence
+from sampler.channel import FALLBACK_POLL_SECONDS, RECORD, RING, STOP, ChildParams, open_pidfd, receive_hello
 from sampler.collectors import Collector, build_collector
-from sampler.status import EXIT_NO_SHARED_MEMORY, PHASE_IDLE, ChildStatus, phase_of
+from sampler.status import EXIT_CLEAN, EXIT_NO_SHARED_MEMORY, PHASE_IDLE, ChildStatus, phase_of
 
 _EXIT_GRACE_SECONDS = 0.4
 """How long the watchdog lets the main thread finish cleanly before forcing exit."""
 
 
+class BackendWatch:
+    """Tells when the backend has gone: a pidfd where there is one, else its pid
+    no longer being our parent's (checked every ``FALLBACK_POLL_SECONDS``)."""
+
+    def __init__(self, backend_pid: int) -> None:
+        self.backend_pid = backend_pid
+        try:
+            self.pidfd = open_pidfd(backend_pid)
+        except ProcessLookupError:
+            self.pidfd = None
+        # The pidfd names whichever process had that pid when it was opened;
+        # if it is still our parent now, it is the backend and not a reuse.
+        self.gone_at_start = os.getppid() != backend_pid
+
+    def gone(self) -> bool:
+        return os.getppid() != self.backend_pid
+
+
 class Child:
-    def __init__(self, params: dict[str, Any], notify_fd: int) -> None:
+    def __init__(self, params: ChildParams, sock: socket.socket, status: ChildStatus) -> None:
         self.params = params
-        self.ring_name: str = params["ring"]
-        self.notify_fd = notify_fd
+        self.sock = sock
+        self.status = status
         self.stop = threading.Event()
         self.finished = threading.Event()
-        # Held while the ring is created and while the watchdog unlinks it, so a
-        # ring is never created after the watchdog decided to leave.
-        self.ring_lock = threading.Lock()
-        self.status = ChildStatus.attach(params["status"])
         self.collectors: list[Collector] = []
 
-    def watch_parent(self) -> None:
-        """Block on stdin until EOF, then make sure the child ends."""
-        while True:
-            try:
-                if not os.read(0, 4096):
-                    break
-            except InterruptedError:
-                continue
-            except OSError:
+    def watch(self, backend: BackendWatch) -> None:
+        """Until STOP, EOF or the backend's death, then make sure the child ends."""
+        fds = [self.sock.fileno()] + ([backend.pidfd] if backend.pidfd is not None else [])
+        timeout = None if backend.pidfd is not None else FALLBACK_POLL_SECONDS
+        while not backend.gone():
+            ready, _, _ = select.select(fds, [], [], timeout)
+            if backend.pidfd in ready:
                 break
+            if self.sock.fileno() in ready:
+                try:
+                    data = self.sock.recv(4096)
+                except OSError:
+                    break
+                if not data or STOP in data:
+                    break
         self.stop.set()
         if self.finished.wait(_EXIT_GRACE_SECONDS):
             return
-        self.ring_lock.acquire(timeout=_EXIT_GRACE_SECONDS)
-        unlink(self.ring_name)
-        unlink(self.status.name)
-        os._exit(0)
+        self.status.declare_exit(EXIT_CLEAN)
+        os._exit(EXIT_CLEAN)
 
     def run(self) -> int:
         p = self.params
-        for category in p["categories"]:
+        for category in p.categories:
             self.status.enter(phase_of(category))
             try:
                 collector = build_collector(
-                    category, disk_path=p["disk_path"], pid=p["pid"], nvml_module=p["nvml_module"]
+                    category, disk_path=p.disk_path, pid=p.backend_pid, nvml_module=p.nvml_module
                 )
             except psutil.NoSuchProcess:
-                return 0  # the backend died while the child was starting
+                return EXIT_CLEAN  # the backend died while the child was starting
             if collector is not None:
                 self.collectors.append(collector)
         self.status.enter(PHASE_IDLE)
         fields = [name for c in self.collectors for name in c.names]
-        with self.ring_lock:
-            if self.stop.is_set():
-                return 0
-            try:
-                ring = Ring.create(fields, p["capacity"], name=self.ring_name)
-            except OSError as exc:
-                print(f"resource monitor child: cannot create the ring: {exc}", file=sys.stderr)
-                return EXIT_NO_SHARED_MEMORY
         try:
-            self._notify()
-            self._loop(ring, float(p["interval"]))
+            ring, ring_fd = Ring.create_anonymous(fields, p.capacity)
+        except OSError as exc:
+            print(f"resource monitor child: cannot create the ring: {exc}", file=sys.stderr)
+            return EXIT_NO_SHARED_MEMORY
+        try:
+            try:
+                socket.send_fds(self.sock, [RING], [ring_fd])
+            finally:
+                os.close(ring_fd)
+            self._loop(ring, p.interval)
         finally:
             ring.close()
-        return 0
+        return EXIT_CLEAN
 
     def _loop(self, ring: Ring, interval: float) -> None:
         cadence = Cadence(interval)
@@ -115,40 +129,45 @@ class Child:
             self.status.enter(PHASE_IDLE)
             ring.write(values, timestamp_ns)
             self.status.count_sample(time.process_time_ns() - cpu_before)
-            self._notify()
+            # A full socket means the reader is behind; it finds the record in the ring anyway.
+            with contextlib.suppress(BlockingIOError):
+                self.sock.send(RECORD, socket.MSG_DONTWAIT)
             cadence.advance()
-
-    def _notify(self) -> None:
-        # A full pipe means the reader is behind; it finds the record in the ring anyway.
-        with contextlib.suppress(BlockingIOError):
-            os.write(self.notify_fd, b".")
 
     def close(self) -> None:
         for collector in self.collectors:
             collector.close()
 
 
-def main(argv: list[str]) -> int:
-    params = json.loads(argv[1])
-    notify_fd = os.dup(1)
-    os.dup2(2, 1)
-    os.set_blocking(notify_fd, False)
-    child = Child(params, notify_fd)
-    threading.Thread(target=child.watch_parent, name="parent-watch", daemon=True).start()
-    code = 0
+def main() -> int:
+    # The backend spawned us with SIGINT blocked: ignore it before unblocking,
+    # so a Ctrl-C that was pending since exec is discarded too.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    sock = socket.socket(fileno=0)
+    try:
+        params, status_fd = receive_hello(sock)
+    except (ConnectionError, OSError):
+        return EXIT_CLEAN  # the backend is gone before it could say anything
+    status = ChildStatus.from_fd(status_fd)
+    os.close(status_fd)
+    backend = BackendWatch(params.backend_pid)
+    if backend.gone_at_start:
+        status.declare_exit(EXIT_CLEAN)
+        return EXIT_CLEAN
+    child = Child(params, sock, status)
+    threading.Thread(target=child.watch, args=(backend,), name="backend-watch", daemon=True).start()
+    code = 1  # an exception escaping run() below
     try:
         code = child.run()
-    except BrokenPipeError:
-        pass  # the backend is gone
+    except (BrokenPipeError, ConnectionResetError):
+        code = EXIT_CLEAN  # the backend is gone
     finally:
         child.close()
-        # Normally the backend unlinked both once attached; if it died first,
-        # nobody else will.
-        unlink(child.ring_name)
-        unlink(child.status.name)
+        status.declare_exit(code)
         child.finished.set()
     return code
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main())

@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from sampler import wl_adapter
+from sampler.quoting import bounded_repr
 from sampler.ratelimit import RateLimitedWarning
 from sampler.stats import MonitorStats
 from sampler.steps import StepStamper
@@ -30,7 +32,9 @@ class Emitter:
     """Logs each record's readings at its step; O(signals) per record.
 
     A NaN reading failed in the child and is skipped. A sink or hook that
-    raises is counted and reported (rate-limited); it never stops the reader.
+    raises anything at all (``asyncio.CancelledError`` and ``SystemExit``
+    included: they are user code's, not ours to obey) is counted and reported
+    (rate-limited); it never stops the reader.
     """
 
     def __init__(
@@ -44,7 +48,15 @@ class Emitter:
 
     def emit(self, fields: Sequence[str], values: Sequence[float], timestamp_ns: int) -> None:
         stats = self.stats
-        stats.last_record_monotonic = time.monotonic()
+        stats.last_record_monotonic = stats.in_sink_since = time.monotonic()
+        wl_adapter.warn_if_weightslab_monitor_running()
+        try:
+            self._emit(fields, values, timestamp_ns)
+        finally:
+            stats.in_sink_since = None
+
+    def _emit(self, fields: Sequence[str], values: Sequence[float], timestamp_ns: int) -> None:
+        stats = self.stats
         step = self.stamper.stamp(timestamp_ns)
         if step is None:
             stats.records_dropped += 1
@@ -57,14 +69,16 @@ class Emitter:
             sample[name] = value
             try:
                 sink(name, value, step)
-            except Exception as exc:
+            except BaseException as exc:
                 stats.sink_errors += 1
-                self._failures.warn("resource monitor: sink raised %r while logging %s", exc, name)
+                self._failures.warn(
+                    "resource monitor: sink raised %s while logging %s", bounded_repr(exc), name
+                )
         stats.signals_logged += len(sample)
         stats.records_logged += 1
         if self.on_sample is not None:
             try:
                 self.on_sample(Sample(step, timestamp_ns, sample))
-            except Exception as exc:
+            except BaseException as exc:
                 stats.sink_errors += 1
-                self._failures.warn("resource monitor: on_sample hook raised %r", exc)
+                self._failures.warn("resource monitor: on_sample hook raised %s", bounded_repr(exc))

@@ -1,13 +1,27 @@
-"""``ResourceMonitor`` and the process-wide monitor a backend starts from config."""
+"""``ResourceMonitor`` and the process-wide monitor a backend starts from config.
+
+Forks. Training backends fork all the time (DataLoader workers,
+``multiprocessing`` with the fork method, user code). A forked copy inherits
+the monitor's objects, its ``atexit`` hook and copies of its descriptors, but
+not its thread. Everything here is owned by the process that started it: in a
+forked copy an inherited monitor is inert (``stop()`` is a no-op, ``running``
+is False, ``start()`` starts a fresh one for that process) and the singleton is
+forgotten, so nothing a fork does or however it ends reaches the parent's
+monitor. The ownership check is by pid, so it holds for forks made from C as
+well; ``os.register_at_fork`` additionally gives the copy fresh locks, in case
+it forked while another thread held one.
+"""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import math
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -24,6 +38,7 @@ RING_CAPACITY = 1024
 """Records the ring holds: 17 minutes at the 1 s floor before a stalled reader loses any."""
 DEFAULT_HANG_DEADLINE_SECONDS = 5.0
 """A collector call running longer than this gets the child killed (independent of the interval)."""
+MAX_HANG_DEADLINE_SECONDS = 86400.0
 RESTART_BACKOFF_SECONDS = (1.0, 60.0)
 """Delay before restarting a dead child: the first, doubling up to the second."""
 _JOIN_SLACK_SECONDS = 1.0
@@ -46,19 +61,53 @@ def _resolve_categories(categories: Iterable[str] | Mapping[str, bool] | None) -
 ISOLATION_MODES = ("process", "thread")
 
 
+class _Run:
+    """One ``start()`` to ``stop()`` of a monitor: its thread, the supervisor
+    the thread runs, and the pipe that tells the thread to stop."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.stop_r, stop_w = os.pipe()
+        self._stop_w: int | None = stop_w
+        self._claim = threading.Lock()
+        self._pipe_lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+        self.supervisor: Supervisor | None = None
+
+    def claim(self) -> bool:
+        """True for exactly one caller: the one that stops this run. Never
+        blocks, so a signal handler that calls stop() during stop() returns."""
+        return self._claim.acquire(blocking=False)
+
+    def signal_stop(self) -> None:
+        """Wake the thread for good: the byte is never read, so every later wait sees it."""
+        with self._pipe_lock:
+            if self._stop_w is not None:
+                with contextlib.suppress(OSError):  # the thread has ended and closed its end
+                    os.write(self._stop_w, b"x")
+
+    def close_pipe(self) -> None:
+        """Release both ends; the thread calls this last, however it ends."""
+        with self._pipe_lock:
+            for fd in (self.stop_r, self._stop_w):
+                if fd is not None:
+                    os.close(fd)
+            self._stop_w = None
+
+
 class ResourceMonitor:
     """Samples resources in a child process and logs them as ``resource/...`` signals.
 
-    ``interval_seconds`` is clamped to the 1 s floor. ``categories`` is None
-    (all), names, or a mapping name -> bool. ``sink(name, value, step)``
-    defaults to ``sampler.signals.log_signal``; ``age_source()`` to the model
-    given to ``watch_model``. ``on_sample(sample)`` gets each logged
-    ``sampler.emit.Sample`` (step, timestamp, values) once, after the sink.
+    ``interval_seconds`` is clamped to the 1 s floor and the one-day ceiling.
+    ``categories`` is None (all), a list of names, or a mapping name -> bool.
+    ``sink(name, value, step)`` defaults to ``sampler.signals.log_signal``;
+    ``age_source()`` to the model given to ``watch_model``. ``on_sample(sample)``
+    gets each logged ``sampler.Sample`` once, after the sink.
     ``isolation="process"`` (default) samples in a supervised child and falls
     back to ``"thread"`` (sampling in the monitor thread itself) when no child
     can run. A collector call that takes longer than ``hang_deadline_seconds``
-    gets the child killed and restarted. Use as a context manager or call
-    ``start()``/``stop()``.
+    gets the child killed and restarted. The settings are read-only after
+    construction. Use as a context manager or call ``start()``/``stop()``.
     """
 
     def __init__(
@@ -91,35 +140,106 @@ class ResourceMonitor:
             raise ValueError(f"step_source must be one of {config.STEP_SOURCES}, got {step_source!r}")
         if isolation not in ISOLATION_MODES:
             raise ValueError(f"isolation must be one of {ISOLATION_MODES}, got {isolation!r}")
-        self.interval_seconds = float(interval_seconds)
-        self.categories = _resolve_categories(categories)
-        self.disk_path = os.path.abspath(disk_path)
-        self.step_source = step_source
-        self.sink: Sink = sink or signals.log_signal
-        self.age_source = age_source
-        self.nvml_module = nvml_module
-        self.isolation = isolation
-        self.hang_deadline_seconds = _positive("hang_deadline_seconds", hang_deadline_seconds)
-        self.on_sample = on_sample
-        self._ring_capacity = _ring_capacity
-        self._restart_backoff = _restart_backoff
-        self._lock = threading.Lock()
+        for name, fn in (("sink", sink), ("age_source", age_source), ("on_sample", on_sample)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be callable or None, got {type(fn).__name__}")
+        hang_deadline = _positive("hang_deadline_seconds", hang_deadline_seconds)
+        if hang_deadline > MAX_HANG_DEADLINE_SECONDS:
+            log.warning(
+                "resource monitor: hang_deadline_seconds=%r is above the %g s ceiling; using %g",
+                hang_deadline,
+                MAX_HANG_DEADLINE_SECONDS,
+                MAX_HANG_DEADLINE_SECONDS,
+            )
+            hang_deadline = MAX_HANG_DEADLINE_SECONDS
+        self._settings = Settings(
+            interval=float(interval_seconds),
+            categories=_resolve_categories(categories),
+            disk_path=os.path.abspath(disk_path),
+            nvml_module=nvml_module,
+            isolation=isolation,
+            hang_deadline=hang_deadline,
+            ring_capacity=_ring_capacity,
+            backoff_base=_restart_backoff[0],
+            backoff_cap=_restart_backoff[1],
+        )
+        self._step_source = step_source
+        self._sink: Sink = signals.log_signal if sink is None else sink
+        self._age_source = age_source
+        self._on_sample = on_sample
+        self._lock = threading.RLock()
         self._stats = MonitorStats()
-        self._supervisor: Supervisor | None = None
-        self._thread: threading.Thread | None = None
-        self._stop_w: int | None = None
+        self._run: _Run | None = None
+        _monitors.add(self)
+
+    # The settings are read-only: a change after construction would bypass validation.
+
+    @property
+    def interval_seconds(self) -> float:
+        """Seconds between samples."""
+        return self._settings.interval
+
+    @property
+    def categories(self) -> tuple[str, ...]:
+        """The enabled categories, in ``DEFAULT_CATEGORIES`` order."""
+        return self._settings.categories
+
+    @property
+    def disk_path(self) -> str:
+        """The filesystem the disk usage signals describe (absolute)."""
+        return self._settings.disk_path
+
+    @property
+    def step_source(self) -> str:
+        """``"model_age"`` or ``"seconds"``."""
+        return self._step_source
+
+    @property
+    def isolation(self) -> str:
+        """``"process"`` or ``"thread"``, as asked (``stats()`` says what runs)."""
+        return self._settings.isolation
+
+    @property
+    def hang_deadline_seconds(self) -> float:
+        """How long one collector call may run before the child is killed."""
+        return self._settings.hang_deadline
+
+    @property
+    def nvml_module(self) -> str:
+        """The NVML binding the child imports."""
+        return self._settings.nvml_module
+
+    @property
+    def sink(self) -> Sink:
+        """Where each ``(name, value, step)`` goes."""
+        return self._sink
+
+    @property
+    def age_source(self) -> AgeSource | None:
+        """The model age callable; None: the model given to ``watch_model``."""
+        return self._age_source
+
+    @property
+    def on_sample(self) -> SampleHook | None:
+        """Called with each logged ``Sample``, or None."""
+        return self._on_sample
+
+    def _current(self) -> _Run | None:
+        """This process's run, if any (a run inherited through a fork is not)."""
+        run = self._run
+        return run if run is not None and run.pid == os.getpid() else None
 
     @property
     def child_pid(self) -> int | None:
         """Pid of the sampling child while it runs, else None."""
-        supervisor = self._supervisor
-        child = supervisor.child if supervisor is not None else None
-        return child.pid if child is not None and child.exit_code() is None else None
+        run = self._current()
+        child = run.supervisor.child if run is not None and run.supervisor is not None else None
+        return child.pid if child is not None and not child.exited else None
 
     @property
     def running(self) -> bool:
-        thread = self._thread
-        return thread is not None and thread.is_alive()
+        run = self._current()
+        return run is not None and run.thread is not None and run.thread.is_alive()
 
     def start(self) -> ResourceMonitor:
         """Start the monitor thread (which launches the child); returns at once,
@@ -127,67 +247,71 @@ class ResourceMonitor:
         min(interval, 1 s) plus the child's start-up. Nothing here raises for
         an unusable platform: the monitor falls back to sampling in-thread."""
         with self._lock:
-            if self._thread is not None:
+            if self.running:
                 return self
+            self._stop_run(self._current())  # a thread that died: release what it left
             self._stats = MonitorStats(isolation=self.isolation)
-            settings = Settings(
-                interval=self.interval_seconds,
-                categories=self.categories,
-                disk_path=self.disk_path,
-                nvml_module=self.nvml_module,
-                isolation=self.isolation,
-                hang_deadline=self.hang_deadline_seconds,
-                ring_capacity=self._ring_capacity,
-                backoff_base=self._restart_backoff[0],
-                backoff_cap=self._restart_backoff[1],
-            )
-            stop_r, self._stop_w = os.pipe()
-            stamper = StepStamper(self.step_source, self.age_source, time.monotonic_ns())
-            emitter = Emitter(stamper, self.sink, self._stats, self.on_sample)
-            self._supervisor = Supervisor(settings, emitter, self._stats, stop_r)
-            self._thread = threading.Thread(
-                target=self._supervisor.run, name="WL-ResourceMonitor", daemon=True
-            )
-            self._thread.start()
+            run = _Run()
+            stamper = StepStamper(self._step_source, self._age_source, time.monotonic_ns())
+            emitter = Emitter(stamper, self._sink, self._stats, self._on_sample)
+            run.supervisor = Supervisor(self._settings, emitter, self._stats, run.stop_r, run.close_pipe)
+            run.thread = threading.Thread(target=run.supervisor.run, name="WL-ResourceMonitor", daemon=True)
+            self._run = run
+            run.thread.start()
             atexit.register(self.stop)
             return self
 
     def stop(self) -> None:
         """Stop the child and the thread; idempotent. Returns within about 2 s
-        even if the child is stuck in a driver call or the sink is slow."""
+        even if the child is stuck in a driver call or the sink is slow.
+
+        Safe from a signal handler (also one that interrupts another stop()),
+        from inside the sink, and in a forked copy, where it does nothing."""
+        run = self._current()
+        if run is None:
+            return
+        atexit.unregister(self.stop)
+        self._stop_run(run)
+
+    def _stop_run(self, run: _Run | None) -> None:
+        if run is None or not run.claim():
+            return
         with self._lock:
-            thread, supervisor, stop_w = self._thread, self._supervisor, self._stop_w
-            if thread is None or supervisor is None or stop_w is None:
-                return
-            self._thread = self._stop_w = None
-            atexit.unregister(self.stop)
-            os.write(stop_w, b"x")  # never read: every later wait of the thread sees it
-            os.close(stop_w)
-            child = supervisor.child
+            if self._run is run:
+                self._run = None
+        run.signal_stop()
+        supervisor, thread = run.supervisor, run.thread
+        child = supervisor.child if supervisor is not None else None
+        if child is not None:
+            child.request_stop()
+        if thread is None or thread is threading.current_thread():
+            return  # stop() from the sink: the thread ends once the sink returns
+        thread.join(STOP_TIMEOUT_SECONDS + _JOIN_SLACK_SECONDS)
+        if thread.is_alive():
+            # The sink (or an in-thread collector) holds the thread; it reaps
+            # the child and releases shared memory when that call returns.
+            child = supervisor.child if supervisor is not None else None
             if child is not None:
-                child.request_stop()
-            thread.join(STOP_TIMEOUT_SECONDS + _JOIN_SLACK_SECONDS)
-            if thread.is_alive():
-                # The sink (or an in-thread collector) holds the thread; it reaps
-                # the child and releases shared memory when that call returns.
-                child = supervisor.child
-                if child is not None:
-                    child.kill()
-                log.warning(
-                    "resource monitor: the monitor thread is busy in a call; it ends after it returns"
-                )
-            self._supervisor = None
+                child.kill()
+            log.warning("resource monitor: the monitor thread is busy in a call; it ends after it returns")
 
     def stats(self) -> dict[str, Any]:
         """Counters and health: records read/logged/dropped/lost, signals logged,
         sink errors, restarts (total and by cause), recent child deaths with the
         collector each was attributed to, quarantined categories, isolation in
-        use, the child's CPU seconds per sample, its pid, and the seconds since
-        the last record."""
+        use, the child's CPU seconds per sample, its pid, the seconds since the
+        last record, what the monitor is waiting for if records are overdue,
+        and the error that stopped the thread, if any."""
         out = self._stats.snapshot()
         out["child_pid"] = self.child_pid
         out["running"] = self.running
         return out
+
+    def _forget_after_fork(self) -> None:
+        """In a forked copy: drop the parent's run without touching it."""
+        self._lock = threading.RLock()
+        self._run = None
+        self._stats = MonitorStats(isolation=self.isolation)
 
     def __enter__(self) -> ResourceMonitor:
         return self.start()
@@ -207,8 +331,11 @@ def _positive(name: str, value: float) -> float:
     return float(value)
 
 
-_singleton_lock = threading.Lock()
+_monitors: weakref.WeakSet[ResourceMonitor] = weakref.WeakSet()
+_singleton_lock = threading.RLock()
 _singleton: ResourceMonitor | None = None
+_singleton_pid = 0
+"""The process that started ``_singleton``: a copy forked from C (no at-fork hooks) must not reuse it."""
 
 
 def start_resource_monitor_from_config() -> ResourceMonitor | None:
@@ -217,9 +344,9 @@ def start_resource_monitor_from_config() -> ResourceMonitor | None:
     Idempotent: returns the running monitor if there is one. None when
     monitoring is disabled. Never raises for bad configuration.
     """
-    global _singleton
+    global _singleton, _singleton_pid
     with _singleton_lock:
-        if _singleton is not None:
+        if _singleton is not None and _singleton_pid == os.getpid():
             return _singleton
         cfg = config.load_resource_monitoring_config()
         if not cfg["enabled"]:
@@ -231,13 +358,13 @@ def start_resource_monitor_from_config() -> ResourceMonitor | None:
             disk_path=cfg["disk_path"],
             step_source=cfg["step_source"],
         )
-        _singleton = monitor.start()
+        _singleton, _singleton_pid = monitor.start(), os.getpid()
         return _singleton
 
 
 def get_resource_monitor() -> ResourceMonitor | None:
-    """The process-wide monitor, or None."""
-    return _singleton
+    """The process-wide monitor, or None (also in a forked copy of the process that started it)."""
+    return _singleton if _singleton_pid == os.getpid() else None
 
 
 def stop_resource_monitor() -> None:
@@ -247,3 +374,14 @@ def stop_resource_monitor() -> None:
         monitor, _singleton = _singleton, None
     if monitor is not None:
         monitor.stop()
+
+
+def _after_fork_in_child() -> None:
+    global _singleton, _singleton_lock
+    _singleton_lock = threading.RLock()
+    _singleton = None
+    for monitor in list(_monitors):
+        monitor._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,25 +1,32 @@
 """Reading one sampling child: wait for a record, read it, emit it, and notice
-when the child died or is stuck.
+when the child died, is stuck, or has sent nothing for too long.
 
-The ``WL-ResourceMonitor`` thread spends its life in ``select()`` on two pipes,
-which releases the GIL: the child's wake-up pipe (a byte per record, EOF when
-the child exits) and the monitor's stop pipe. Its only timeout is the moment
-the child would be overdue (the current phase's deadline, read from the status
-block), so in steady state it wakes once per record and never polls.
+The ``WL-ResourceMonitor`` thread spends its life in ``select()``, which
+releases the GIL, on the child's channel (a byte per record), the child's
+pidfd (readable once it exits) and the monitor's stop pipe. Its only timeout
+is the moment the child would be overdue (the current phase's deadline, read
+from the status block), so in steady state it wakes once per record and never
+polls. Where pidfds are missing it also wakes every ``FALLBACK_POLL_SECONDS``
+to ask whether the child still lives.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 import os
 import select
+import socket
 import time
 
 from ringbuf import Ring
+from sampler.channel import FALLBACK_POLL_SECONDS
 from sampler.emit import Emitter
 from sampler.spawn import SamplingChild
 from sampler.stats import MonitorStats
-from sampler.status import PHASE_IDLE, PHASE_STARTING, ChildStatus, Snapshot
+from sampler.status import PHASE_IDLE, PHASE_STARTING, ChildStatus, Snapshot, category_of
+
+log = logging.getLogger("sampler")
 
 STARTUP_DEADLINE_SECONDS = 30.0
 """Interpreter start-up and imports may take this long before the child counts
@@ -28,13 +35,20 @@ STALL_SLACK_NS = 500_000_000
 """Waking this much later than planned means the reader itself was stalled."""
 STALL_GRACE_NS = 1_000_000_000
 """After such a stall the child gets this long to show progress before a hang is declared."""
+NO_RECORD_INTERVALS = 3
+NO_RECORD_MIN_SECONDS = 10.0
+"""A child that has sent no record this many intervals (and at least this many
+seconds) after it was started gets the monitor to say so, once."""
+MAX_WAIT_NS = 3600 * 10**9
+"""The longest single wait, whatever the deadlines say."""
+_POLL_NS = int(FALLBACK_POLL_SECONDS * 1e9)
 
 
 class Outcome(enum.Enum):
     STOPPED = "stopped"
     """``stop()`` was called."""
     EXITED = "exited"
-    """The child's wake-up pipe closed: it exited or was killed."""
+    """The child exited or was killed."""
     HUNG = "hung"
     """The child overran a deadline; it is still running and must be killed."""
 
@@ -60,8 +74,10 @@ class ChildReader:
         self.stats = stats
         self.interval_ns = int(interval * 1e9)
         self.hang_deadline_ns = int(hang_deadline * 1e9)
+        self.no_record_ns = int(max(NO_RECORD_INTERVALS * interval, NO_RECORD_MIN_SECONDS) * 1e9)
         self.ring: Ring | None = None
         self.cursor = 0
+        self.records = 0
         self.hung_phase: int | None = None
 
     def _deadline_ns(self, snap: Snapshot) -> int:
@@ -73,51 +89,107 @@ class ChildReader:
         return snap.since_ns + self.hang_deadline_ns
 
     def serve(self) -> Outcome:
-        notify_fd = self.child.notify_fd
+        child = self.child
+        assert child.sock is not None
+        sock_fd = child.sock.fileno()
+        pidfd = child.pidfd
+        watched = [sock_fd, self.stop_fd] + ([pidfd] if pidfd is not None else [])
+        started_ns = time.monotonic_ns()
+        warn_at: int | None = started_ns + self.no_record_ns
         grace_until = 0
         while True:
             snap = self.status.read()
-            wake_at = max(self._deadline_ns(snap), grace_until)
-            timeout = max(0, wake_at - time.monotonic_ns()) / 1e9
-            ready, _, _ = select.select([notify_fd, self.stop_fd], [], [], timeout)
+            due_at = max(self._deadline_ns(snap), grace_until)
+            wake_at = due_at if warn_at is None else min(due_at, warn_at)
+            # Planned wake-up: the earliest deadline (maybe already past, if
+            # we got here late), or the next poll where there is no pidfd.
+            planned = min(wake_at, time.monotonic_ns() + (MAX_WAIT_NS if pidfd is not None else _POLL_NS))
+            ready, _, _ = select.select(watched, [], [], max(0, planned - time.monotonic_ns()) / 1e9)
             if self.stop_fd in ready:
                 return Outcome.STOPPED
-            if notify_fd in ready:
-                alive = bool(os.read(notify_fd, 4096))
+            if sock_fd in ready:
                 # CPU per sample from the snapshot taken before the wait: one
                 # sample behind, and one status read per wake-up instead of two.
                 self.stats.child_cpu_seconds_per_sample = snap.cpu_seconds_per_sample
+                alive = self._receive(sock_fd)
                 self._drain()
+                if self.records and warn_at is not None:
+                    warn_at = None
+                    self.stats.waiting_for = None
                 if not alive:
                     return Outcome.EXITED
-                continue
+                continue  # the channel first: records sent just before an exit still count
+            if (pidfd is not None and pidfd in ready) or (pidfd is None and child.poll()):
+                self._drain()
+                return Outcome.EXITED
             now = time.monotonic_ns()
-            if now - wake_at > STALL_SLACK_NS:
+            if now - planned > STALL_SLACK_NS:
                 # We woke far later than planned: this process or the whole
                 # machine stalled (a VM pause, a long sink call), and the child
                 # with it. Give it a moment to move before judging it.
                 grace_until = now + STALL_GRACE_NS
                 continue
+            if warn_at is not None and now >= warn_at:
+                warn_at = None
+                self._report_silence(self.status.read(), now - started_ns)
+            if now < due_at:
+                continue  # woke to poll or to warn: nothing is overdue
             snap = self.status.read()  # the phase may have moved on since we slept
             if now >= self._deadline_ns(snap):
                 self.hung_phase = snap.phase
                 return Outcome.HUNG
 
-    def _drain(self) -> None:
-        if self.ring is None:
+    def _receive(self, sock_fd: int) -> bool:
+        """Take what the child sent; False at end of channel (a child that left
+        without reading all we sent resets it instead of closing it)."""
+        try:
+            if self.ring is not None:  # from here on only wake-up bytes come
+                return bool(os.read(sock_fd, 4096))
+            assert self.child.sock is not None
+            data, fds, _, _ = socket.recv_fds(self.child.sock, 4096, 1)
+        except ConnectionResetError:
+            return False
+        for fd in fds:
             try:
-                self.ring = Ring.attach(self.child.ring_name)
-            except (FileNotFoundError, ValueError):
-                return  # the child died before its ring was ready
-            # Both sides hold both segments now: drop the names so nothing can
-            # leak them, not even a SIGKILL of both processes.
-            self.ring.unlink()
-            self.status.unlink()
-        rows = self.ring.read_rows(self.cursor)
+                if self.ring is None:
+                    self.ring = Ring.from_fd(fd)
+            finally:
+                os.close(fd)
+        return bool(data)
+
+    def _report_silence(self, snap: Snapshot, waited_ns: int) -> None:
+        """No record since this child started: say once what we are waiting for."""
+        seconds = waited_ns / 1e9
+        in_phase = (time.monotonic_ns() - snap.since_ns) / 1e9
+        if snap.phase == PHASE_STARTING:
+            what = f"sampling child (pid {self.child.pid}) to finish starting (importing, {in_phase:.0f} s)"
+        elif snap.phase == PHASE_IDLE and self.ring is None:
+            what = f"sampling child (pid {self.child.pid}) to hand over its ring"
+        elif snap.phase == PHASE_IDLE:
+            what = f"first record of the sampling child (pid {self.child.pid}), idle for {in_phase:.0f} s"
+        else:
+            what = (
+                f"sampling child (pid {self.child.pid}) to return from the {category_of(snap.phase)} "
+                f"collector ({in_phase:.0f} s in it)"
+            )
+        self.stats.waiting_for = what
+        log.warning(
+            "resource monitor: no sample %.0f s after the sampling child started; waiting for the %s. "
+            "stats()['waiting_for'] shows this until a sample arrives.",
+            seconds,
+            what,
+        )
+
+    def _drain(self) -> None:
+        ring = self.ring
+        if ring is None:
+            return
+        rows = ring.read_rows(self.cursor)
         self.cursor = rows.cursor
+        self.records += len(rows.indices)
         self.stats.records_read += len(rows.indices)
         self.stats.records_lost += rows.lost
-        fields = self.ring.fields
+        fields = ring.fields
         for values, timestamp_ns in zip(rows.values, rows.timestamps_ns, strict=True):
             self.emitter.emit(fields, values, timestamp_ns)
 

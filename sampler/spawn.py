@@ -1,98 +1,186 @@
 """Backend side of the sampling child: start it, hear from it, stop it.
 
-The child is a fresh interpreter started with ``subprocess`` running
-``-m sampler.child``: no fork of the backend (unsafe with CUDA and threads), and
-no re-import of the user's ``__main__`` as ``multiprocessing`` spawn would do.
+The child is a fresh interpreter started with ``os.posix_spawn``:
+
+- never a fork of the backend (unsafe with CUDA and threads), and never a
+  re-import of the user's ``__main__`` as ``multiprocessing`` spawn would do;
+- nothing to wait on. ``subprocess`` learns whether exec worked by reading a
+  pipe until EOF; a process the backend forks at that moment (a DataLoader
+  worker) inherits the pipe's write end and keeps EOF away for its whole
+  life, freezing the monitor thread inside ``Popen``. glibc's posix_spawn
+  reports exec failure itself (the parent is suspended until the child has
+  exec'd), so no descriptor a fork could copy stands between us and the result;
+- its import path is the backend's ``sys.path`` in the backend's own order,
+  set by a two-line bootstrap before anything else is imported. ``PYTHONPATH``
+  would put every entry ahead of the standard library, so a site-packages
+  module with a standard-library name (the old ``pathlib`` backport) would
+  break only the child;
+- SIGINT is blocked from its first instruction until it ignores it: Ctrl-C in
+  a terminal reaches the whole process group, and the child leaves when the
+  backend does, not on a keypress the backend may survive.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
-import subprocess
+import select
+import signal
+import socket
 import sys
+import threading
+import time
 from pathlib import Path
-from typing import Any
 
-from ringbuf.segment import unlink
+from sampler.channel import FALLBACK_POLL_SECONDS, STOP, ChildParams, open_pidfd, send_hello
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 STOP_TIMEOUT_SECONDS = 1.0
 """How long ``stop()`` waits for the child to leave on its own before killing it."""
 
+# Runs as ``python -c``: close whatever non-inheritable descriptors C code left
+# open without O_CLOEXEC (a user's pipe must not stay open in our child), set
+# the import path, then hand over to the entry module.
+_BOOTSTRAP = (
+    "import os, sys; os.closerange(3, max(256, os.sysconf('SC_OPEN_MAX')));"
+    " sys.path[:] = sys.argv[1:]; del sys.argv[1:];"
+    " from sampler.child import main; sys.exit(main())"
+)
 
-def _child_sys_path() -> str:
-    """The backend's import path, so the child finds ``sampler`` and whatever
-    module ``nvml_module`` names exactly as the backend would."""
-    entries = [_PACKAGE_ROOT] + [os.path.abspath(p or os.curdir) for p in sys.path]
-    return os.pathsep.join(dict.fromkeys(entries))
+
+def child_argv() -> list[str]:
+    """The command line of a sampling child (the bootstrap, then its import path)."""
+    entries = [os.path.abspath(p or os.curdir) for p in sys.path]
+    if _PACKAGE_ROOT not in entries:
+        entries.append(_PACKAGE_ROOT)
+    return [sys.executable, "-c", _BOOTSTRAP, *dict.fromkeys(entries)]
+
+
+def is_sampling_child(cmdline: list[str]) -> bool:
+    """Whether a process command line is one of ours (for tests and tools)."""
+    return cmdline[1:3] == ["-c", _BOOTSTRAP]
 
 
 class SamplingChild:
-    """One sampling child process, and the names of the ring it writes and the
-    status block it keeps (``params["ring"]``, ``params["status"]``)."""
+    """One sampling child process and the backend's end of its channel."""
 
-    def __init__(self, params: dict[str, Any]) -> None:
+    def __init__(self, params: ChildParams, status_fd: int) -> None:
         self.params = params
-        self.ring_name: str = params["ring"]
-        self.status_name: str = params["status"]
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def notify_fd(self) -> int:
-        """Readable when a record has landed; EOF when the child has exited."""
-        assert self._proc is not None and self._proc.stdout is not None
-        return self._proc.stdout.fileno()
+        self._status_fd = status_fd
+        self.pid: int | None = None
+        self.sock: socket.socket | None = None
+        self.pidfd: int | None = None
+        """Readable once the child has exited; None where pidfds are missing."""
+        self.exited = False
+        # kill() may come from stop() in another thread while the reader closes:
+        # the pidfd must not be used once closed (its number may be reused).
+        self._lock = threading.Lock()
+        self.returncode: int | None = None
+        """Exit status once reaped (negative: the signal that ended it); stays
+        None when it cannot be known (SIGCHLD ignored, or reaped by someone else)."""
 
     def start(self) -> None:
-        """Launch the child; returns as soon as the process exists."""
-        env = dict(os.environ, PYTHONPATH=_child_sys_path())
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "sampler.child", json.dumps(self.params)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            cwd=_PACKAGE_ROOT,  # so a user's own "sampler" in their cwd cannot shadow ours
-            env=env,
-        )
+        """Launch the child and send it the hello; returns as soon as it exists."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.pid = os.posix_spawn(
+                sys.executable,
+                child_argv(),
+                os.environ,
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, theirs.fileno(), 0),
+                    (os.POSIX_SPAWN_DUP2, 2, 1),  # a stray print lands on stderr, not the backend's stdout
+                ],
+                setsigmask=[signal.SIGINT],
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.sock = ours
+        try:
+            self.pidfd = open_pidfd(self.pid)
+        except ProcessLookupError:  # gone already and reaped for us (SIGCHLD ignored)
+            self.exited = True
+        with contextlib.suppress(OSError):  # it died already; the reader finds out from the pidfd or EOF
+            send_hello(ours, self.params, self._status_fd)
+
+    def poll(self) -> bool:
+        """Whether the child has exited; reaps it (without blocking) if so."""
+        with self._lock:
+            return self._poll()
+
+    def _poll(self) -> bool:
+        if self.exited or self.pid is None:
+            return self.exited
+        try:
+            if self.pidfd is not None:
+                result = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG)
+                if result is None:
+                    return False
+                code = result.si_status
+                self.returncode = code if result.si_code == os.CLD_EXITED else -code
+            else:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid == 0:
+                    return False
+                self.returncode = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:
+            pass  # reaped by the kernel (SIGCHLD ignored) or by someone else: status unknown
+        self.exited = True
+        return True
 
     def request_stop(self) -> None:
-        """Ask the child to leave (EOF on its stdin) without waiting; safe from any thread."""
-        proc = self._proc
-        if proc is not None and proc.stdin is not None and not proc.stdin.closed:
-            proc.stdin.close()
+        """Ask the child to leave, without waiting; safe from any thread."""
+        sock = self.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):  # gone already, or closed by the reader thread meanwhile
+                sock.send(STOP, socket.MSG_DONTWAIT)
 
     def kill(self) -> None:
         """SIGKILL the child without reaping it; safe from any thread."""
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.kill()
+        with self._lock:
+            if self.exited or self.pid is None:
+                return
+            try:
+                if self.pidfd is not None:
+                    signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+                elif not self._poll():  # not reaped yet, so the pid is still the child's
+                    os.kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass  # it has exited meanwhile
 
-    def exit_code(self) -> int | None:
-        """The child's exit status once it has ended, else None."""
-        return self._proc.poll() if self._proc is not None else None
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the child to exit; True if it has."""
+        deadline = time.monotonic() + timeout
+        while not self.poll():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self.pidfd is not None:
+                select.select([self.pidfd], [], [], left)
+            else:
+                time.sleep(min(left, FALLBACK_POLL_SECONDS / 10))
+        return True
 
-    def stop(self) -> int | None:
-        """End the child in bounded time and release its pipes; idempotent.
+    def stop(self) -> None:
+        """End the child in bounded time and release its descriptors; idempotent.
 
-        Closing stdin is the request to leave; a child stuck inside a call is
-        killed after ``STOP_TIMEOUT_SECONDS``. The shared-memory names are
-        unlinked in case the child died before the backend attached.
+        ``STOP`` is the request to leave; a child stuck inside a call is
+        killed after ``STOP_TIMEOUT_SECONDS``.
         """
         self.request_stop()
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return None
-        assert proc.stdout is not None
-        try:
-            code = proc.wait(STOP_TIMEOUT_SECONDS)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
-        proc.stdout.close()
-        unlink(self.ring_name)
-        unlink(self.status_name)
-        return code
+        if not self.wait(STOP_TIMEOUT_SECONDS):
+            self.kill()
+            self.wait(STOP_TIMEOUT_SECONDS)
+        self.close()
+
+    def close(self) -> None:
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            sock.close()
+        with self._lock:
+            pidfd, self.pidfd = self.pidfd, None
+            if pidfd is not None:
+                os.close(pidfd)

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 MAX_DEATHS_KEPT = 20
+SLOW_SINK_SECONDS = 1.0
+"""A sink call running longer than this shows in ``stats()['waiting_for']``."""
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 @dataclass
@@ -18,8 +28,21 @@ class Death:
     category: str | None
     """The collector it was in, None if it was between samples or starting up."""
     exit_code: int | None
-    """Exit status; negative: the signal that ended it."""
+    """Exit status; negative: the signal that ended it; None: unknown (the
+    backend ignores SIGCHLD, or something else reaped the child)."""
     lifetime_seconds: float
+    killed: bool = True
+    """It left without declaring an exit status in its status block: a signal
+    (SIGKILL, SIGSEGV, ...) ended it, whatever the exit status says."""
+
+    def describe_exit(self) -> str:
+        if self.exit_code is not None and self.exit_code < 0:
+            return f"killed by {_signal_name(-self.exit_code)}"
+        if self.exit_code is not None:
+            return f"exit status {self.exit_code}"
+        if self.killed:
+            return "killed by a signal; exit status unknown: SIGCHLD is ignored in this process"
+        return "exit status unknown"
 
 
 @dataclass
@@ -48,7 +71,14 @@ class MonitorStats:
     """Exit status of the latest child that ended (0: it left when asked)."""
     child_cpu_seconds_per_sample: float | None = None
     """CPU the current child spent per sample (collectors plus ring write), s."""
+    waiting_for: str | None = None
+    """What the monitor has been waiting for since its child started without a
+    record arriving (set when the monitor warns about it), else None."""
+    error: str | None = None
+    """The error that stopped the monitor thread, if one did."""
     last_record_monotonic: float | None = None
+    in_sink_since: float | None = None
+    """``time.monotonic()`` when the current record's sink calls began, else None."""
 
     def record_death(self, death: Death) -> None:
         self.deaths = [*self.deaths, death][-MAX_DEATHS_KEPT:]
@@ -57,4 +87,7 @@ class MonitorStats:
         out = asdict(self)
         last = out.pop("last_record_monotonic")
         out["seconds_since_last_record"] = None if last is None else time.monotonic() - last
+        in_sink = out.pop("in_sink_since")
+        if in_sink is not None and time.monotonic() - in_sink > SLOW_SINK_SECONDS:
+            out["waiting_for"] = f"the sink to return (called {time.monotonic() - in_sink:.0f} s ago)"
         return out

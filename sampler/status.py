@@ -2,19 +2,29 @@
 
 The child writes, the backend reads. The backend uses it to attribute a crash
 to the collector that was running, to notice a call that overruns its
-deadline, and to report the child's own CPU cost per sample. It is created by
-the backend before the child starts, so even a child that dies while NVML
-initialises leaves its last phase behind.
+deadline, to report the child's own CPU cost per sample, and to tell a clean
+exit from a crash without trusting the exit status (which reads as 0 when the
+backend ignores SIGCHLD). It is created by the backend before the child starts
+and handed over as a descriptor, so even a child that dies while NVML
+initialises leaves its last phase behind, and no other process can find it.
 
-Words (int64): phase, since_ns (``time.monotonic_ns`` when the phase began,
-comparable across processes), samples written, CPU ns spent sampling.
+Words (int64, each written and read with one aligned 8-byte access through a
+numpy view, so no reader ever sees a half-written or transiently zeroed word):
+
+0. phase and since, packed into one word so a reader always sees a matching
+   pair: ``since_us << 8 | (phase + _PHASE_BIAS)``, where since is
+   ``time.monotonic`` (comparable across processes) in microseconds;
+1. samples written;
+2. CPU ns spent sampling;
+3. the exit status the child declared before leaving, ``EXIT_UNDECLARED`` until then.
 """
 
 from __future__ import annotations
 
-import struct
 import time
 from typing import NamedTuple
+
+import numpy as np
 
 from ringbuf import segment
 from sampler.config import DEFAULT_CATEGORIES
@@ -25,12 +35,17 @@ PHASE_IDLE = -1
 """Between samples."""
 # phase k >= 0: building or sampling the collector of DEFAULT_CATEGORIES[k]
 
+EXIT_CLEAN = 0
+"""The child left because it was asked to, or because the backend is gone."""
 EXIT_NO_SHARED_MEMORY = 3
-"""The child's exit status when it cannot create its ring (e.g. ``/dev/shm``
-full): the backend then stops retrying and samples in-thread."""
+"""The child cannot create its ring (no memory for it): the backend then stops
+retrying and samples in-thread."""
+EXIT_UNDECLARED = -1
+"""The child has not declared an exit: if it is gone, something killed it."""
 
-_WORDS = struct.Struct("<4q")
-_SIZE = 64
+_PHASE_BIAS = 16
+_WORDS = 4
+_SIZE = _WORDS * 8
 
 
 def phase_of(category: str) -> int:
@@ -42,13 +57,19 @@ def category_of(phase: int) -> str | None:
     return DEFAULT_CATEGORIES[phase] if 0 <= phase < len(DEFAULT_CATEGORIES) else None
 
 
+def _pack(phase: int, since_ns: int) -> int:
+    return (since_ns // 1000) << 8 | (phase + _PHASE_BIAS)
+
+
 class Snapshot(NamedTuple):
     """One read of the status block (a NamedTuple: the reader makes one per wake-up)."""
 
     phase: int
     since_ns: int
+    """When the phase began, ``time.monotonic_ns`` to the microsecond."""
     samples: int
     sample_cpu_ns: int
+    exit_declared: int
 
     @property
     def cpu_seconds_per_sample(self) -> float | None:
@@ -56,38 +77,43 @@ class Snapshot(NamedTuple):
 
 
 class ChildStatus:
-    """The status block; ``create`` on the backend side, ``attach`` in the child."""
+    """The status block; ``create`` on the backend side, ``from_fd`` in the child."""
 
     def __init__(self, seg: segment.Segment) -> None:
         self._seg = seg
-        self.name = seg.name
+        self._words = np.frombuffer(seg.buf, np.int64, _WORDS)
 
     @classmethod
-    def create(cls) -> ChildStatus:
-        status = cls(segment.Segment.create(_SIZE))
-        _WORDS.pack_into(status._seg.buf, 0, PHASE_STARTING, time.monotonic_ns(), 0, 0)
-        return status
+    def create(cls) -> tuple[ChildStatus, int]:
+        """A new block and the descriptor to hand the child (the caller closes it)."""
+        seg, fd = segment.Segment.create_anonymous(_SIZE)
+        status = cls(seg)
+        status._words[1:] = (0, 0, EXIT_UNDECLARED)
+        status._words[0] = _pack(PHASE_STARTING, time.monotonic_ns())
+        return status, fd
 
     @classmethod
-    def attach(cls, name: str) -> ChildStatus:
-        return cls(segment.Segment.attach(name))
+    def from_fd(cls, fd: int) -> ChildStatus:
+        return cls(segment.Segment.from_fd(fd))
 
     def enter(self, phase: int) -> None:
-        """Mark the start of ``phase`` now (since first: a reader that sees the
-        new phase sees a since no older than it)."""
-        struct.pack_into("<q", self._seg.buf, 8, time.monotonic_ns())
-        struct.pack_into("<q", self._seg.buf, 0, phase)
+        """Mark the start of ``phase`` now."""
+        self._words[0] = _pack(phase, time.monotonic_ns())
 
     def count_sample(self, cpu_ns: int) -> None:
         """One more sample written, which cost the child ``cpu_ns`` of CPU time."""
-        _, _, samples, total = _WORDS.unpack_from(self._seg.buf, 0)
-        struct.pack_into("<2q", self._seg.buf, 16, samples + 1, total + cpu_ns)
+        words = self._words
+        words[2] += cpu_ns
+        words[1] += 1
+
+    def declare_exit(self, code: int) -> None:
+        """Record the status the child is about to exit with."""
+        self._words[3] = code
 
     def read(self) -> Snapshot:
-        return Snapshot._make(_WORDS.unpack_from(self._seg.buf, 0))
+        packed, samples, cpu_ns, exit_declared = self._words.tolist()
+        return Snapshot((packed & 0xFF) - _PHASE_BIAS, (packed >> 8) * 1000, samples, cpu_ns, exit_declared)
 
     def close(self) -> None:
+        del self._words
         self._seg.close()
-
-    def unlink(self) -> bool:
-        return segment.unlink(self.name)

@@ -14,16 +14,18 @@ import logging
 import os
 import select
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from ringbuf.segment import new_name
 from sampler.cadence import Cadence
+from sampler.channel import ChildParams
 from sampler.collectors import build_collectors
 from sampler.emit import Emitter
+from sampler.quoting import bounded_repr
 from sampler.reader import ChildReader, Outcome
 from sampler.spawn import SamplingChild
 from sampler.stats import Death, MonitorStats
-from sampler.status import EXIT_NO_SHARED_MEMORY, PHASE_STARTING, ChildStatus, category_of
+from sampler.status import EXIT_NO_SHARED_MEMORY, EXIT_UNDECLARED, PHASE_STARTING, ChildStatus, category_of
 
 log = logging.getLogger("sampler")
 
@@ -56,22 +58,45 @@ class _Fallback:
 class Supervisor:
     """Body of the monitor thread; ``child`` is the running child, if any."""
 
-    def __init__(self, settings: Settings, emitter: Emitter, stats: MonitorStats, stop_fd: int) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        emitter: Emitter,
+        stats: MonitorStats,
+        stop_fd: int,
+        on_exit: Callable[[], None],
+    ) -> None:
         self.settings = settings
         self.emitter = emitter
         self.stats = stats
         self.stop_fd = stop_fd
+        self.on_exit = on_exit
+        """Called last on the way out, whatever happened (releases the stop pipe)."""
         self.child: SamplingChild | None = None
         self._strikes: dict[str, int] = {}
 
     def run(self) -> None:
+        """The thread's body. Nothing escapes it: an unexpected error is reported
+        once, the child and everything it holds are released, and ``stats()``
+        says why the monitor stopped."""
         try:
             if self.settings.isolation == "process" and self._supervise():
                 return
             self.stats.isolation = "thread"
             self._sample_in_thread()
+        except BaseException as exc:
+            self.stats.error = bounded_repr(exc)
+            log.error(
+                "resource monitor: the monitor thread failed and has stopped (%s); "
+                "resource signals are no longer logged. Restart it with start().",
+                self.stats.error,
+                exc_info=True,
+            )
         finally:
-            os.close(self.stop_fd)
+            child = self.child
+            if child is not None:
+                child.stop()
+            self.on_exit()
 
     def _wait_for_stop(self, seconds: float) -> bool:
         """Sleep up to ``seconds`` without the GIL; True if stop() was called."""
@@ -110,10 +135,10 @@ class Supervisor:
             delay = min(self.settings.backoff_cap, self.settings.backoff_base * 2 ** (failures - 1))
             where = f"in the {result.category} collector" if result.category else "outside any collector"
             log.warning(
-                "resource monitor: sampling child %s %s (exit status %s); restarting it in %g s",
+                "resource monitor: sampling child %s %s (%s); restarting it in %g s",
                 {"crash": "crashed", "hang": "hung and was killed", "start": "died starting"}[result.cause],
                 where,
-                result.exit_code,
+                result.describe_exit(),
                 delay,
             )
             if self._wait_for_stop(delay):
@@ -125,21 +150,27 @@ class Supervisor:
         """Run one child to its end: how it died, why none can run, or None if stopped."""
         s = self.settings
         try:
-            status = ChildStatus.create()
+            status, status_fd = ChildStatus.create()
         except OSError as exc:
             return _Fallback(f"shared memory is unusable ({exc})")
-        child = SamplingChild(
-            {
-                "ring": new_name(),
-                "status": status.name,
-                "capacity": s.ring_capacity,
-                "interval": s.interval,
-                "categories": self._categories(),
-                "disk_path": s.disk_path,
-                "pid": os.getpid(),
-                "nvml_module": s.nvml_module,
-            }
+        params = ChildParams(
+            categories=tuple(self._categories()),
+            interval=s.interval,
+            disk_path=s.disk_path,
+            backend_pid=os.getpid(),
+            nvml_module=s.nvml_module,
+            capacity=s.ring_capacity,
         )
+        child = SamplingChild(params, status_fd)
+        started = time.monotonic()
+        try:
+            child.start()
+        except OSError as exc:
+            status.close()
+            return _Fallback(f"cannot start the sampling child ({exc})")
+        finally:
+            os.close(status_fd)
+        self.child = child
         reader = ChildReader(
             child,
             status,
@@ -149,31 +180,30 @@ class Supervisor:
             interval=s.interval,
             hang_deadline=s.hang_deadline,
         )
-        started = time.monotonic()
-        try:
-            child.start()
-        except OSError as exc:
-            status.close()
-            status.unlink()
-            return _Fallback(f"cannot start the sampling child ({exc})")
-        self.child = child
         try:
             outcome = reader.serve()
             if outcome is Outcome.HUNG:
                 child.kill()
         finally:
-            code = self.stats.child_exit_code = child.stop()
+            child.stop()
             self.child = None
-            phase = reader.hung_phase if reader.hung_phase is not None else status.read().phase
+            snap = status.read()
             reader.close()
             status.close()
-            status.unlink()
         if outcome is Outcome.STOPPED:
+            self.stats.child_exit_code = child.returncode
             return None
-        if code == EXIT_NO_SHARED_MEMORY:
+        # The exit status alone cannot be trusted: with SIGCHLD ignored it is
+        # unknown. What the child declared in its status block before leaving
+        # can; a child that declared nothing was killed.
+        declared = None if snap.exit_declared == EXIT_UNDECLARED else snap.exit_declared
+        code = child.returncode if child.returncode is not None else declared
+        self.stats.child_exit_code = code
+        if declared == EXIT_NO_SHARED_MEMORY:
             return _Fallback("the sampling child cannot create its ring in shared memory")
+        phase = reader.hung_phase if reader.hung_phase is not None else snap.phase
         cause = "start" if phase == PHASE_STARTING else "hang" if outcome is Outcome.HUNG else "crash"
-        return Death(cause, category_of(phase), code, time.monotonic() - started)
+        return Death(cause, category_of(phase), code, time.monotonic() - started, killed=declared is None)
 
     def _attribute(self, death: Death) -> None:
         self.stats.record_death(death)

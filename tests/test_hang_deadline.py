@@ -4,6 +4,7 @@ with the test playing the child's part in the status block."""
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -19,30 +20,37 @@ from sampler.steps import StepStamper
 
 
 @dataclass
-class ChildPipes:
-    """What the reader needs of a child: a wake-up pipe and a ring name."""
+class ChildChannel:
+    """What the reader needs of a child: the backend's end of its channel, and
+    no pidfd (the test's child is no process; it never exits)."""
 
-    notify_fd: int
-    ring_name: str = "wlrb_never_created"
+    sock: socket.socket
+    pid: int = 0
+    pidfd: int | None = None
+
+    def poll(self) -> bool:
+        return False
 
 
 @pytest.fixture
 def reader() -> Iterator[tuple[ChildReader, ChildStatus, int]]:
-    status = ChildStatus.create()
-    notify_r, notify_w = os.pipe()
+    status, status_fd = ChildStatus.create()
+    os.close(status_fd)
+    ours, theirs = socket.socketpair()
     stop_r, stop_w = os.pipe()
     stats = MonitorStats()
     emitter = Emitter(StepStamper("seconds", None, 0), lambda *a: None, stats)
-    child = ChildPipes(notify_r)
+    child = ChildChannel(ours)
     yield (
         ChildReader(child, status, stop_r, emitter, stats, interval=0.1, hang_deadline=0.5),  # type: ignore[arg-type]
         status,
         stop_w,
     )
-    for fd in (notify_r, notify_w, stop_r, stop_w):
+    for end in (ours, theirs):
+        end.close()
+    for fd in (stop_r, stop_w):
         os.close(fd)
     status.close()
-    status.unlink()
 
 
 def serve_in_thread(reader: ChildReader) -> tuple[threading.Thread, list[Outcome]]:

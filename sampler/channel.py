@@ -1,0 +1,116 @@
+"""What crosses between the backend and its sampling child, and how each side
+learns that the other is gone.
+
+One Unix stream socket pair joins them; the child's end is its stdin.
+
+- backend -> child, once: the hello, ``ChildParams`` as length-prefixed JSON,
+  carrying the status block's descriptor (SCM_RIGHTS);
+- child -> backend, once: ``RING``, carrying the ring's descriptor;
+- child -> backend, per record: ``RECORD``, which wakes the reader thread;
+- backend -> child: ``STOP``, the request to leave.
+
+Shared memory therefore never has a name another process could read off a
+command line and squat, and no segment can be left behind: both are
+anonymous and live exactly as long as some process maps them.
+
+Death is never read from EOF on the socket. A process forked by the backend
+(a DataLoader worker, say) holds copies of whatever descriptors the backend
+had at that moment, including, if it forked while a child was being started,
+the child's own end; EOF then never arrives while the fork lives. Each side
+instead watches the other by pid: with a pidfd (Linux 5.3+), which becomes
+readable the moment the process exits and cannot be confused by pid reuse,
+or else by polling (``FALLBACK_POLL_SECONDS``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+from dataclasses import asdict, dataclass
+
+RING = b"R"
+RECORD = b"."
+STOP = b"q"
+
+FALLBACK_POLL_SECONDS = 0.25
+"""Where pidfds are missing, how often each side checks that the other lives."""
+
+_LENGTH = struct.Struct("<I")
+_MAX_HELLO = 1 << 20
+
+
+@dataclass(frozen=True)
+class ChildParams:
+    """Everything the child needs to know, sent once in the hello."""
+
+    categories: tuple[str, ...]
+    interval: float
+    """Seconds between samples."""
+    disk_path: str
+    backend_pid: int
+    """The process the ``process`` category describes, and whose death ends the child."""
+    nvml_module: str
+    capacity: int
+    """Records the ring holds."""
+
+    def encode(self) -> bytes:
+        body = json.dumps(asdict(self)).encode("utf-8")
+        return _LENGTH.pack(len(body)) + body
+
+    @classmethod
+    def decode(cls, body: bytes) -> ChildParams:
+        fields = json.loads(body)
+        fields["categories"] = tuple(fields["categories"])
+        return cls(**fields)
+
+
+def send_hello(sock: socket.socket, params: ChildParams, status_fd: int) -> None:
+    """Send the hello with the status block's descriptor attached."""
+    socket.send_fds(sock, [params.encode()], [status_fd])
+
+
+def receive_hello(sock: socket.socket) -> tuple[ChildParams, int]:
+    """Block until the whole hello has arrived: (params, status block descriptor).
+
+    Reads exactly the hello's bytes, so a ``STOP`` sent right after it stays
+    in the socket for whoever reads next. ``ConnectionError`` if the backend
+    is gone before sending it all, or sent something else.
+    """
+    fds: list[int] = []
+    header = _receive_exactly(sock, _LENGTH.size, fds)
+    (length,) = _LENGTH.unpack(header)
+    if length > _MAX_HELLO:
+        raise ConnectionError(f"a hello of {length} bytes is not one")
+    body = _receive_exactly(sock, length, fds)
+    if len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise ConnectionError(f"the hello carried {len(fds)} descriptors, expected 1")
+    return ChildParams.decode(body), fds[0]
+
+
+def _receive_exactly(sock: socket.socket, size: int, fds: list[int]) -> bytes:
+    buf = b""
+    while len(buf) < size:
+        data, got, _, _ = socket.recv_fds(sock, size - len(buf), 1)
+        fds += got
+        if not data:
+            raise ConnectionError("the backend closed the channel before the hello")
+        buf += data
+    return buf
+
+
+def open_pidfd(pid: int) -> int | None:
+    """A pidfd for ``pid`` (readable once it exits), or None where the kernel
+    or platform has none. ``ProcessLookupError`` if ``pid`` is already gone."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    try:
+        return int(pidfd_open(pid))
+    except ProcessLookupError:
+        raise
+    except OSError:  # ENOSYS before Linux 5.3, EPERM under some seccomp profiles
+        return None

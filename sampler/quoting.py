@@ -1,0 +1,34 @@
+"""Quoting values in messages without ever expanding them without bound."""
+
+from __future__ import annotations
+
+import reprlib
+
+MAX_QUOTE = 80
+"""Characters of a value a message shows at most."""
+
+_repr = reprlib.Repr()
+_repr.maxlevel = 3
+_repr.maxdict = _repr.maxlist = _repr.maxtuple = _repr.maxset = _repr.maxfrozenset = 4
+_repr.maxstring = _repr.maxother = MAX_QUOTE
+_repr.maxlong = 40
+
+
+def bounded_repr(value: object, limit: int = MAX_QUOTE) -> str:
+    """``repr(value)`` cut to ``limit`` characters, in time bounded whatever the
+    value (nested aliases that expand to billions of items, a 4,000-digit int,
+    a ``__repr__`` that raises)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"<an integer of {value.bit_length()} bits>"
+    try:
+        if isinstance(value, BaseException):
+            args = value.args
+            detail = (
+                args[0] if len(args) == 1 and isinstance(args[0], str) else _repr.repr(args) if args else ""
+            )
+            text = f"{type(value).__name__}: {detail}" if detail else type(value).__name__
+        else:
+            text = _repr.repr(value)
+    except Exception as exc:
+        text = f"<unprintable {type(value).__name__}: {type(exc).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
