@@ -1,7 +1,7 @@
 """The signal pipeline that losses, metrics and resource signals share.
 
 ``log_signal(name, value, step)`` hands a value to every subscriber and, when
-WeightsLab is importable, to WeightsLab's own logger.
+the backend runs WeightsLab with a logger registered, to WeightsLab's own logger.
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ def watch_model(model: object | None) -> None:
 
 def watched_model_age() -> object:
     """The raw age of the watched model (``watch_model``), else of WeightsLab's
-    ledger model, else None. May raise: callers guard it."""
+    ledger model if the backend imported WeightsLab, else None. May raise:
+    callers guard it."""
     model = _watched
     if model is None:
         return wl_adapter.ledger_model_age()

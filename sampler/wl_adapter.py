@@ -1,63 +1,125 @@
-"""WeightsLab integration: its model ledger for the age, its logger for signals.
+"""WeightsLab integration: its model ledger for the age, its logger for signals,
+and handing its ``grpc_serve()`` this monitor instead of its own.
 
-Used only when the ``weightslab`` package is importable. Every call into it is
-guarded: a WeightsLab that is half set up (no model registered yet, no logger)
-costs a skipped value, never an exception in the monitor.
+The monitor and the signal pipeline never import WeightsLab: importing
+``weightslab.src`` costs seconds of CPU and has side effects (threads, log
+files, a renamed main thread), so they only use the modules a WeightsLab
+backend has already imported. Every call into it is guarded: a WeightsLab that
+is half set up (no model registered yet, no logger) costs a skipped value,
+never an exception in the monitor.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import logging
-from types import ModuleType
+import sys
+import threading
 
 log = logging.getLogger("sampler")
 
+_SRC = "weightslab.src"
+_LEDGERS = "weightslab.backend.ledgers"
+_MONITORING = "weightslab.monitoring"
+_THEIR_MONITOR = "weightslab.monitoring.resource_monitor"
+_SINGLETON_FUNCTIONS = ("start_resource_monitor_from_config", "get_resource_monitor", "stop_resource_monitor")
 
-class _Lazy:
-    """Imports one WeightsLab module on first use; remembers a failure."""
-
-    def __init__(self, module: str) -> None:
-        self.module = module
-        self._loaded: ModuleType | None = None
-        self._tried = False
-
-    def get(self) -> ModuleType | None:
-        if not self._tried:
-            self._tried = True
-            try:
-                if importlib.util.find_spec("weightslab") is not None:
-                    self._loaded = importlib.import_module(self.module)
-            except Exception as exc:
-                log.warning(
-                    "resource monitor: weightslab is installed but %s failed to import: %s", self.module, exc
-                )
-        return self._loaded
+_warn_lock = threading.Lock()
+_warned_both_monitors = False
 
 
-_src = _Lazy("weightslab.src")
-_ledgers = _Lazy("weightslab.backend.ledgers")
+def _logger_registered() -> bool:
+    """Whether WeightsLab's ledger holds a logger; False on any failure.
+
+    ``get_logger()`` hands out an unset placeholder until one is registered,
+    and ``_log_signal`` drops the value then: the same check, made first, keeps
+    the call from being made at all.
+    """
+    ledgers = sys.modules.get(_LEDGERS)
+    try:
+        return ledgers is not None and hasattr(ledgers.get_logger(), "add_scalars")
+    except Exception:
+        return False
 
 
 def forward_signal(name: str, value: float, step: int) -> None:
-    """Log one signal through WeightsLab's own pipeline, if WeightsLab is here.
+    """Log one signal through WeightsLab's own pipeline, if this backend runs
+    WeightsLab (``weightslab.src`` imported) with a logger registered.
 
     ``per_sample=False``: with the default, WeightsLab holds a value back until
     a different step is logged, and a resource signal would lag one sample.
+    Raises what WeightsLab's logger raises; the caller reports it.
     """
-    src = _src.get()
-    if src is not None:
-        src._log_signal(value, None, name, step=step, per_sample=False)
+    src = sys.modules.get(_SRC)
+    if src is None or not _logger_registered():
+        return
+    src._log_signal(value, None, name, step=step, per_sample=False)
 
 
 def ledger_model_age() -> object:
-    """``get_model().get_age()`` from WeightsLab's ledger; None without WeightsLab.
+    """``get_model().get_age()`` from WeightsLab's ledger; None unless the
+    backend has already imported it.
 
     Raises whatever the ledger raises; before a model is registered its
     placeholder raises on attribute access.
     """
-    ledgers = _ledgers.get()
+    ledgers = sys.modules.get(_LEDGERS)
     if ledgers is None:
         return None
     return ledgers.get_model().get_age()
+
+
+def replace_weightslab_monitor() -> None:
+    """Make WeightsLab start this monitor where it would start its own.
+
+    Call once before ``grpc_serve()``: it stops WeightsLab's monitor if one is
+    running and points ``start_resource_monitor_from_config``,
+    ``get_resource_monitor`` and ``stop_resource_monitor`` of
+    ``weightslab.monitoring`` (and its ``resource_monitor`` module) at this
+    project's, so each curve is logged once. Calling it again changes nothing.
+    Raises ImportError when WeightsLab's monitoring module cannot be imported.
+    """
+    # Imported here: sampler.monitor imports the signal pipeline, which imports this module.
+    from sampler import monitor as ours
+
+    try:
+        theirs = importlib.import_module(_THEIR_MONITOR)
+        package = importlib.import_module(_MONITORING)
+    except ImportError as exc:
+        raise ImportError(
+            f"sampler.replace_weightslab_monitor() needs WeightsLab with {_THEIR_MONITOR}, "
+            f"which cannot be imported: {exc}"
+        ) from exc
+    their_stop = getattr(theirs, "stop_resource_monitor", None)
+    # After a first call this is ours: calling it would stop the monitor just installed.
+    if callable(their_stop) and their_stop is not ours.stop_resource_monitor:
+        their_stop()
+    for module in (theirs, package):
+        for name in _SINGLETON_FUNCTIONS:
+            setattr(module, name, getattr(ours, name))
+
+
+def warn_if_weightslab_monitor_running() -> bool:
+    """Whether WeightsLab's own monitor is running beside this one; the first
+    time it is, log one warning for the process. Never raises, and costs one
+    dictionary lookup while WeightsLab's monitoring is not imported."""
+    global _warned_both_monitors
+    theirs = sys.modules.get(_THEIR_MONITOR)
+    if theirs is None:
+        return False
+    try:
+        running = getattr(theirs, "_singleton_instance", None) is not None
+    except Exception:
+        return False
+    if not running:
+        return False
+    with _warn_lock:
+        if _warned_both_monitors:
+            return True
+        _warned_both_monitors = True
+    log.warning(
+        "resource monitor: WeightsLab's own resource monitor is running too, so every resource/... "
+        "curve is logged twice. Call sampler.replace_weightslab_monitor() before grpc_serve(), "
+        "or stop WeightsLab's with weightslab.monitoring.stop_resource_monitor()."
+    )
+    return True

@@ -1,8 +1,7 @@
-"""The public API of SPEC 5: singleton from config, signal pipeline, WeightsLab."""
+"""The public API of SPEC 5: singleton from config and signal pipeline (WeightsLab: test_weightslab.py)."""
 
 from __future__ import annotations
 
-import sys
 import textwrap
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 from conftest import Recorder, wait_for
 
 import sampler
-from sampler import signals, steps, wl_adapter
+from sampler import signals
 
 CPU = "resource/cpu/utilization_percent"
 
@@ -100,89 +99,3 @@ def test_a_raising_subscriber_does_not_starve_the_others(caplog: pytest.LogCaptu
             off()
     assert good.calls == [("a", 1.0, 1)]
     assert any("boom" in r.getMessage() for r in caplog.records)
-
-
-FAKE_WEIGHTSLAB = {
-    "weightslab/__init__.py": "",
-    "weightslab/src.py": """
-        CALLS = []
-
-        def _log_signal(scalar, signal_per_sample, reg_name, step=0, **kwargs):
-            CALLS.append((reg_name, scalar, step, signal_per_sample, kwargs))
-        """,
-    "weightslab/backend/__init__.py": "",
-    "weightslab/backend/ledgers.py": """
-        class Proxy:
-            def __init__(self):
-                self._obj = None
-
-            def __getattr__(self, item):
-                obj = object.__getattribute__(self, "_obj")
-                if obj is None:
-                    raise AttributeError("Proxy target not set")
-                return getattr(obj, item)
-
-        _MODEL = Proxy()
-
-        def get_model(name="main"):
-            return _MODEL
-
-        def register_model(model, name="main"):
-            _MODEL._obj = model
-        """,
-}
-
-
-@pytest.fixture
-def weightslab(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    """A minimal stand-in for WeightsLab's ledger and logger (the real package
-    needs torch and a CUDA build to install), importable from sys.path."""
-    for relative, text in FAKE_WEIGHTSLAB.items():
-        path = tmp_path / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(wl_adapter, "_src", wl_adapter._Lazy("weightslab.src"))
-    monkeypatch.setattr(wl_adapter, "_ledgers", wl_adapter._Lazy("weightslab.backend.ledgers"))
-    yield
-    for name in [m for m in sys.modules if m == "weightslab" or m.startswith("weightslab.")]:
-        del sys.modules[name]
-
-
-def test_weightslab_gets_every_signal_at_the_ledger_models_age(weightslab) -> None:
-    from weightslab import src
-    from weightslab.backend import ledgers
-
-    class Model:
-        age = 0
-
-        def get_age(self) -> int:
-            return self.age
-
-    signals.log_signal("train/loss", 0.25, 7)
-    assert src.CALLS == [("train/loss", 0.25, 7, None, {"per_sample": False})]
-
-    model = Model()
-    with sampler.ResourceMonitor(categories=["cpu"], interval_seconds=0.1, _min_interval_seconds=0.05):
-        wait_for(lambda: any(c[0] == CPU for c in src.CALLS), what="step 0 before the ledger has a model")
-        ledgers.register_model(model)
-        model.age = 42
-        wait_for(lambda: any(c[0] == CPU and c[2] == 42 for c in src.CALLS), what="the ledger model's age")
-    assert [c[2] for c in src.CALLS if c[0] == CPU] == [0, 42]
-
-
-def test_watch_model_beats_the_ledger(weightslab) -> None:
-    from weightslab.backend import ledgers
-
-    class Model:
-        def __init__(self, age: int) -> None:
-            self.age = age
-
-        def get_age(self) -> int:
-            return self.age
-
-    ledgers.register_model(Model(100))
-    sampler.watch_model(Model(5))
-    assert steps.watched_model_age() == 5
-    sampler.watch_model(None)
-    assert steps.watched_model_age() == 100
