@@ -1,38 +1,58 @@
 """Command line: ``python -m sampler run`` samples in the foreground and prints
 each sample as a compact table until Ctrl-C or ``--duration``.
 
-Settings come from the configuration (SPEC 4); flags beat it. A foreground run
-has no model, so it steps by whole seconds unless ``--step-source`` says otherwise.
+Settings come from the configuration (SPEC 4); flags beat it, and are read by
+the same parsers (``sampler.config.FIELDS``). A foreground run has no model, so
+it steps by whole seconds unless ``--step-source`` says otherwise. When the
+reader of stdout goes away (``python -m sampler run | head``), the run ends
+quietly with exit status 141, as a Unix tool killed by SIGPIPE would.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import sys
 import threading
-from collections.abc import Sequence
-from typing import TextIO
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
 
 from sampler import config
 from sampler.emit import Sample
 from sampler.monitor import ResourceMonitor
+from sampler.quoting import bounded_repr
+
+MAX_DURATION_SECONDS = 30 * 86400.0
+"""``--duration``'s ceiling, 30 days: longer is a service, not a foreground run
+(and past ~292 years ``threading.Event.wait`` raises OverflowError)."""
+EXIT_BROKEN_PIPE = 141
+"""128 + SIGPIPE: what a shell reports for a tool whose output pipe closed."""
+FOREGROUND_STEP_SOURCE = "seconds"
 
 
-def _categories(raw: str) -> list[str]:
-    names = [name.strip().lower() for name in raw.split(",") if name.strip()]
-    unknown = sorted(set(names) - set(config.DEFAULT_CATEGORIES))
-    if unknown:
-        raise argparse.ArgumentTypeError(
-            f"unknown categories {', '.join(unknown)}; known: {', '.join(config.DEFAULT_CATEGORIES)}"
-        )
-    return names
-
-
-def _interval(raw: str) -> float:
+def _duration(text: str) -> float:
     try:
-        return config.parse_interval(raw, "--interval")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{raw!r}: {exc}") from None
+        seconds = config.parse_seconds(text)
+    except config.Invalid as exc:
+        raise argparse.ArgumentTypeError(f"{bounded_repr(text)}: {exc}") from None
+    if seconds > MAX_DURATION_SECONDS:
+        limit = f"at most {MAX_DURATION_SECONDS:.0f} seconds (30 days)"
+        raise argparse.ArgumentTypeError(f"{bounded_repr(text)}: {limit}; omit it to run until Ctrl-C")
+    return seconds
+
+
+def _field_type(field: config.Field, flag: str) -> Callable[[str], Any]:
+    """The argparse ``type`` of a field's ``flag``: the field's text parser; a
+    value it cannot use, even in part, is an argparse error."""
+
+    def parse(text: str) -> Any:
+        try:
+            return field.from_text(text, functools.partial(config.warn, flag, text))
+        except config.Invalid as exc:
+            raise argparse.ArgumentTypeError(f"{bounded_repr(text)}: {exc}") from None
+
+    return parse
 
 
 def _format_value(value: float) -> str:
@@ -52,59 +72,101 @@ def format_sample(step: int, sample: dict[str, float]) -> str:
 
 
 class _Printer:
-    def __init__(self, out: TextIO) -> None:
+    """The ``on_sample`` hook (it runs in the monitor thread): prints each
+    sample; once ``out`` is a broken pipe it sets ``closed`` and prints no more."""
+
+    def __init__(self, out: TextIO, closed: threading.Event) -> None:
         self.out = out
+        self.closed = closed
         self.samples = 0
         self._lock = threading.Lock()
 
     def __call__(self, sample: Sample) -> None:
         with self._lock:
-            print(format_sample(sample.step, sample.values), file=self.out, flush=True)
+            if self.closed.is_set():
+                return
+            try:
+                print(format_sample(sample.step, sample.values), file=self.out, flush=True)
+            except BrokenPipeError:
+                self.closed.set()
+                return
             self.samples += 1
+
+
+def _silence(out: TextIO) -> None:
+    """Point ``out``'s descriptor at /dev/null, so that the interpreter's final
+    flush of what is still buffered for the broken pipe cannot fail
+    ("Exception ignored ... BrokenPipeError")."""
+    try:
+        fd = out.fileno()
+    except (OSError, ValueError):  # not backed by a descriptor (io.UnsupportedOperation is both)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sampler", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="sample in the foreground and print every sample")
-    run.add_argument("--interval", type=_interval, help="seconds between samples (floor 1)")
-    run.add_argument("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)")
-    run.add_argument("--categories", type=_categories, help="comma-separated, e.g. cpu,memory,gpu")
-    run.add_argument("--disk-path", help="filesystem the disk usage signals report")
-    run.add_argument("--step-source", choices=config.STEP_SOURCES, default="seconds")
+    for field in config.FIELDS:
+        if field.flag is not None:
+            default = f" (default here: {FOREGROUND_STEP_SOURCE})" if field is config.STEP_SOURCE else ""
+            run.add_argument(
+                field.flag,
+                dest=field.key,
+                type=_field_type(field, field.flag),
+                metavar=field.key.upper(),
+                help=f"{field.help}{default}",
+            )
+    run.add_argument(
+        "--duration",
+        type=_duration,
+        metavar="SECONDS",
+        help=f"stop after this many seconds, at most {MAX_DURATION_SECONDS:.0f} (default: until Ctrl-C)",
+    )
     run.add_argument("--nvml-module", default="pynvml", help="NVML binding to import (default pynvml)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run ``python -m sampler``; returns the exit status (0, or 141 when ``out`` closed)."""
     args = _parser().parse_args(argv)
     out = out or sys.stdout
     cfg = config.load_resource_monitoring_config()
     if not cfg["enabled"]:
         print("note: monitoring is disabled by configuration; running anyway as asked", file=sys.stderr)
-    categories = args.categories if args.categories is not None else cfg["categories"]
-    printer = _Printer(out)
+    closed = threading.Event()
+    printer = _Printer(out, closed)
     monitor = ResourceMonitor(
-        interval_seconds=args.interval or cfg["interval_seconds"],
-        categories=categories,
+        interval_seconds=args.interval_seconds or cfg["interval_seconds"],
+        categories=args.categories if args.categories is not None else cfg["categories"],
         disk_path=args.disk_path or cfg["disk_path"],
-        step_source=args.step_source,
+        step_source=args.step_source or FOREGROUND_STEP_SOURCE,
         sink=lambda name, value, step: None,
         nvml_module=args.nvml_module,
         on_sample=printer,
     )
     enabled = ", ".join(monitor.categories) or "none"
     every = f"every {monitor.interval_seconds:g} s, step by {monitor.step_source}"
-    print(f"sampling {enabled} {every}; Ctrl-C stops", file=out, flush=True)
     try:
-        with monitor:
-            threading.Event().wait(args.duration)  # None: until Ctrl-C
-    except KeyboardInterrupt:
+        print(f"sampling {enabled} {every}; Ctrl-C stops", file=out, flush=True)
+        try:
+            with monitor:
+                closed.wait(args.duration)  # None: until Ctrl-C or a closed pipe
+        except KeyboardInterrupt:
+            pass
+        if not closed.is_set():
+            stats = monitor.stats()
+            summary = (
+                f"{printer.samples} samples, {stats['records_lost']} lost, {stats['sink_errors']} sink errors"
+            )
+            print(summary, file=out, flush=True)
+            return 0
+    except BrokenPipeError:
         pass
-    stats = monitor.stats()
-    print(
-        f"{printer.samples} samples, {stats['records_lost']} lost, {stats['sink_errors']} sink errors",
-        file=out,
-        flush=True,
-    )
-    return 0
+    _silence(out)
+    return EXIT_BROKEN_PIPE

@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import math
 import os
 import threading
 import time
@@ -27,6 +26,7 @@ from typing import Any
 
 from sampler import config, signals
 from sampler.emit import Emitter, SampleHook, Sink
+from sampler.quoting import bounded_repr
 from sampler.spawn import STOP_TIMEOUT_SECONDS
 from sampler.stats import MonitorStats
 from sampler.steps import AgeSource, StepStamper
@@ -42,20 +42,6 @@ MAX_HANG_DEADLINE_SECONDS = 86400.0
 RESTART_BACKOFF_SECONDS = (1.0, 60.0)
 """Delay before restarting a dead child: the first, doubling up to the second."""
 _JOIN_SLACK_SECONDS = 1.0
-
-
-def _resolve_categories(categories: Iterable[str] | Mapping[str, bool] | None) -> tuple[str, ...]:
-    if categories is None:
-        return config.DEFAULT_CATEGORIES
-    if isinstance(categories, Mapping):
-        wanted = set(categories)
-        enabled = {name for name, on in categories.items() if on}
-    else:
-        wanted = enabled = set(categories)
-    unknown = wanted - set(config.DEFAULT_CATEGORIES)
-    if unknown:
-        raise ValueError(f"unknown categories {sorted(unknown)}; known: {config.DEFAULT_CATEGORIES}")
-    return tuple(c for c in config.DEFAULT_CATEGORIES if c in enabled)
 
 
 ISOLATION_MODES = ("process", "thread")
@@ -127,43 +113,30 @@ class ResourceMonitor:
         _ring_capacity: int = RING_CAPACITY,
         _restart_backoff: tuple[float, float] = RESTART_BACKOFF_SECONDS,
     ) -> None:
-        interval_seconds = _positive("interval_seconds", interval_seconds)
-        if interval_seconds < _min_interval_seconds:
-            log.warning(
-                "resource monitor: interval_seconds=%r is below the %g s floor; using %g",
-                interval_seconds,
-                _min_interval_seconds,
-                _min_interval_seconds,
-            )
-            interval_seconds = _min_interval_seconds
-        if step_source not in config.STEP_SOURCES:
-            raise ValueError(f"step_source must be one of {config.STEP_SOURCES}, got {step_source!r}")
+        api = config.resolve_api_settings(
+            interval_seconds=interval_seconds,
+            categories=categories,
+            disk_path=disk_path,
+            step_source=step_source,
+            min_interval_seconds=_min_interval_seconds,
+        )
         if isolation not in ISOLATION_MODES:
             raise ValueError(f"isolation must be one of {ISOLATION_MODES}, got {isolation!r}")
         for name, fn in (("sink", sink), ("age_source", age_source), ("on_sample", on_sample)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable or None, got {type(fn).__name__}")
-        hang_deadline = _positive("hang_deadline_seconds", hang_deadline_seconds)
-        if hang_deadline > MAX_HANG_DEADLINE_SECONDS:
-            log.warning(
-                "resource monitor: hang_deadline_seconds=%r is above the %g s ceiling; using %g",
-                hang_deadline,
-                MAX_HANG_DEADLINE_SECONDS,
-                MAX_HANG_DEADLINE_SECONDS,
-            )
-            hang_deadline = MAX_HANG_DEADLINE_SECONDS
         self._settings = Settings(
-            interval=float(interval_seconds),
-            categories=_resolve_categories(categories),
-            disk_path=os.path.abspath(disk_path),
+            interval=api.interval_seconds,
+            categories=api.categories,
+            disk_path=api.disk_path,
             nvml_module=nvml_module,
             isolation=isolation,
-            hang_deadline=hang_deadline,
+            hang_deadline=_hang_deadline(hang_deadline_seconds),
             ring_capacity=_ring_capacity,
             backoff_base=_restart_backoff[0],
             backoff_cap=_restart_backoff[1],
         )
-        self._step_source = step_source
+        self._step_source = api.step_source
         self._sink: Sink = signals.log_signal if sink is None else sink
         self._age_source = age_source
         self._on_sample = on_sample
@@ -320,15 +293,22 @@ class ResourceMonitor:
         self.stop()
 
 
-def _positive(name: str, value: float) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
+def _hang_deadline(raw: object) -> float:
+    """Seconds one collector call may run: a number > 0, clamped to one day."""
+    try:
+        seconds = config.parse_seconds(raw)
+    except config.Invalid as exc:
+        error = TypeError if exc.wrong_type else ValueError
+        raise error(f"hang_deadline_seconds={bounded_repr(raw)}: {exc}") from None
+    if seconds > MAX_HANG_DEADLINE_SECONDS:
+        log.warning(
+            "resource monitor: hang_deadline_seconds=%s is above the %g s ceiling; using %g",
+            bounded_repr(raw),
+            MAX_HANG_DEADLINE_SECONDS,
+            MAX_HANG_DEADLINE_SECONDS,
+        )
+        return MAX_HANG_DEADLINE_SECONDS
+    return seconds
 
 
 _monitors: weakref.WeakSet[ResourceMonitor] = weakref.WeakSet()

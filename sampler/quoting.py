@@ -7,10 +7,19 @@ import reprlib
 MAX_QUOTE = 80
 """Characters of a value a message shows at most."""
 
-_repr = reprlib.Repr()
+
+class _Repr(reprlib.Repr):
+    def repr_int(self, x: int, level: int) -> str:
+        # Converting a huge int to decimal is quadratic, and refused past 4,300 digits.
+        if x.bit_length() > 128:
+            return f"<an integer of {x.bit_length()} bits>"
+        return super().repr_int(x, level)
+
+
+_repr = _Repr()
 _repr.maxlevel = 3
 _repr.maxdict = _repr.maxlist = _repr.maxtuple = _repr.maxset = _repr.maxfrozenset = 4
-_repr.maxstring = _repr.maxother = MAX_QUOTE
+_repr.maxstring = _repr.maxother = MAX_QUOTE - 4
 _repr.maxlong = 40
 
 
@@ -18,8 +27,6 @@ def bounded_repr(value: object, limit: int = MAX_QUOTE) -> str:
     """``repr(value)`` cut to ``limit`` characters, in time bounded whatever the
     value (nested aliases that expand to billions of items, a 4,000-digit int,
     a ``__repr__`` that raises)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
-        return f"<an integer of {value.bit_length()} bits>"
     try:
         if isinstance(value, BaseException):
             args = value.args

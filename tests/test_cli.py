@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import io
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from sampler import cli
+from sampler.emit import Sample
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -68,3 +73,130 @@ def test_ctrl_c_stops_cleanly(tmp_path: Path) -> None:
     rest, _ = proc.communicate(timeout=10)
     assert proc.returncode == 0
     assert "samples, 0 lost" in rest
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return cli._parser().parse_args(["run", *argv])
+
+
+def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """argparse's error message for ``run *argv`` (exit status 2)."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse(*argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def cli_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "sampler" and r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("raw", ["inf", "1e12", "nan", "-5", "0", "abc", "-inf", "2592001", "1e400"])
+def test_duration_out_of_range_is_refused(capsys: pytest.CaptureFixture[str], raw: str) -> None:
+    err = refused(capsys, f"--duration={raw}")
+    assert f"argument --duration: {raw!r}" in err
+    assert "seconds" in err or "not a number" in err
+
+
+def test_duration_is_optional_and_bounded_by_30_days() -> None:
+    assert parse().duration is None
+    assert parse("--duration", "2592000").duration == cli.MAX_DURATION_SECONDS == 30 * 86400
+    assert parse("--duration", "0.5").duration == 0.5
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected", "fragment"),
+    [("1e12", 86400.0, "ceiling"), ("0.5", 1.0, "floor"), ("9" * 400, 86400.0, "ceiling")],
+)
+def test_interval_is_clamped_like_the_env_var(
+    caplog: pytest.LogCaptureFixture, raw: str, expected: float, fragment: str
+) -> None:
+    caplog.set_level(logging.WARNING, logger="sampler")
+    assert parse("--interval", raw).interval_seconds == expected
+    (message,) = cli_warnings(caplog)
+    assert message.startswith("resource monitor: --interval=") and fragment in message and len(message) < 250
+
+
+@pytest.mark.parametrize("raw", ["abc", "nan", "inf", "-5", "0", ""])
+def test_bad_interval_is_refused(capsys: pytest.CaptureFixture[str], raw: str) -> None:
+    assert f"argument --interval: {raw!r}" in refused(capsys, f"--interval={raw}")
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [(",,,", "names no known category"), ("cpu;gpu", "names no known category"), ("cpu,gpus,tpu", "'tpu'")],
+)
+def test_bad_categories_are_refused(capsys: pytest.CaptureFixture[str], raw: str, fragment: str) -> None:
+    err = refused(capsys, "--categories", raw)
+    assert fragment in err and "cpu, memory, gpu, disk, network, process" in err
+
+
+def test_categories_flag_reads_like_the_env_var() -> None:
+    assert parse("--categories", " CPU, gpu ").categories == {
+        name: name in ("cpu", "gpu") for name in ("cpu", "memory", "gpu", "disk", "network", "process")
+    }
+
+
+def test_step_source_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse().step_source is None  # main() then steps by seconds
+    assert parse("--step-source", "Model_Age").step_source == "model_age"
+    assert "model_age, seconds" in refused(capsys, "--step-source", "sideways")
+
+
+def test_missing_disk_path_is_kept_with_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="sampler")
+    missing = tmp_path / "not" / "yet"
+    assert parse("--disk-path", str(missing)).disk_path == str(missing)
+    (message,) = cli_warnings(caplog)
+    assert message.startswith("resource monitor: --disk-path=") and "does not exist (yet)" in message
+
+
+@pytest.mark.parametrize("buffering", ["buffered", "unbuffered"])
+def test_closed_pipe_ends_the_run_quietly_with_status_141(tmp_path: Path, buffering: str) -> None:
+    # `python -m sampler run | head -1`: head reads a line and exits. With stdout buffered (the
+    # default for a pipe), the interpreter's final flush would also hit the closed pipe.
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    if buffering == "unbuffered":
+        env["PYTHONUNBUFFERED"] = "1"
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sampler", "run", "--interval", "1", "--categories", "cpu"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        assert proc.stdout.readline().startswith("sampling cpu")
+        proc.stdout.close()
+        assert proc.wait(timeout=15) == cli.EXIT_BROKEN_PIPE == 141
+    finally:
+        proc.kill()
+        proc.wait()
+    assert time.monotonic() - start < 10
+    assert proc.stderr.read() == ""
+    proc.stderr.close()
+
+
+class _ClosedPipe(io.StringIO):
+    """A stdout whose reader has gone."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_pipe_closed_before_the_banner(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    out = _ClosedPipe()
+    assert cli.main(["run", "--categories", "cpu"], out) == cli.EXIT_BROKEN_PIPE
+
+
+def test_printer_stops_at_a_closed_pipe() -> None:
+    closed = threading.Event()
+    printer = cli._Printer(_ClosedPipe(), closed)
+    printer(Sample(step=1, timestamp_ns=0, values={"resource/cpu/utilization_percent": 1.0}))
+    assert closed.is_set() and printer.samples == 0
+    printer(Sample(step=2, timestamp_ns=0, values={"resource/cpu/utilization_percent": 1.0}))
+    assert printer.samples == 0

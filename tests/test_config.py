@@ -4,7 +4,9 @@ Every test is hermetic: it passes an explicit ``environ`` dict, a ``cwd`` and a 
 pytest's ``tmp_path``, so neither the real environment nor the repository's own
 ``resource_monitoring.yaml`` can leak in. Warnings go through the ``sampler`` logger and are captured
 with ``caplog``; each bad input must produce exactly one warning that names the source (env var or
-file), the key, the bad value and what is used instead.
+file), the key, the bad value (quoted bounded, as ``quote`` does: a long path is cut) and what is
+used instead. The Python API's validation, ``resolve_api_settings``, shares the parsers and is tested
+at the end.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 
 import sampler
 from sampler import config
+from sampler.quoting import bounded_repr as quote
 
 ALL_ON = dict.fromkeys(config.DEFAULT_CATEGORIES, True)
 ROOT = os.path.abspath(os.sep)
@@ -218,7 +221,9 @@ def test_categories_env_unknown_name_warns_and_known_ones_apply(
         "network": False,
         "process": False,
     }
-    assert_one_warning(caplog, "WL_RESOURCE_MONITOR_CATEGORIES", "'bogus'", "ignor")
+    assert_one_warning(
+        caplog, "WL_RESOURCE_MONITOR_CATEGORIES", "'bogus'", "ignor", "using categories=cpu,disk"
+    )
 
 
 def test_categories_env_unset_means_all_on(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
@@ -233,10 +238,24 @@ def test_disk_path_env_existing_dir_is_used(tree: Tree, caplog: pytest.LogCaptur
     assert_no_warnings(caplog)
 
 
-def test_disk_path_env_missing_warns_and_uses_root(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+def test_disk_path_env_missing_is_kept_with_one_warning(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    # SPEC 4: a disk_path that does not exist (yet) is kept, never replaced by another filesystem's.
     missing = str(tree.base / "no" / "such" / "dir")
-    assert tree.load({config.ENV_DISK_PATH: missing})["disk_path"] == ROOT
-    assert_one_warning(caplog, "WL_RESOURCE_MONITOR_DISK_PATH", "disk_path", repr(missing), repr(ROOT))
+    assert tree.load({config.ENV_DISK_PATH: missing})["disk_path"] == missing
+    assert_one_warning(caplog, config.ENV_DISK_PATH, quote(missing), "does not exist", "keeping it")
+
+
+def test_disk_path_env_relative_is_made_absolute(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    assert tree.load({config.ENV_DISK_PATH: "."})["disk_path"] == os.getcwd()
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize("raw", ["", "   "])
+def test_disk_path_env_blank_warns_and_keeps_root(
+    tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
+) -> None:
+    assert tree.load({config.ENV_DISK_PATH: raw})["disk_path"] == ROOT
+    assert_one_warning(caplog, "WL_RESOURCE_MONITOR_DISK_PATH", repr(raw), "non-empty", repr(ROOT))
 
 
 @pytest.mark.parametrize("raw", ["seconds", "Seconds", "model_age"])
@@ -248,6 +267,70 @@ def test_step_source_env_valid(tree: Tree, caplog: pytest.LogCaptureFixture, raw
 def test_step_source_env_bogus_warns_and_uses_model_age(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     assert tree.load({config.ENV_STEP_SOURCE: "bogus"})["step_source"] == "model_age"
     assert_one_warning(caplog, "WL_RESOURCE_MONITOR_STEP_SOURCE", "step_source", "'bogus'", "'model_age'")
+
+
+@pytest.mark.parametrize("raw", ["cpu;gpu", ",,,", "foo", "cpu gpu", " , ;"])
+def test_categories_env_naming_no_known_category_warns_and_keeps_all_on(
+    tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
+) -> None:
+    assert tree.load({config.ENV_CATEGORIES: raw})["categories"] == ALL_ON
+    assert_one_warning(
+        caplog,
+        "WL_RESOURCE_MONITOR_CATEGORIES",
+        repr(raw),
+        "names no known category",
+        "using categories=cpu,memory,gpu,disk,network,process instead",
+    )
+
+
+def test_categories_env_several_unknown_names_one_warning_naming_each(
+    tree: Tree, caplog: pytest.LogCaptureFixture
+) -> None:
+    cats = tree.load({config.ENV_CATEGORIES: "gpu,tpu,Memory,npu"})["categories"]
+    assert cats == {name: name in ("gpu", "memory") for name in config.DEFAULT_CATEGORIES}
+    assert_one_warning(caplog, "'tpu'", "'npu'", "known: cpu, memory", "using categories=memory,gpu")
+
+
+@pytest.mark.parametrize("raw", ["", "   ", "\t"])
+def test_categories_env_blank_means_unset(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
+    assert tree.load({config.ENV_CATEGORIES: raw})["categories"] == ALL_ON
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize("raw", ["1e12", "86400.5", "1e308", "1e400", "9" * 400, "9" * 5000])
+def test_interval_env_above_one_day_is_clamped(
+    tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
+) -> None:
+    assert tree.load({config.ENV_INTERVAL: raw})["interval_seconds"] == config.MAX_INTERVAL_SECONDS == 86400.0
+    assert_one_warning(caplog, "WL_RESOURCE_MONITOR_INTERVAL_SECONDS", "ceiling", "interval_seconds=86400.0")
+
+
+def test_interval_env_one_day_is_allowed(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    assert tree.load({config.ENV_INTERVAL: "86400"})["interval_seconds"] == 86400.0
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize("raw", ["-1e400", "-" + "9" * 5000])
+def test_interval_env_negative_beyond_float_range_is_invalid(
+    tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
+) -> None:
+    assert tree.load({config.ENV_INTERVAL: raw})["interval_seconds"] == 15.0
+    message = assert_one_warning(caplog, "WL_RESOURCE_MONITOR_INTERVAL_SECONDS", "> 0", "15.0")
+    assert len(message) < 300
+
+
+def test_disable_env_blank_keeps_enabled(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    assert tree.load({config.ENV_DISABLE: "   "})["enabled"] is True
+    assert_no_warnings(caplog)
+
+
+def test_env_warning_quotes_a_long_value_bounded(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    raw = "x" * 100_000
+    cfg = tree.load({config.ENV_STEP_SOURCE: raw, config.ENV_CATEGORIES: raw, config.ENV_INTERVAL: raw})
+    assert (cfg["step_source"], cfg["categories"], cfg["interval_seconds"]) == ("model_age", ALL_ON, 15.0)
+    messages = sampler_warnings(caplog)
+    assert len(messages) == 3
+    assert all(len(m) < 320 and "xxx..." in m for m in messages), messages
 
 
 # --------------------------------------------------------------------------- YAML over env
@@ -445,7 +528,7 @@ def test_config_path_not_a_directory_warns_and_search_goes_on(
     cfg = tree.load({config.ENV_CONFIG_PATH: str(not_dir)}, cwd=nested)
     assert cfg["config_file"] == str(root_file)
     assert cfg["interval_seconds"] == 4.0
-    assert_one_warning(caplog, "WL_RESOURCE_MONITOR_CONFIG_PATH", str(not_dir))
+    assert_one_warning(caplog, "WL_RESOURCE_MONITOR_CONFIG_PATH", quote(str(not_dir)), "not a directory")
 
 
 # --------------------------------------------------------------------------- bad YAML input
@@ -559,6 +642,15 @@ def test_file_interval_clamp_warning_names_the_file(tree: Tree, caplog: pytest.L
     assert_one_warning(caplog, str(path), "0.5", "1.0")
 
 
+@pytest.mark.parametrize("yaml_value", ["1e12", "86401", "'1e12'", "1" + "0" * 30])
+def test_file_interval_above_one_day_is_clamped(
+    tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str
+) -> None:
+    path = write(tree.work / FILE_NAME, section(f"interval_seconds: {yaml_value}"))
+    assert tree.load(ENV_30)["interval_seconds"] == 86400.0
+    assert_one_warning(caplog, str(path), "interval_seconds", "ceiling", "interval_seconds=86400.0")
+
+
 def test_file_step_source_invalid_warns(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     path = write(tree.work / FILE_NAME, section("step_source: sideways\ninterval_seconds: 7"))
     cfg = tree.load({config.ENV_STEP_SOURCE: "seconds"})
@@ -573,11 +665,26 @@ def test_file_step_source_invalid_falls_back_to_default(tree: Tree, caplog: pyte
     assert_one_warning(caplog, "'sideways'", "'model_age'")
 
 
-def test_file_disk_path_missing_warns(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+def test_file_disk_path_missing_is_kept_with_one_warning(
+    tree: Tree, caplog: pytest.LogCaptureFixture
+) -> None:
     missing = str(tree.base / "nowhere")
     path = write(tree.work / FILE_NAME, section(f"disk_path: '{missing}'"))
-    assert tree.load()["disk_path"] == ROOT
-    assert_one_warning(caplog, str(path), "disk_path", repr(missing), repr(ROOT))
+    assert tree.load()["disk_path"] == missing
+    assert_one_warning(caplog, str(path), "disk_path", quote(missing), "does not exist", "keeping it")
+
+
+@pytest.mark.parametrize(
+    ("yaml_value", "parsed"), [("5", 5), ("''", ""), ('"a\\0b"', "a\0b"), ("[/a]", ["/a"])]
+)
+def test_file_disk_path_invalid_warns_and_keeps_env(
+    tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, parsed: object
+) -> None:
+    disk = tree.base / "data"
+    disk.mkdir()
+    path = write(tree.work / FILE_NAME, section(f"disk_path: {yaml_value}"))
+    assert tree.load({config.ENV_DISK_PATH: str(disk)})["disk_path"] == str(disk)
+    assert_one_warning(caplog, str(path), "disk_path", repr(parsed), quote(str(disk)))
 
 
 def test_file_unknown_category_warns_and_others_apply(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
@@ -588,7 +695,7 @@ def test_file_unknown_category_warns_and_others_apply(tree: Tree, caplog: pytest
     assert_one_warning(caplog, str(path), "tpu", "ignor")
 
 
-@pytest.mark.parametrize(("yaml_value", "parsed"), [('"yes"', "yes"), ('"false"', "false"), ("0", 0)])
+@pytest.mark.parametrize(("yaml_value", "parsed"), [("0", 0), ("5", 5), ('"maybe"', "maybe"), ("[]", [])])
 def test_file_category_flag_not_a_bool_warns(
     tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, parsed: object
 ) -> None:
@@ -597,6 +704,36 @@ def test_file_category_flag_not_a_bool_warns(
     assert cats["cpu"] is True  # keeps the env value
     assert cats["gpu"] is False  # the valid flag still applies
     assert_one_warning(caplog, str(path), "cpu", repr(parsed), "True")
+
+
+WORDS_FALSE = ["'false'", "'no'", "'off'", "'0'", "'FALSE'", "'No'", "' off '"]
+WORDS_TRUE = ["'true'", "'yes'", "'on'", "'1'", "'TRUE'", "'Yes'"]
+
+
+@pytest.mark.parametrize("word", WORDS_FALSE)
+def test_file_category_flag_quoted_false_word_turns_it_off(
+    tree: Tree, caplog: pytest.LogCaptureFixture, word: str
+) -> None:
+    # SPEC 4: a boolean written as a string means what the same word means in the env vars.
+    write(tree.work / FILE_NAME, section(f"categories: {{disk: {word}}}"))
+    assert tree.load()["categories"] == {**ALL_ON, "disk": False}
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize("word", WORDS_TRUE)
+def test_file_category_flag_quoted_true_word_turns_it_on(
+    tree: Tree, caplog: pytest.LogCaptureFixture, word: str
+) -> None:
+    write(tree.work / FILE_NAME, section(f"categories: {{disk: {word}}}"))
+    cats = tree.load({config.ENV_CATEGORIES: "cpu"})["categories"]
+    assert cats == {name: name in ("cpu", "disk") for name in config.DEFAULT_CATEGORIES}
+    assert_no_warnings(caplog)
+
+
+def test_file_category_names_are_read_in_any_case(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    write(tree.work / FILE_NAME, section("categories: {GPU: false, ' Disk ': false}"))
+    assert tree.load()["categories"] == {**ALL_ON, "gpu": False, "disk": False}
+    assert_no_warnings(caplog)
 
 
 def test_file_categories_as_list_warns(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
@@ -619,13 +756,33 @@ def test_empty_file_changes_nothing(tree: Tree, caplog: pytest.LogCaptureFixture
     assert_no_warnings(caplog)
 
 
-@pytest.mark.parametrize(("yaml_value", "parsed"), [('"no"', "no"), ("0", 0), ('"false"', "false")])
+@pytest.mark.parametrize(
+    ("yaml_value", "parsed"), [("0", 0), ('"maybe"', "maybe"), ("''", ""), ("null", None)]
+)
 def test_file_enabled_not_a_bool_warns(
     tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, parsed: object
 ) -> None:
     path = write(tree.work / FILE_NAME, section(f"enabled: {yaml_value}"))
     assert tree.load()["enabled"] is True
     assert_one_warning(caplog, str(path), "enabled", repr(parsed), "True")
+
+
+@pytest.mark.parametrize("word", WORDS_FALSE)
+def test_file_enabled_quoted_false_word_disables(
+    tree: Tree, caplog: pytest.LogCaptureFixture, word: str
+) -> None:
+    write(tree.work / FILE_NAME, section(f"enabled: {word}"))
+    assert tree.load()["enabled"] is False
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize("word", WORDS_TRUE)
+def test_file_enabled_quoted_true_word_beats_env_disable(
+    tree: Tree, caplog: pytest.LogCaptureFixture, word: str
+) -> None:
+    write(tree.work / FILE_NAME, section(f"enabled: {word}"))
+    assert tree.load({config.ENV_DISABLE: "1"})["enabled"] is True
+    assert_no_warnings(caplog)
 
 
 def test_several_bad_keys_warn_once_each(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
@@ -640,3 +797,233 @@ def test_several_bad_keys_warn_once_each(tree: Tree, caplog: pytest.LogCaptureFi
     assert len(messages) == 4, messages
     for fragment in ("'abc'", "'sideways'", "bogus", "tpu"):
         assert sum(fragment in m for m in messages) == 1, (fragment, messages)
+
+
+def test_non_string_step_source_warns(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(tree.work / FILE_NAME, section("step_source: 5"))
+    assert tree.load()["step_source"] == "model_age"
+    assert_one_warning(caplog, str(path), "step_source=5", "got int", "'model_age'")
+
+
+def test_file_that_cannot_be_read_warns_and_uses_env(
+    tree: Tree, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Root reads any file whatever its mode, so the refusal is simulated at open().
+    path = write(tree.work / FILE_NAME, section("interval_seconds: 5"))
+
+    def refuse(self: Path, *args: object, **kwargs: object) -> object:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "open", refuse)
+    cfg = tree.load(ENV_30)
+    assert (cfg["interval_seconds"], cfg["config_file"]) == (30.0, None)
+    assert_one_warning(caplog, str(path), "Permission denied", "env vars and defaults")
+
+
+def test_removed_working_directory_skips_the_places_found_from_it(
+    tree: Tree, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gone = tree.base / "gone"
+    gone.mkdir()
+    pkg_file = write(tree.pkg / FILE_NAME, section("interval_seconds: 5"))
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    cfg = config.load_resource_monitoring_config(environ={}, package_dir=tree.pkg)
+    assert (cfg["interval_seconds"], cfg["config_file"]) == (5.0, str(pkg_file))
+    assert_no_warnings(caplog)
+
+
+# --------------------------------------------------------------------------- one table of fields
+
+
+def test_every_field_is_a_key_of_the_resolved_config(tree: Tree) -> None:
+    keys = [field.key for field in config.FIELDS]
+    assert keys == ["enabled", "interval_seconds", "categories", "disk_path", "step_source"]
+    assert set(tree.load()) == {*keys, "config_file"}
+    envs = (config.ENV_DISABLE, config.ENV_INTERVAL, config.ENV_CATEGORIES, config.ENV_DISK_PATH)
+    assert [field.env for field in config.FIELDS] == [*envs, config.ENV_STEP_SOURCE]
+
+
+def test_defaults_are_fresh_copies() -> None:
+    first = config.defaults()
+    first["categories"]["cpu"] = False
+    assert config.defaults()["categories"] == ALL_ON
+    assert config.CATEGORIES.default == ALL_ON
+
+
+# --------------------------------------------------------------------------- the Python API
+
+
+def resolve(**overrides: object) -> config.ApiSettings:
+    arguments: dict[str, Any] = {
+        "interval_seconds": 15.0,
+        "categories": None,
+        "disk_path": ROOT,
+        "step_source": "model_age",
+        **overrides,
+    }
+    return config.resolve_api_settings(**arguments)
+
+
+def test_api_defaults(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="sampler")
+    settings = resolve()
+    assert settings == config.ApiSettings(15.0, config.DEFAULT_CATEGORIES, ROOT, "model_age")
+    assert isinstance(settings.interval_seconds, float)
+    with pytest.raises(AttributeError):
+        settings.interval_seconds = 2.0  # type: ignore[misc]
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"), [(30, 30.0), (2.5, 2.5), (86400, 86400.0), (1, 1.0)]
+)  # fmt: skip
+def test_api_interval_valid(caplog: pytest.LogCaptureFixture, raw: object, expected: float) -> None:
+    caplog.set_level(logging.WARNING, logger="sampler")
+    assert resolve(interval_seconds=raw).interval_seconds == expected
+    assert_no_warnings(caplog)
+
+
+def test_api_interval_accepts_any_real_number() -> None:
+    from fractions import Fraction
+
+    assert resolve(interval_seconds=Fraction(5, 2)).interval_seconds == 2.5
+
+
+@pytest.mark.parametrize(
+    ("raw", "floor", "expected", "fragment"),
+    [
+        (0.5, 1.0, 1.0, "below the 1 s floor"),
+        (0.01, 0.05, 0.05, "below the 0.05 s floor"),
+        (1e12, 1.0, 86400.0, "above the 86400 s (one day) ceiling"),
+        (10**400, 1.0, 86400.0, "above the 86400 s (one day) ceiling"),
+    ],
+)
+def test_api_interval_is_clamped_with_one_warning(
+    caplog: pytest.LogCaptureFixture, raw: object, floor: float, expected: float, fragment: str
+) -> None:
+    caplog.set_level(logging.WARNING, logger="sampler")
+    assert resolve(interval_seconds=raw, min_interval_seconds=floor).interval_seconds == expected
+    message = assert_one_warning(caplog, "ResourceMonitor: interval_seconds=", fragment, repr(expected))
+    assert len(message) < 200
+
+
+def test_api_interval_floor_can_be_lowered() -> None:
+    assert resolve(interval_seconds=0.1, min_interval_seconds=0.05).interval_seconds == 0.1
+
+
+@pytest.mark.parametrize("raw", ["30", "abc", True, None, [1], b"5"])
+def test_api_interval_of_the_wrong_type_is_a_type_error(raw: object) -> None:
+    with pytest.raises(TypeError, match=r"interval_seconds=.*expected a number of seconds"):
+        resolve(interval_seconds=raw)
+
+
+@pytest.mark.parametrize("raw", [math.nan, math.inf, -math.inf, -5, 0, 0.0, -(10**400)])
+def test_api_interval_out_of_range_is_a_value_error(raw: object) -> None:
+    with pytest.raises(ValueError, match=r"interval_seconds=.*finite number of seconds > 0"):
+        resolve(interval_seconds=raw)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (None, config.DEFAULT_CATEGORIES),
+        (["gpu", "cpu"], ("cpu", "gpu")),
+        (("process",), ("process",)),
+        ([], ()),
+        (iter(["disk", "disk"]), ("disk",)),
+        (["CPU", " Memory "], ("cpu", "memory")),
+        ({"cpu": True, "memory": False, "disk": False, "network": True}, ("cpu", "network")),
+        ({"gpu": "false", "cpu": "YES", "disk": "0", "memory": "on"}, ("cpu", "memory")),
+    ],
+)
+def test_api_categories(raw: object, expected: tuple[str, ...]) -> None:
+    assert resolve(categories=raw).categories == expected
+
+
+@pytest.mark.parametrize("raw", ["cpu", "cpu,gpu", b"cpu", 5, 1.5, object()])
+def test_api_categories_not_a_list_is_a_type_error(raw: object) -> None:
+    with pytest.raises(TypeError, match="expected a list of category names"):
+        resolve(categories=raw)
+
+
+def test_api_categories_plain_string_is_not_split_into_letters() -> None:
+    with pytest.raises(TypeError) as info:
+        resolve(categories="cpu")
+    assert "'c'" not in str(info.value)
+    assert "categories='cpu'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("raw", "named"),
+    [
+        (["cpu", "gpus"], "'gpus'"),
+        ({"tpu": True}, "'tpu'"),
+        ({"tpu": False, "cpu": True}, "'tpu'"),
+        ([1, "cpu"], "1"),
+        ([None], "None"),
+    ],
+)
+def test_api_unknown_categories_are_a_value_error_naming_them(raw: object, named: str) -> None:
+    with pytest.raises(ValueError, match="unknown categor") as info:
+        resolve(categories=raw)
+    assert named in str(info.value)
+    assert "known: cpu, memory, gpu, disk, network, process" in str(info.value)
+
+
+def test_api_many_unknown_categories_are_named_bounded() -> None:
+    with pytest.raises(ValueError) as info:
+        resolve(categories=[f"bogus{i}" for i in range(10_000)])
+    assert "'bogus0'" in str(info.value) and "'bogus5'" not in str(info.value)
+    assert len(str(info.value)) < 400
+
+
+@pytest.mark.parametrize(("flag", "error"), [("maybe", ValueError), (5, TypeError), (None, TypeError)])
+def test_api_category_flag_must_be_a_bool_or_a_word(flag: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="'gpu': expected"):
+        resolve(categories={"cpu": True, "gpu": flag})
+
+
+def test_api_disk_path_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    assert resolve(disk_path="data").disk_path == str(tmp_path / "data")
+    assert resolve(disk_path=tmp_path / "data").disk_path == str(tmp_path / "data")
+
+
+def test_api_missing_disk_path_is_kept_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="sampler")
+    missing = tmp_path / "not" / "yet"
+    assert resolve(disk_path=missing).disk_path == str(missing)
+    assert_one_warning(
+        caplog, "ResourceMonitor: disk_path=", "does not exist (yet)", "skipped until it appears"
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "error", "fragment"),
+    [
+        ("", ValueError, "non-empty"),
+        ("  ", ValueError, "non-empty"),
+        ("a\0b", ValueError, "NUL"),
+        (5, TypeError, "expected a path"),
+        (None, TypeError, "expected a path"),
+        (b"/tmp", TypeError, "expected a path"),
+    ],
+)
+def test_api_bad_disk_path(raw: object, error: type[Exception], fragment: str) -> None:
+    with pytest.raises(error, match=fragment):
+        resolve(disk_path=raw)
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("seconds", "seconds"), (" Model_Age ", "model_age")])
+def test_api_step_source(raw: str, expected: str) -> None:
+    assert resolve(step_source=raw).step_source == expected
+
+
+@pytest.mark.parametrize(("raw", "error"), [("sideways", ValueError), ("", ValueError), (5, TypeError)])
+def test_api_bad_step_source(raw: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match=r"step_source=.*model_age, seconds"):
+        resolve(step_source=raw)
