@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from typing import ClassVar, TypeVar
+
+import psutil
+
+from sampler.quoting import bounded_repr
+
+log = logging.getLogger("sampler")
 
 MB = 1024**2
 """Bytes per MB (MiB), the unit of every ``*_mb`` signal."""
@@ -15,12 +22,36 @@ MISSING = math.nan
 
 T = TypeVar("T")
 
+READING_ERRORS: tuple[type[BaseException], ...] = (psutil.Error, OSError)
+"""What a reading may legitimately raise: the process or file is gone, access
+is denied, the kernel has no such counter. Anything else is a bug."""
 
-def attempt(read: Callable[[], T]) -> T | None:
-    """One reading, or None if it raised (the reading is skipped, not faked)."""
+_reported: set[tuple[str, type[BaseException]]] = set()
+
+
+def attempt(read: Callable[[], T], errors: tuple[type[BaseException], ...] = READING_ERRORS) -> T | None:
+    """One reading, or None if it failed (the reading is skipped, not faked).
+
+    ``errors`` are the failures a reading can legitimately meet; any other
+    exception is a programming error: the reading is skipped too, and the
+    first time each call site raises each kind it is reported with its
+    traceback, so a signal that never appears is never a mystery.
+    """
     try:
         return read()
-    except Exception:
+    except errors:
+        return None
+    except Exception as exc:
+        key = (getattr(read, "__qualname__", repr(read)), type(exc))
+        if key not in _reported:
+            _reported.add(key)
+            log.warning(
+                "resource monitor: reading %s raised %s, which no reading should; it is skipped "
+                "(reported once)",
+                key[0],
+                bounded_repr(exc),
+                exc_info=True,
+            )
         return None
 
 

@@ -38,6 +38,7 @@ class GpuCollector(Collector):
     def __init__(self, nvml: ModuleType, handles: dict[int, Any]) -> None:
         self._nvml = nvml
         self._handles = handles
+        self._errors = _nvml_errors(nvml)
         self.names = tuple(f"resource/gpu/{i}/{suffix}" for i in handles for suffix in GPU_SIGNALS)
 
     @classmethod
@@ -51,13 +52,14 @@ class GpuCollector(Collector):
             log.debug("resource monitor: no NVML via %r: %s", module_name, exc)
             return None
         handles: dict[int, Any] = {}
-        count = attempt(nvml.nvmlDeviceGetCount) or 0
+        errors = _nvml_errors(nvml)
+        count = attempt(nvml.nvmlDeviceGetCount, errors) or 0
         for index in range(count):
-            handle = attempt(functools.partial(nvml.nvmlDeviceGetHandleByIndex, index))
+            handle = attempt(functools.partial(nvml.nvmlDeviceGetHandleByIndex, index), errors)
             if handle is not None:
                 handles[index] = handle
         if not handles:
-            attempt(nvml.nvmlShutdown)
+            attempt(nvml.nvmlShutdown, errors)
             return None
         return cls(nvml, handles)
 
@@ -68,13 +70,15 @@ class GpuCollector(Collector):
         return values
 
     def _device(self, handle: Any) -> list[float]:
-        nvml = self._nvml
-        mem_clock = attempt(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM))
-        sm_clock = attempt(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
-        memory = attempt(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
-        temperature = attempt(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
-        utilization = attempt(lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
-        power_mw = attempt(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+        nvml, errors = self._nvml, self._errors
+        mem_clock = attempt(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM), errors)
+        sm_clock = attempt(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM), errors)
+        memory = attempt(lambda: nvml.nvmlDeviceGetMemoryInfo(handle), errors)
+        temperature = attempt(
+            lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU), errors
+        )
+        utilization = attempt(lambda: nvml.nvmlDeviceGetUtilizationRates(handle), errors)
+        power_mw = attempt(lambda: nvml.nvmlDeviceGetPowerUsage(handle), errors)
         used_percent = MISSING
         if memory is not None and memory.total:
             used_percent = 100.0 * memory.used / memory.total
@@ -91,7 +95,16 @@ class GpuCollector(Collector):
     def close(self) -> None:
         if self._handles:
             self._handles = {}
-            attempt(self._nvml.nvmlShutdown)
+            attempt(self._nvml.nvmlShutdown, self._errors)
+
+
+def _nvml_errors(nvml: ModuleType) -> tuple[type[BaseException], ...]:
+    """What an NVML call may legitimately raise: the binding's ``NVMLError``
+    (driver, device or support problems) and ``OSError``."""
+    error = getattr(nvml, "NVMLError", None)
+    if isinstance(error, type) and issubclass(error, BaseException):
+        return (error, OSError)
+    return (OSError,)
 
 
 def _number(value: object) -> float:
