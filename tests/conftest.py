@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -27,6 +29,24 @@ ENV_VARS = (
     "WL_RESOURCE_MONITOR_CONFIG_PATH",
     "FAKE_NVML",
 )
+
+
+TESTS_DIR = str(Path(__file__).resolve().parent)
+
+
+def backend_script(body: str) -> str:
+    """A training script that imports the monitor, as a user would write it
+    (``fake_nvml`` and the helpers of ``tests/`` importable)."""
+    header = f"import os, signal, sys, time\nsys.path.insert(0, {TESTS_DIR!r})\nimport sampler\n"
+    return header + textwrap.dedent(body)
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie counts: it no longer runs)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def shm_segments() -> set[str]:

@@ -7,37 +7,16 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import FAST, Recorder, open_fds, shm_segments, wait_for
+from conftest import FAST, Recorder, backend_script, gone, open_fds, shm_segments, wait_for
 
 import sampler
 from sampler import spawn
-
-TESTS_DIR = str(Path(__file__).resolve().parent)
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def backend_script(body: str) -> str:
-    """A training script that starts a fast monitor, as a user would write it."""
-    return textwrap.dedent(
-        """
-        import sys, time
-        sys.path.insert(0, {tests!r})
-        import sampler
-        """
-    ).format(tests=TESTS_DIR) + textwrap.dedent(body)
 
 
 def test_script_without_main_guard_runs_its_body_once(tmp_path: Path) -> None:

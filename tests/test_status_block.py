@@ -1,0 +1,96 @@
+"""The child's status block, read by the backend while the child writes it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+from conftest import TESTS_DIR
+
+from sampler.status import EXIT_UNDECLARED, PHASE_IDLE, PHASE_STARTING, ChildStatus
+
+WRITER = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    from sampler.status import ChildStatus
+    status = ChildStatus.from_fd({fd})
+    phases = list(range(-2, 6))
+    print("ready", flush=True)
+    end = time.monotonic() + {seconds}
+    k = 0
+    while time.monotonic() < end:
+        # A new microsecond for every phase, so each 'since' names one phase.
+        last = time.monotonic_ns() // 1000
+        while time.monotonic_ns() // 1000 == last:
+            pass
+        status.enter(phases[k % len(phases)])
+        status.count_sample(1000)
+        k += 1
+    print(k, flush=True)
+    """
+)
+
+
+def test_a_concurrent_reader_never_sees_a_torn_or_zeroed_phase() -> None:
+    """One process enters phases as fast as it can; this one reads as fast as
+    it can. Every read must show a phase the writer wrote, with the 'since'
+    it wrote it with: never zero, never going back, never another phase's."""
+    status, fd = ChildStatus.create()
+    seconds = 2.0
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER.format(tests=TESTS_DIR, fd=fd, seconds=seconds)],
+        pass_fds=[fd],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    os.close(fd)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "ready"
+        phase_at: dict[int, int] = {}
+        reads = zeroed = torn = backwards = 0
+        last_since = 0
+        samples_seen = 0
+        end = time.monotonic() + seconds - 0.2
+        while time.monotonic() < end:
+            snap = status.read()
+            reads += 1
+            if snap.since_ns == 0:
+                zeroed += 1
+                continue
+            if phase_at.setdefault(snap.since_ns, snap.phase) != snap.phase:
+                torn += 1
+            if snap.since_ns < last_since:
+                backwards += 1
+            last_since = max(last_since, snap.since_ns)
+            assert PHASE_STARTING <= snap.phase <= 5
+            assert snap.samples >= samples_seen
+            samples_seen = snap.samples
+        written = int(writer.stdout.readline())
+    finally:
+        writer.kill()
+        writer.wait()
+        status.close()
+    print(f"{reads} reads of {written} phases: {zeroed} zeroed, {torn} torn, {backwards} backwards")
+    assert written > 10_000 and reads > 10_000 and len(phase_at) > 1000
+    assert (zeroed, torn, backwards) == (0, 0, 0)
+
+
+def test_a_new_block_says_starting_and_nothing_declared() -> None:
+    status, fd = ChildStatus.create()
+    os.close(fd)
+    try:
+        snap = status.read()
+        assert snap.phase == PHASE_STARTING and snap.exit_declared == EXIT_UNDECLARED
+        assert abs(snap.since_ns - time.monotonic_ns()) < 1e9
+        status.enter(PHASE_IDLE)
+        status.declare_exit(3)
+        status.count_sample(2_000_000)
+        snap = status.read()
+        assert (snap.phase, snap.exit_declared, snap.samples) == (PHASE_IDLE, 3, 1)
+        assert snap.cpu_seconds_per_sample == 0.002
+    finally:
+        status.close()
