@@ -6,6 +6,7 @@ the backend runs WeightsLab with a logger registered, to WeightsLab's own logger
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 
@@ -17,6 +18,15 @@ Subscriber = Callable[[str, float, int], object]
 _lock = threading.Lock()
 _subscribers: tuple[Subscriber, ...] = ()
 _failures = RateLimitedWarning()
+
+
+def _after_fork_in_child() -> None:
+    # A fork while another thread held the lock would leave the copy's lock held for good.
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def subscribe(fn: Subscriber) -> Callable[[], None]:

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import math
 import operator
-import threading
 from collections.abc import Callable
 
 from sampler import wl_adapter
 
 AgeSource = Callable[[], object]
 
-_watched_lock = threading.Lock()
 _watched: object | None = None
 
 
@@ -32,8 +30,7 @@ def watch_model(model: object | None) -> None:
         raise TypeError(
             f"watch_model() needs an object with get_age() or a callable, got {type(model).__name__}"
         )
-    with _watched_lock:
-        _watched = model
+    _watched = model  # one assignment: atomic, and nothing a fork could inherit half-done
 
 
 def watched_model_age() -> object:
@@ -75,7 +72,7 @@ class StepStamper:
             return max(0, round((timestamp_ns - self.start_ns) / 1e9))
         try:
             step = as_step(self.age_source())
-        except Exception:
+        except BaseException:  # user code: whatever it raises costs this sample's step, not the monitor
             step = None
         if step is None:
             step = 0  # no model yet, or its age cannot be read

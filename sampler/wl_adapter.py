@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 import threading
 
@@ -26,6 +27,15 @@ _SINGLETON_FUNCTIONS = ("start_resource_monitor_from_config", "get_resource_moni
 
 _warn_lock = threading.Lock()
 _warned_both_monitors = False
+
+
+def _after_fork_in_child() -> None:
+    # A fork while another thread held the lock would leave the copy's lock held for good.
+    global _warn_lock
+    _warn_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _logger_registered() -> bool:

@@ -14,12 +14,15 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import backend_script, gone, wait_for
+
+import sampler
 
 FAST = "interval_seconds=0.1, _min_interval_seconds=0.05"
 
@@ -322,3 +325,34 @@ def test_the_child_leaves_within_a_second_of_a_sigkilled_backend_with_live_worke
         for pid in workers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_fork_while_another_thread_holds_a_lock_leaves_the_copy_usable() -> None:
+    """Locks are copied held when another thread holds them at the fork; the
+    copy's own calls must not wait forever for a thread it does not have."""
+    from sampler import monitor, signals
+
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with signals._lock, monitor._singleton_lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(5)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(5)  # a deadlock ends the copy with SIGALRM instead of hanging the test
+            off = sampler.signals.subscribe(lambda *a: None)
+            off()
+            sampler.stop_resource_monitor()
+            os._exit(0 if sampler.get_resource_monitor() is None else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        holder.join()
+    assert os.waitstatus_to_exitcode(status) == 0

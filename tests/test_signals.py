@@ -70,3 +70,29 @@ def test_unknown_category_is_a_clear_error() -> None:
 
     with pytest.raises(ValueError, match="gpus"):
         sampler.ResourceMonitor(categories=["cpu", "gpus"])
+
+
+def test_a_disk_path_that_appears_later_is_reported_once_it_exists(tmp_path, caplog) -> None:
+    """Kept as configured (never replaced by another filesystem's): its usage
+    readings are skipped while it is missing, the I/O counters flow, and the
+    usage appears once the path does, as a network mount would."""
+    from conftest import FAST, Recorder, wait_for
+
+    import sampler
+
+    later = tmp_path / "mount"
+    usage = "resource/disk/utilization_percent"
+    sink = Recorder()
+    with sampler.ResourceMonitor(
+        categories=["disk"], disk_path=str(later), sink=sink, step_source="seconds", **FAST
+    ) as mon:
+        assert mon.disk_path == str(later)
+        wait_for(lambda: mon.stats()["records_logged"] >= 3)
+        assert usage not in sink.names()
+        if HAS_DISK_IO:
+            assert "resource/disk/read_mb" in sink.names()
+        later.mkdir()
+        wait_for(lambda: usage in sink.names(), what="usage once the path exists")
+    assert sink.values(usage)[-1] == pytest.approx(psutil.disk_usage(str(later)).percent, abs=1.0)
+    warnings = [r.getMessage() for r in caplog.records if "does not exist" in r.getMessage()]
+    assert len(warnings) == 1 and str(later)[-20:] in warnings[0]

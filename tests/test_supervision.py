@@ -18,7 +18,7 @@ from conftest import FAST, Recorder, wait_for
 
 import sampler
 from ringbuf import segment
-from sampler import spawn
+from sampler import reader, spawn
 
 CPU = "resource/cpu/utilization_percent"
 GPU_TEMP = "resource/gpu/0/temperature_celsius"
@@ -265,3 +265,22 @@ def test_a_child_that_cannot_create_its_ring_falls_back_to_thread(tmp_path: Path
     isolation, samples, code = done.stdout.split()
     assert isolation == "thread" and int(samples) >= 4 and code == "3"
     assert "cannot create the ring" in done.stderr and "cannot create its ring" in done.stderr
+
+
+def test_no_record_for_a_few_intervals_is_said_once_and_shown_in_stats(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A child stuck in NVML's initialisation, with a hang deadline too long to
+    catch it soon: the monitor must not stay silent meanwhile."""
+    monkeypatch.setattr(reader, "NO_RECORD_MIN_SECONDS", 0.5)
+    fake_nvml(monkeypatch, hang={"nvmlInit": True})
+    with sampler.ResourceMonitor(
+        categories=["cpu", "gpu"], sink=Recorder(), nvml_module="fake_nvml", hang_deadline_seconds=60, **FAST
+    ) as monitor:
+        waiting = wait_for(lambda: monitor.stats()["waiting_for"], what="stats to say what it waits for")
+        time.sleep(0.5)
+        stats = monitor.stats()
+    assert f"pid {stats['child_pid']}" in waiting and "gpu collector" in waiting
+    assert stats["records_read"] == 0 and stats["deaths"] == []
+    warnings = [r.getMessage() for r in caplog.records if "no sample" in r.getMessage()]
+    assert len(warnings) == 1 and "gpu collector" in warnings[0], warnings
