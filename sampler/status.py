@@ -8,8 +8,11 @@ backend ignores SIGCHLD). It is created by the backend before the child starts
 and handed over as a descriptor, so even a child that dies while NVML
 initialises leaves its last phase behind, and no other process can find it.
 
-Words (int64, each written and read with one aligned 8-byte access through a
-numpy view, so no reader ever sees a half-written or transiently zeroed word):
+Words (int64, native order), each written with one aligned 8-byte store through
+a numpy view and read with one aligned 8-byte load (``struct``'s native ``q``
+copies each word with one 8-byte ``memcpy``; its standard ``<q`` assembles
+bytes one at a time, and ``pack_into`` zeroes the target before writing), so no
+reader ever sees a half-written or transiently zeroed word:
 
 0. phase and since, packed into one word so a reader always sees a matching
    pair: ``since_us << 8 | (phase + _PHASE_BIAS)``, where since is
@@ -21,6 +24,7 @@ numpy view, so no reader ever sees a half-written or transiently zeroed word):
 
 from __future__ import annotations
 
+import struct
 import time
 from typing import NamedTuple
 
@@ -46,6 +50,9 @@ EXIT_UNDECLARED = -1
 _PHASE_BIAS = 16
 _WORDS = 4
 _SIZE = _WORDS * 8
+_READ = struct.Struct(f"@{_WORDS}q")
+"""The reader's side: numpy would be cheaper to write with, but the backend reads
+once per wake-up, cache-cold, and struct touches far less code than numpy."""
 
 
 def phase_of(category: str) -> int:
@@ -111,9 +118,10 @@ class ChildStatus:
         self._words[3] = code
 
     def read(self) -> Snapshot:
-        packed, samples, cpu_ns, exit_declared = self._words.tolist()
+        packed, samples, cpu_ns, exit_declared = _READ.unpack_from(self._seg.buf, 0)
         return Snapshot((packed & 0xFF) - _PHASE_BIAS, (packed >> 8) * 1000, samples, cpu_ns, exit_declared)
 
     def close(self) -> None:
-        del self._words
-        self._seg.close()
+        if not self._seg.buf.closed:
+            del self._words
+            self._seg.close()
