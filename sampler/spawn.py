@@ -81,6 +81,8 @@ class SamplingChild:
 
     def start(self) -> None:
         """Launch the child and send it the hello; returns as soon as it exists."""
+        if not hasattr(os, "posix_spawn"):  # Windows: the monitor samples in-thread there
+            raise OSError("os.posix_spawn is not available on this platform")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.pid = os.posix_spawn(

@@ -93,9 +93,6 @@ class Supervisor:
                 exc_info=True,
             )
         finally:
-            child = self.child
-            if child is not None:
-                child.stop()
             self.on_exit()
 
     def _wait_for_stop(self, seconds: float) -> bool:
@@ -162,15 +159,6 @@ class Supervisor:
             capacity=s.ring_capacity,
         )
         child = SamplingChild(params, status_fd)
-        started = time.monotonic()
-        try:
-            child.start()
-        except OSError as exc:
-            status.close()
-            return _Fallback(f"cannot start the sampling child ({exc})")
-        finally:
-            os.close(status_fd)
-        self.child = child
         reader = ChildReader(
             child,
             status,
@@ -180,6 +168,15 @@ class Supervisor:
             interval=s.interval,
             hang_deadline=s.hang_deadline,
         )
+        started = time.monotonic()
+        try:
+            child.start()
+        except OSError as exc:
+            status.close()
+            return _Fallback(f"cannot start the sampling child ({exc})")
+        finally:
+            os.close(status_fd)
+        self.child = child
         try:
             outcome = reader.serve()
             if outcome is Outcome.HUNG:
@@ -190,15 +187,14 @@ class Supervisor:
             snap = status.read()
             reader.close()
             status.close()
-        if outcome is Outcome.STOPPED:
-            self.stats.child_exit_code = child.returncode
-            return None
         # The exit status alone cannot be trusted: with SIGCHLD ignored it is
         # unknown. What the child declared in its status block before leaving
         # can; a child that declared nothing was killed.
         declared = None if snap.exit_declared == EXIT_UNDECLARED else snap.exit_declared
         code = child.returncode if child.returncode is not None else declared
         self.stats.child_exit_code = code
+        if outcome is Outcome.STOPPED:
+            return None
         if declared == EXIT_NO_SHARED_MEMORY:
             return _Fallback("the sampling child cannot create its ring in shared memory")
         phase = reader.hung_phase if reader.hung_phase is not None else snap.phase

@@ -84,6 +84,7 @@ def test_with_sigchld_ignored_a_killed_child_is_not_a_clean_exit(tmp_path: Path)
     )
     (death,) = result["deaths"]
     assert death["cause"] == "crash" and death["killed"] is True and death["exit_code"] is None
+    assert result["exit_after_stop"] == 0  # a child that left when asked declared so
     assert "exit status 0" not in stderr and "exit status unknown" in stderr, stderr
 
 
