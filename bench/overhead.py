@@ -152,7 +152,7 @@ def measure(
     latencies: list[float] = []
     first = threading.Event()
 
-    def on_sample(sample: sampler.emit.Sample) -> None:
+    def on_sample(sample: sampler.Sample) -> None:
         latencies.append((time.monotonic_ns() - sample.timestamp_ns) / 1e6)
         first.set()
 

@@ -6,6 +6,15 @@ sample with the watched model's age and logs it as ``resource/...`` signals.
 """
 
 from sampler import signals
+from sampler.backend.emit import Sample
+from sampler.backend.monitor import (
+    ResourceMonitor,
+    get_resource_monitor,
+    start_resource_monitor_from_config,
+    stop_resource_monitor,
+)
+from sampler.backend.steps import watch_model
+from sampler.backend.weightslab import replace_weightslab_monitor
 from sampler.config import (
     DEFAULT_CATEGORIES,
     DEFAULT_INTERVAL_SECONDS,
@@ -13,15 +22,6 @@ from sampler.config import (
     STEP_SOURCES,
     load_resource_monitoring_config,
 )
-from sampler.emit import Sample
-from sampler.monitor import (
-    ResourceMonitor,
-    get_resource_monitor,
-    start_resource_monitor_from_config,
-    stop_resource_monitor,
-)
-from sampler.steps import watch_model
-from sampler.wl_adapter import replace_weightslab_monitor
 
 __all__ = [
     "DEFAULT_CATEGORIES",

@@ -1,5 +1,5 @@
 import sys
 
-from sampler.cli import main
+from sampler.commands import main
 
 sys.exit(main())

@@ -11,7 +11,7 @@ through its ``remark`` callback. Each front end decides what ``Invalid`` means:
   (quoted bounded) and what is used instead; the key keeps its env-var or
   default value. Resolution never raises.
 - the Python API (``resolve_api_settings``): ``TypeError`` or ``ValueError``.
-- the command line (``sampler.cli``): an argparse error.
+- the command line (``sampler.commands``): an argparse error.
 
 A remark is one warning everywhere.
 """

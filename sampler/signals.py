@@ -10,7 +10,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from sampler import wl_adapter
+from sampler.backend import weightslab as wl_adapter
 from sampler.ratelimit import RateLimitedWarning
 
 Subscriber = Callable[[str, float, int], object]

@@ -15,7 +15,7 @@ import pytest
 
 import sampler
 from ringbuf import NAME_PREFIX
-from sampler import steps
+from sampler.backend import steps
 
 FAST = {"interval_seconds": 0.1, "_min_interval_seconds": 0.05}
 """Monitor settings for tests: below the 1 s floor, which only tests and benchmarks may use."""

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sampler import cli
-from sampler.emit import Sample
+from sampler import commands as cli
+from sampler.backend.emit import Sample
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -330,7 +330,8 @@ def test_the_child_leaves_within_a_second_of_a_sigkilled_backend_with_live_worke
 def test_a_fork_while_another_thread_holds_a_lock_leaves_the_copy_usable() -> None:
     """Locks are copied held when another thread holds them at the fork; the
     copy's own calls must not wait forever for a thread it does not have."""
-    from sampler import monitor, signals
+    from sampler import signals
+    from sampler.backend import monitor
 
     held = threading.Event()
     release = threading.Event()

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from sampler.emit import Emitter
-from sampler.reader import ChildReader, Outcome
-from sampler.stats import MonitorStats
-from sampler.status import ChildStatus, phase_of
-from sampler.steps import StepStamper
+from sampler.backend.emit import Emitter
+from sampler.backend.reader import ChildReader, Outcome
+from sampler.backend.stats import MonitorStats
+from sampler.backend.steps import StepStamper
+from sampler.ipc.status import ChildStatus, phase_of
 
 
 @dataclass

@@ -16,7 +16,7 @@ import pytest
 from conftest import FAST, Recorder, backend_script, gone, open_fds, shm_segments, wait_for
 
 import sampler
-from sampler import spawn
+from sampler.backend import spawn
 
 
 def test_script_without_main_guard_runs_its_body_once(tmp_path: Path) -> None:
@@ -127,7 +127,7 @@ def test_the_child_is_a_fresh_interpreter_not_a_fork() -> None:
         cmdline = child.cmdline()
         assert child.ppid() == os.getpid()
     assert cmdline[0] == sys.executable and spawn.is_sampling_child(cmdline)
-    assert "from sampler.child import main" in cmdline[2]
+    assert "from sampler.child.main import main" in cmdline[2]
 
 
 def test_a_sink_that_raises_does_not_stop_the_thread(caplog: pytest.LogCaptureFixture) -> None:

@@ -10,13 +10,13 @@ import time
 
 from conftest import TESTS_DIR
 
-from sampler.status import EXIT_UNDECLARED, PHASE_IDLE, PHASE_STARTING, ChildStatus
+from sampler.ipc.status import EXIT_UNDECLARED, PHASE_IDLE, PHASE_STARTING, ChildStatus
 
 WRITER = textwrap.dedent(
     """
     import sys, time
     sys.path.insert(0, {tests!r})
-    from sampler.status import ChildStatus
+    from sampler.ipc.status import ChildStatus
     status = ChildStatus.from_fd({fd})
     phases = list(range(-2, 6))
     print("ready", flush=True)

@@ -18,7 +18,7 @@ from conftest import FAST, Recorder, wait_for
 
 import sampler
 from ringbuf import segment
-from sampler import reader, spawn
+from sampler.backend import reader, spawn
 
 CPU = "resource/cpu/utilization_percent"
 GPU_TEMP = "resource/gpu/0/temperature_celsius"
@@ -178,7 +178,7 @@ def test_thread_isolation_samples_in_the_monitor_thread() -> None:
     ) as monitor:
         wait_for(lambda: monitor.stats()["records_logged"] >= 2)
         assert monitor.child_pid is None
-        assert not [p for p in psutil.Process().children() if "sampler.child" in p.cmdline()]
+        assert not [p for p in psutil.Process().children() if spawn.is_sampling_child(p.cmdline())]
         stats = monitor.stats()
     assert stats["isolation"] == "thread"
     assert {CPU, "resource/process/memory_in_use_mb"} <= sink.names()

@@ -13,7 +13,9 @@ import pytest
 from conftest import FAST, Recorder, wait_for
 
 import sampler
-from sampler import signals, steps, wl_adapter
+from sampler import signals
+from sampler.backend import steps
+from sampler.backend import weightslab as wl_adapter
 
 CPU = "resource/cpu/utilization_percent"
 MARKER = "weightslab.src was imported"

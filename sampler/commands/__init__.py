@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from sampler import config
-from sampler.emit import Sample
-from sampler.monitor import ResourceMonitor
+from sampler.backend.emit import Sample
+from sampler.backend.monitor import ResourceMonitor
 from sampler.quoting import bounded_repr
 
 MAX_DURATION_SECONDS = 30 * 86400.0

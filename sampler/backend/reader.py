@@ -20,11 +20,11 @@ import socket
 import time
 
 from ringbuf import Ring
-from sampler.channel import FALLBACK_POLL_SECONDS
-from sampler.emit import Emitter
-from sampler.spawn import SamplingChild
-from sampler.stats import MonitorStats
-from sampler.status import PHASE_IDLE, PHASE_STARTING, ChildStatus, Snapshot, category_of
+from sampler.backend.emit import Emitter
+from sampler.backend.spawn import SamplingChild
+from sampler.backend.stats import MonitorStats
+from sampler.ipc.channel import FALLBACK_POLL_SECONDS
+from sampler.ipc.status import PHASE_IDLE, PHASE_STARTING, ChildStatus, Snapshot, category_of
 
 log = logging.getLogger("sampler")
 

@@ -17,15 +17,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sampler.cadence import Cadence
-from sampler.channel import ChildParams
+from sampler.backend.emit import Emitter
+from sampler.backend.reader import ChildReader, Outcome
+from sampler.backend.spawn import SamplingChild
+from sampler.backend.stats import Death, MonitorStats
 from sampler.collectors import build_collectors
-from sampler.emit import Emitter
+from sampler.collectors.cadence import Cadence
+from sampler.ipc.channel import ChildParams
+from sampler.ipc.status import (
+    EXIT_NO_SHARED_MEMORY,
+    EXIT_UNDECLARED,
+    PHASE_STARTING,
+    ChildStatus,
+    category_of,
+)
 from sampler.quoting import bounded_repr
-from sampler.reader import ChildReader, Outcome
-from sampler.spawn import SamplingChild
-from sampler.stats import Death, MonitorStats
-from sampler.status import EXIT_NO_SHARED_MEMORY, EXIT_UNDECLARED, PHASE_STARTING, ChildStatus, category_of
 
 log = logging.getLogger("sampler")
 

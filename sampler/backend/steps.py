@@ -12,7 +12,7 @@ import math
 import operator
 from collections.abc import Callable
 
-from sampler import wl_adapter
+from sampler.backend import weightslab as wl_adapter
 
 AgeSource = Callable[[], object]
 

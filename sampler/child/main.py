@@ -2,7 +2,7 @@
 
 Runs in a fresh interpreter started by the backend (never a fork of it, and
 never a re-run of the user's ``__main__``). It receives its parameters and
-the status block over its channel (fd 0, see ``sampler.channel``), builds the
+the status block over its channel (fd 0, see ``sampler.ipc.channel``), builds the
 collectors, creates an anonymous ring, hands the ring's descriptor back, and
 writes one record per interval. Before each collector is built or sampled it
 publishes that collector's phase in the status block, so whatever kills or
@@ -30,10 +30,18 @@ import time
 import psutil
 
 from ringbuf import Ring
-from sampler.cadence import Cadence
-from sampler.channel import FALLBACK_POLL_SECONDS, RECORD, RING, STOP, ChildParams, open_pidfd, receive_hello
 from sampler.collectors import Collector, build_collector
-from sampler.status import EXIT_CLEAN, EXIT_NO_SHARED_MEMORY, PHASE_IDLE, ChildStatus, phase_of
+from sampler.collectors.cadence import Cadence
+from sampler.ipc.channel import (
+    FALLBACK_POLL_SECONDS,
+    RECORD,
+    RING,
+    STOP,
+    ChildParams,
+    open_pidfd,
+    receive_hello,
+)
+from sampler.ipc.status import EXIT_CLEAN, EXIT_NO_SHARED_MEMORY, PHASE_IDLE, ChildStatus, phase_of
 
 _EXIT_GRACE_SECONDS = 0.4
 """How long the watchdog lets the main thread finish cleanly before forcing exit."""

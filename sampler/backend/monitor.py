@@ -25,12 +25,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sampler import config, signals
-from sampler.emit import Emitter, SampleHook, Sink
+from sampler.backend.emit import Emitter, SampleHook, Sink
+from sampler.backend.spawn import STOP_TIMEOUT_SECONDS
+from sampler.backend.stats import MonitorStats
+from sampler.backend.steps import AgeSource, StepStamper
+from sampler.backend.supervisor import Settings, Supervisor
 from sampler.quoting import bounded_repr
-from sampler.spawn import STOP_TIMEOUT_SECONDS
-from sampler.stats import MonitorStats
-from sampler.steps import AgeSource, StepStamper
-from sampler.supervisor import Settings, Supervisor
 
 log = logging.getLogger("sampler")
 

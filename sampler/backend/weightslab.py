@@ -89,8 +89,8 @@ def replace_weightslab_monitor() -> None:
     project's, so each curve is logged once. Calling it again changes nothing.
     Raises ImportError when WeightsLab's monitoring module cannot be imported.
     """
-    # Imported here: sampler.monitor imports the signal pipeline, which imports this module.
-    from sampler import monitor as ours
+    # Imported here: sampler.backend.monitor imports the signal pipeline, which imports this module.
+    from sampler.backend import monitor as ours
 
     try:
         theirs = importlib.import_module(_THEIR_MONITOR)

@@ -6,11 +6,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sampler import wl_adapter
+from sampler.backend import weightslab as wl_adapter
+from sampler.backend.stats import MonitorStats
+from sampler.backend.steps import StepStamper
 from sampler.quoting import bounded_repr
 from sampler.ratelimit import RateLimitedWarning
-from sampler.stats import MonitorStats
-from sampler.steps import StepStamper
 
 
 @dataclass(frozen=True)

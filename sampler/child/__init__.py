@@ -1,0 +1,2 @@
+"""What runs in the sampling child: a fresh interpreter the backend spawns, which
+samples the collectors into the ring (``sampler.child.main``)."""
