@@ -14,10 +14,15 @@ through its ``remark`` callback. Each front end decides what ``Invalid`` means:
 - the command line (``sampler.commands``): an argparse error.
 
 A remark is one warning everywhere.
+
+``resolve_config`` is the full answer: the values, where each came from
+(``sources``), the files looked for and the one used, and every warning
+emitted while resolving (``warnings``), as ``python -m sampler config`` shows them.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import math
@@ -57,6 +62,12 @@ ENV_CATEGORIES = "WL_RESOURCE_MONITOR_CATEGORIES"
 ENV_DISK_PATH = "WL_RESOURCE_MONITOR_DISK_PATH"
 ENV_STEP_SOURCE = "WL_RESOURCE_MONITOR_STEP_SOURCE"
 ENV_CONFIG_PATH = "WL_RESOURCE_MONITOR_CONFIG_PATH"
+ENV_STORE = "WL_RESOURCE_MONITOR_STORE"
+
+DEFAULT_SOURCE = "built-in default"
+"""How ``Resolution.sources`` names a value no env var or file set."""
+IGNORED_SUFFIX = ".yml"
+"""A config file named with this suffix is never read; one found where the lookup looks gets a warning."""
 
 API_SOURCE = "ResourceMonitor"
 """How warnings name the Python API as the source of a value."""
@@ -76,12 +87,18 @@ class Invalid(ValueError):
     ``usable``: the part that can still be used, when only some of the value
     is bad (an allowlist naming unknown categories besides known ones), for the
     front ends that accept a partial value; None when nothing is usable.
+    ``soft``: the value is well formed but cannot be used now (a store whose
+    directory does not exist); the Python API then warns and uses the field's
+    default instead of raising.
     """
 
-    def __init__(self, reason: str, *, wrong_type: bool = False, usable: object = None) -> None:
+    def __init__(
+        self, reason: str, *, wrong_type: bool = False, usable: object = None, soft: bool = False
+    ) -> None:
         super().__init__(reason)
         self.wrong_type = wrong_type
         self.usable = usable
+        self.soft = soft
 
 
 Remark = Callable[[str], None]
@@ -89,10 +106,26 @@ Remark = Callable[[str], None]
 Parser = Callable[[Any, Remark], Any]
 
 
+_collected: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "sampler_config_warnings", default=None
+)
+"""The warnings of the ``resolve_config`` call running in this context, or None."""
+_logging: contextvars.ContextVar[bool] = contextvars.ContextVar("sampler_config_logging", default=True)
+
+
+def _warning(message: str) -> None:
+    """Log ``message`` on the ``sampler`` logger, and keep it for the resolution running, if any."""
+    collected = _collected.get()
+    if collected is not None:
+        collected.append(message)
+    if _logging.get():
+        log.warning("%s", message)
+
+
 def warn(where: str, raw: object, text: str) -> None:
     """One warning about the value ``raw`` found at ``where`` (an env var,
     ``file: key``, a flag); ``text`` says what is wrong and what is used."""
-    log.warning("resource monitor: %s=%s %s", where, bounded_repr(raw), text)
+    _warning(f"resource monitor: {where}={bounded_repr(raw)} {text}")
 
 
 # --------------------------------------------------------------------------- parsers
@@ -186,14 +219,34 @@ def _categories_from_text(text: str, remark: Remark) -> dict[str, bool]:
     if not text.strip():
         return dict.fromkeys(DEFAULT_CATEGORIES, True)
     entries = [entry.strip() for entry in text.split(",") if entry.strip()]
+    return _allowlist(entries, "a comma-separated list of")
+
+
+def _allowlist(entries: list[str], expected: str) -> dict[str, bool]:
+    """Only the categories ``entries`` name (any case) on. Raises ``Invalid``
+    when they name no known category, and, with the known ones as ``usable``,
+    when they name unknown ones besides."""
     known = {_category(entry) for entry in entries} - {None}
     if not known:
-        raise Invalid(f"names no known category; expected a comma-separated list of {_KNOWN}")
+        raise Invalid(f"names no known category; expected {expected} {_KNOWN}")
     enabled = {name: name in known for name in DEFAULT_CATEGORIES}
     unknown: list[object] = [entry for entry in entries if _category(entry) is None]
     if unknown:
         raise Invalid(_unknown(unknown), usable=enabled)
     return enabled
+
+
+def _categories_from_list(raw: object, remark: Remark) -> dict[str, bool]:
+    """The YAML list form ``[cpu, process]``: only these, read as the env var
+    reads its allowlist (unknown names besides known ones: the known ones
+    apply); an empty list turns every category off, as the Python API does."""
+    if not isinstance(raw, list) or not all(isinstance(entry, str) for entry in raw):
+        kind = type(raw).__name__ if not isinstance(raw, list) else "a list holding other things"
+        expected = "expected a list of category names such as [cpu, process]"
+        raise Invalid(f"{expected}, got {kind}", wrong_type=True)
+    if not raw:
+        return dict.fromkeys(DEFAULT_CATEGORIES, False)
+    return _allowlist(raw, "a list of")
 
 
 def _categories(raw: object, remark: Remark) -> dict[str, bool]:
@@ -238,8 +291,9 @@ def _disk_path(raw: object, remark: Remark) -> str:
     if "\0" in raw:
         raise Invalid("a path cannot contain a NUL character")
     path = os.path.abspath(raw)
-    if not os.path.exists(path) and path not in _reported_missing:
-        # Once per path: the same path passes through the config and then the API.
+    if not os.path.exists(path) and (path not in _reported_missing or _collected.get() is not None):
+        # Once per path outside a resolution (which reports all it finds): the same path passes
+        # through the config and then the API.
         _reported_missing.add(path)
         remark(
             "does not exist (yet); keeping it: the disk usage readings are skipped until it appears "
@@ -261,6 +315,43 @@ def _step_source(raw: object, remark: Remark) -> str:
     return value
 
 
+_STORE_EXPECTED = "expected the path of a SQLite file, or false/null for no store"
+
+
+def _store(raw: object, remark: Remark) -> str | None:
+    """None (no store), or the path of the run store's SQLite file, made
+    absolute, in a directory that exists. None, False or a false word (as the
+    env vars read it) mean no store; a true word is refused (not a path: write
+    ``./true`` for a file of that name)."""
+    if raw is None or raw is False:
+        return None
+    if isinstance(raw, os.PathLike):
+        raw = os.fspath(raw)
+    if not isinstance(raw, str):
+        raise Invalid(f"{_STORE_EXPECTED}, got {type(raw).__name__}", wrong_type=True)
+    word = raw.strip().lower()
+    if word in _FALSE_WORDS:
+        return None
+    if word in _TRUE_WORDS:
+        raise Invalid(f"{_STORE_EXPECTED} (write ./{raw.strip()} for a file of that name)")
+    if not word:
+        raise Invalid(f"{_STORE_EXPECTED}; got an empty path")
+    if "\0" in raw:
+        raise Invalid("a path cannot contain a NUL character")
+    path = os.path.abspath(raw)
+    if os.path.isdir(path):
+        raise Invalid("is a directory; expected the path of a SQLite file", soft=True)
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise Invalid(f"its directory {bounded_repr(parent)} does not exist", soft=True)
+    return path
+
+
+def _store_from_text(text: str, remark: Remark) -> str | None:
+    """An env var's or a flag's store: blank means none (an empty env var is as if unset)."""
+    return _store(text, remark) if text.strip() else None
+
+
 # --------------------------------------------------------------------------- the table
 
 
@@ -279,10 +370,13 @@ class Field:
     """Reads an env var's or a flag's text."""
     from_value: Parser
     """Reads a Python API argument, and a YAML value (but for categories, whose
-    YAML form is a mapping of per-category flags that omitted ones keep)."""
+    YAML form is a mapping of per-category flags that omitted ones keep, or a
+    list read as the env var's allowlist)."""
     help: str
     show: Callable[[Any], str] = bounded_repr
     """Quotes a value of this field in a warning."""
+    blank_is_unset: bool = False
+    """An env var holding only blanks counts as unset: it sets nothing (its source stays the default)."""
 
 
 ENABLED = Field(
@@ -332,7 +426,19 @@ STEP_SOURCE = Field(
     help=f"x axis of the curves: {' or '.join(STEP_SOURCES)}",
 )
 
-FIELDS: tuple[Field, ...] = (ENABLED, INTERVAL, CATEGORIES, DISK_PATH, STEP_SOURCE)
+STORE = Field(
+    key="store",
+    env=ENV_STORE,
+    flag="--store",
+    default=None,
+    from_text=_store_from_text,
+    from_value=_store,
+    help="SQLite file the run store records into (its directory must exist); none by default in a backend",
+    show=lambda value: "None (no store)" if value is None else bounded_repr(value),
+    blank_is_unset=True,
+)
+
+FIELDS: tuple[Field, ...] = (ENABLED, INTERVAL, CATEGORIES, DISK_PATH, STEP_SOURCE, STORE)
 _BY_KEY = {field.key: field for field in FIELDS}
 
 
@@ -361,6 +467,8 @@ class ApiSettings:
     """Absolute path of the filesystem the disk usage signals report; may not exist (yet)."""
     step_source: str
     """One of ``STEP_SOURCES``."""
+    store: str | None = None
+    """Absolute path of the run store's SQLite file, or None for no store."""
 
 
 def resolve_api_settings(
@@ -370,6 +478,7 @@ def resolve_api_settings(
     disk_path: object,
     step_source: object,
     min_interval_seconds: float = MIN_INTERVAL_SECONDS,
+    store: object = None,
 ) -> ApiSettings:
     """Validate the Python API's settings with the parsers env vars and YAML use.
 
@@ -379,8 +488,11 @@ def resolve_api_settings(
     names, or a mapping name -> bool (or a word as the env vars read it) whose
     unlisted names are off. ``disk_path``: a non-empty str or os.PathLike,
     made absolute; one that does not exist (yet) is kept with a warning.
-    ``step_source``: one of ``STEP_SOURCES``. Raises ``TypeError`` for a value
-    of the wrong type and ``ValueError`` for a bad value.
+    ``step_source``: one of ``STEP_SOURCES``. ``store``: None or False (no
+    store), or the path (str or os.PathLike) of a SQLite file, made absolute;
+    one whose directory does not exist, or that is a directory, gets a warning
+    and no store is used. Raises ``TypeError`` for a value of the wrong type and
+    ``ValueError`` for a bad value.
     """
     if isinstance(interval_seconds, str):
         raise TypeError(
@@ -393,13 +505,18 @@ def resolve_api_settings(
         categories=tuple(name for name in DEFAULT_CATEGORIES if enabled[name]),
         disk_path=_from_api(DISK_PATH, disk_path, DISK_PATH.from_value),
         step_source=_from_api(STEP_SOURCE, step_source, STEP_SOURCE.from_value),
+        store=_from_api(STORE, store, STORE.from_value),
     )
 
 
 def _from_api(field: Field, raw: object, parse: Parser) -> Any:
+    where = f"{API_SOURCE}: {field.key}"
     try:
-        return parse(raw, functools.partial(warn, f"{API_SOURCE}: {field.key}", raw))
+        return parse(raw, functools.partial(warn, where, raw))
     except Invalid as exc:
+        if exc.soft:
+            warn(where, raw, f"is unusable ({exc}); using {field.key}={field.show(field.default)} instead")
+            return field.default
         error = TypeError if exc.wrong_type else ValueError
         raise error(f"{field.key}={bounded_repr(raw)}: {exc}") from None
 
@@ -407,16 +524,33 @@ def _from_api(field: Field, raw: object, parse: Parser) -> Any:
 # --------------------------------------------------------------------------- env vars and the file
 
 
-def _apply(cfg: dict[str, Any], field: Field, parse: Parser, raw: object, where: str) -> None:
-    """``cfg[field.key] = parse(raw)``; when that fails, warn once and keep the
-    previous value, or the usable part of ``raw``."""
+class _State:
+    """The values being resolved and where each came from."""
+
+    def __init__(self) -> None:
+        self.values = defaults()
+        self.sources: dict[str, str] = {field.key: DEFAULT_SOURCE for field in FIELDS}
+        self.sources.update({f"{CATEGORIES.key}.{name}": DEFAULT_SOURCE for name in DEFAULT_CATEGORIES})
+
+    def set(self, field: Field, value: Any, where: str) -> None:
+        self.values[field.key] = value
+        self.sources[field.key] = where
+        if field is CATEGORIES:
+            for name in DEFAULT_CATEGORIES:
+                self.sources[f"{CATEGORIES.key}.{name}"] = where
+
+
+def _apply(state: _State, field: Field, parse: Parser, raw: object, where: str) -> None:
+    """Set ``field`` to ``parse(raw)``, from ``where``; when that fails, warn
+    once and keep the previous value, or use the usable part of ``raw``."""
     try:
-        cfg[field.key] = parse(raw, functools.partial(warn, where, raw))
+        state.set(field, parse(raw, functools.partial(warn, where, raw)), where)
     except Invalid as exc:
         if exc.usable is None:
-            warn(where, raw, f"is invalid ({exc}); using {field.key}={field.show(cfg[field.key])} instead")
+            using = field.show(state.values[field.key])
+            warn(where, raw, f"is invalid ({exc}); using {field.key}={using} instead")
         else:
-            cfg[field.key] = exc.usable
+            state.set(field, exc.usable, where)
             warn(
                 where,
                 raw,
@@ -424,10 +558,14 @@ def _apply(cfg: dict[str, Any], field: Field, parse: Parser, raw: object, where:
             )
 
 
-def _apply_env(cfg: dict[str, Any], environ: Mapping[str, str]) -> None:
+def _apply_env(state: _State, environ: Mapping[str, str]) -> None:
     for field in FIELDS:
-        if field.env is not None and field.env in environ:
-            _apply(cfg, field, field.from_text, environ[field.env], field.env)
+        if field.env is None or field.env not in environ:
+            continue
+        text = environ[field.env]
+        if field.blank_is_unset and not text.strip():
+            continue
+        _apply(state, field, field.from_text, text, field.env)
 
 
 def _label(key: object) -> str:
@@ -464,23 +602,24 @@ def _read_document(path: Path) -> object:
         raise _Unusable(f"cannot parse it: {bounded_repr(exc)}") from None
 
 
-def _apply_file(cfg: dict[str, Any], path: Path) -> None:
+def _apply_file(state: _State, path: Path) -> bool:
+    """Apply the file's keys; False when the file cannot be used at all (read or parsed)."""
     source = str(path)
     try:
         document = _read_document(path)
     except _Unusable as exc:
-        log.warning("resource monitor: cannot use %s (%s); %s", source, exc, _EVERY_KEY)
-        return
-    cfg["config_file"] = source
+        _warning(f"resource monitor: cannot use {source} ({exc}); {_EVERY_KEY}")
+        return False
+    state.values["config_file"] = source
     if document is None:
-        return
+        return True
     if not isinstance(document, dict):
         warn(
             f"{source}: <top level>",
             document,
             f"is invalid (expected a mapping with a {SECTION!r} key); {_EVERY_KEY}",
         )
-        return
+        return True
     for key, raw in document.items():
         if key != SECTION:
             warn(
@@ -490,33 +629,42 @@ def _apply_file(cfg: dict[str, Any], path: Path) -> None:
             )
     section = document.get(SECTION)
     if section is None:
-        return
+        return True
     if not isinstance(section, dict):
         warn(f"{source}: {SECTION}", section, f"is invalid (expected a mapping of settings); {_EVERY_KEY}")
-        return
+        return True
     for key, raw in section.items():
         field = _BY_KEY.get(key) if isinstance(key, str) else None
         where = f"{source}: {SECTION}.{_label(key)}"
         if field is None:
             warn(where, raw, f"is an unknown key (known: {', '.join(_BY_KEY)}); ignoring it")
         elif field is CATEGORIES:
-            _apply_file_categories(cfg["categories"], where, raw)
+            _apply_file_categories(state, where, raw)
         else:
-            _apply(cfg, field, field.from_value, raw, where)
+            _apply(state, field, field.from_value, raw, where)
+    return True
 
 
-def _apply_file_categories(categories: dict[str, bool], where: str, raw: object) -> None:
-    """Per-category flags: omitted ones keep their value."""
+def _apply_file_categories(state: _State, where: str, raw: object) -> None:
+    """A list: only these (as the env var's allowlist). A mapping: per-category
+    flags, omitted ones keep their value."""
     if raw is None:
         return
+    if isinstance(raw, list):
+        _apply(state, CATEGORIES, _categories_from_list, raw, where)
+        return
+    categories: dict[str, bool] = state.values[CATEGORIES.key]
     if not isinstance(raw, dict):
         using = _show_categories(categories)
         warn(
             where,
             raw,
-            f"is invalid (expected a mapping of category: true/false); using categories={using} instead",
+            "is invalid (expected a mapping of category: true/false, or a list of category names); "
+            f"using categories={using} instead",
         )
         return
+    before = state.sources[CATEGORIES.key]
+    touched: list[str] = []
     for name, flag in raw.items():
         entry = f"{where}.{_label(name)}"
         category = _category(name)
@@ -531,6 +679,15 @@ def _apply_file_categories(categories: dict[str, bool], where: str, raw: object)
                 flag,
                 f"is invalid ({exc}); using categories.{category}={categories[category]!r} instead",
             )
+            continue
+        state.sources[f"{CATEGORIES.key}.{category}"] = entry
+        if category not in touched:
+            touched.append(category)
+    if len(touched) == len(DEFAULT_CATEGORIES):
+        state.sources[CATEGORIES.key] = where
+    elif touched:
+        named = ", ".join(name for name in DEFAULT_CATEGORIES if name in touched)
+        state.sources[CATEGORIES.key] = f"{before}, then {where} ({named})"
 
 
 # --------------------------------------------------------------------------- lookup
@@ -546,8 +703,9 @@ def _repository_root(cwd: Path) -> Path | None:
 def candidate_files(
     environ: Mapping[str, str], cwd: Path | None, package_dir: Path = _PACKAGE_DIR
 ) -> list[Path]:
-    """Where the YAML is looked for, first match wins (SPEC 4 lookup order).
-    ``cwd`` None (the working directory is gone) skips the two places found from it."""
+    """Where the YAML is looked for, first match wins (SPEC 4 lookup order),
+    each place once. ``cwd`` None (the working directory is gone) skips the two
+    places found from it."""
     found: list[Path] = []
     config_dir = environ.get(ENV_CONFIG_PATH, "").strip()
     if config_dir:
@@ -560,7 +718,102 @@ def candidate_files(
     found.append(package_dir / CONFIG_FILE_NAME)
     if cwd is not None:
         found.append(cwd / CONFIG_FILE_NAME)
+    return list(dict.fromkeys(found))
+
+
+def _warn_ignored_names(directory: Path, names: list[str], found: Path | None) -> None:
+    """One warning for each ``.yml`` spelling of a config file in ``directory``,
+    where the lookup reads only ``names`` (``.yaml``); ``found`` is the file used, if any."""
+    others = [name for name in (CONFIG_FILE_NAME, "." + CONFIG_FILE_NAME) if name not in names]
+    for yaml_name in [*names, *others]:
+        ignored = directory / (yaml_name[: -len(".yaml")] + IGNORED_SUFFIX)
+        if not os.path.isfile(ignored):
+            continue
+        expected = " or ".join(names)
+        rename = yaml_name if yaml_name in names else names[-1]
+        if found is not None and found.parent == directory:
+            outcome = f"{found.name} beside it is used instead"
+        else:
+            outcome = f"rename it to {rename} to use it"
+        _warning(
+            f"resource monitor: ignoring {ignored}: the configuration file is read only when named "
+            f"{expected} ({IGNORED_SUFFIX} is not looked for); {outcome}"
+        )
+
+
+def _look_up(looked_for: list[Path]) -> Path | None:
+    """The first file of ``looked_for`` that exists, warning about ``.yml``
+    files in each directory the lookup visits (up to the one found)."""
+    found = next((path for path in looked_for if os.path.isfile(path)), None)
+    visited = looked_for[: looked_for.index(found) + 1] if found is not None else looked_for
+    names: dict[Path, list[str]] = {}
+    for path in looked_for:
+        names.setdefault(path.parent, []).append(path.name)
+    for directory in dict.fromkeys(path.parent for path in visited):
+        _warn_ignored_names(directory, names[directory], found)
     return found
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The configuration resolved, with where each value came from."""
+
+    values: dict[str, Any]
+    """What ``load_resource_monitoring_config`` returns."""
+    sources: dict[str, str]
+    """Key -> where its value came from: ``DEFAULT_SOURCE``, an env var's name, or
+    ``"<file>: resource_monitoring.<key>"``. Besides each key of ``FIELDS``,
+    ``"categories.<name>"`` for each category (a file's mapping sets categories one
+    by one; then ``"categories"`` says ``"<before>, then <file>: ... (<names>)"``)."""
+    looked_for: tuple[Path, ...]
+    """Where the file was looked for, in lookup order."""
+    used_file: Path | None
+    """The file whose keys apply, or None."""
+    found_file: Path | None
+    """The first file found: the one used unless it could not be read or parsed."""
+    warnings: tuple[str, ...]
+    """Every warning emitted while resolving, in order."""
+
+
+def resolve_config(
+    environ: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    *,
+    package_dir: str | os.PathLike[str] = _PACKAGE_DIR,
+    log_warnings: bool = True,
+) -> Resolution:
+    """Resolve the configuration once, recording where each value came from;
+    never raises for bad configuration.
+
+    ``environ`` and ``cwd`` default to the process's own. Each warning is
+    logged on the ``sampler`` logger (unless ``log_warnings`` is false) and kept
+    in ``Resolution.warnings``.
+    """
+    environ = os.environ if environ is None else environ
+    try:
+        cwd_path: Path | None = Path(os.getcwd() if cwd is None else cwd).resolve()
+    except (OSError, RuntimeError):  # the working directory was removed; a symlink loop
+        cwd_path = None
+    collected: list[str] = []
+    collecting = _collected.set(collected)
+    logging_on = _logging.set(log_warnings)
+    try:
+        state = _State()
+        _apply_env(state, environ)
+        looked_for = candidate_files(environ, cwd_path, Path(package_dir))
+        found = _look_up(looked_for)
+        used = found if found is not None and _apply_file(state, found) else None
+    finally:
+        _logging.reset(logging_on)
+        _collected.reset(collecting)
+    return Resolution(
+        values=state.values,
+        sources=state.sources,
+        looked_for=tuple(looked_for),
+        used_file=used,
+        found_file=found,
+        warnings=tuple(collected),
+    )
 
 
 def load_resource_monitoring_config(
@@ -573,18 +826,9 @@ def load_resource_monitoring_config(
 
     Returns a dict with ``enabled`` (bool), ``interval_seconds`` (float, s),
     ``categories`` (each of ``DEFAULT_CATEGORIES`` -> bool), ``disk_path``
-    (absolute), ``step_source`` and ``config_file`` (the YAML used, or None).
-    ``environ`` and ``cwd`` default to the process's own.
+    (absolute), ``step_source``, ``store`` (absolute path of the run store's
+    SQLite file, or None) and ``config_file`` (the YAML used, or None).
+    ``environ`` and ``cwd`` default to the process's own. ``resolve_config``
+    also says where each value came from.
     """
-    environ = os.environ if environ is None else environ
-    try:
-        cwd_path: Path | None = Path(os.getcwd() if cwd is None else cwd).resolve()
-    except OSError:  # the working directory was removed
-        cwd_path = None
-    cfg = defaults()
-    _apply_env(cfg, environ)
-    for path in candidate_files(environ, cwd_path, Path(package_dir)):
-        if os.path.isfile(path):
-            _apply_file(cfg, path)
-            break
-    return cfg
+    return resolve_config(environ, cwd, package_dir=package_dir).values

@@ -43,6 +43,11 @@ def subscribe(fn: Subscriber) -> Callable[[], None]:
     return unsubscribe
 
 
+def has_subscribers() -> bool:
+    """Whether anything listens to the pipeline (besides WeightsLab's logger)."""
+    return bool(_subscribers)
+
+
 def log_signal(name: str, value: float, step: int) -> None:
     """Deliver one signal value at ``step``. A subscriber that raises is reported
     (rate-limited) and does not keep the value from the others."""

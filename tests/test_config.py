@@ -51,6 +51,21 @@ class Tree:
             package_dir=self.pkg if package_dir is None else package_dir,
         )
 
+    def resolve(
+        self,
+        environ: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        package_dir: Path | None = None,
+        *,
+        log_warnings: bool = True,
+    ) -> config.Resolution:
+        return config.resolve_config(
+            environ={} if environ is None else dict(environ),
+            cwd=self.work if cwd is None else cwd,
+            package_dir=self.pkg if package_dir is None else package_dir,
+            log_warnings=log_warnings,
+        )
+
 
 @pytest.fixture
 def tree(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> Tree:
@@ -117,6 +132,7 @@ def test_defaults_with_empty_environment_and_no_file(tree: Tree, caplog: pytest.
         "categories": ALL_ON,
         "disk_path": ROOT,
         "step_source": "model_age",
+        "store": None,
         "config_file": None,
     }
     assert isinstance(cfg["interval_seconds"], float)
@@ -511,6 +527,7 @@ def test_only_the_first_file_found_is_used(tree: Tree, caplog: pytest.LogCapture
         "categories": ALL_ON,
         "disk_path": ROOT,
         "step_source": "model_age",
+        "store": None,
         "config_file": str(cfg_dir / DOT_FILE_NAME),
     }
     assert_no_warnings(caplog)
@@ -736,12 +753,54 @@ def test_file_category_names_are_read_in_any_case(tree: Tree, caplog: pytest.Log
     assert_no_warnings(caplog)
 
 
-def test_file_categories_as_list_warns(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    path = write(tree.work / FILE_NAME, section("categories: [cpu, gpu]\ninterval_seconds: 7"))
+def test_file_categories_as_list_means_only_these(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    # Issue 8: a list, as the env var and the API already take, means "only these"; it beats the env var.
+    write(tree.work / FILE_NAME, section("categories: [cpu, GPU]\ninterval_seconds: 7"))
+    cfg = tree.load({config.ENV_CATEGORIES: "memory"})
+    assert cfg["categories"] == {name: name in ("cpu", "gpu") for name in config.DEFAULT_CATEGORIES}
+    assert cfg["interval_seconds"] == 7.0
+    assert_no_warnings(caplog)
+
+
+def test_file_categories_empty_list_turns_every_category_off(
+    tree: Tree, caplog: pytest.LogCaptureFixture
+) -> None:
+    write(tree.work / FILE_NAME, section("categories: []"))
+    assert tree.load()["categories"] == dict.fromkeys(config.DEFAULT_CATEGORIES, False)
+    assert_no_warnings(caplog)
+
+
+def test_file_categories_list_with_unknown_names_uses_the_known_ones(
+    tree: Tree, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(tree.work / FILE_NAME, section("categories: [cpu, tpu, process]"))
+    cats = tree.load({config.ENV_CATEGORIES: "memory"})["categories"]
+    assert cats == {name: name in ("cpu", "process") for name in config.DEFAULT_CATEGORIES}
+    assert_one_warning(
+        caplog, f"{path}: resource_monitoring.categories=", "'tpu'", "ignoring that part", "cpu,process"
+    )
+
+
+def test_file_categories_list_of_unknown_names_only_keeps_the_env_value(
+    tree: Tree, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(tree.work / FILE_NAME, section("categories: [tpu, npu]"))
+    cats = tree.load({config.ENV_CATEGORIES: "memory"})["categories"]
+    assert cats == {name: name == "memory" for name in config.DEFAULT_CATEGORIES}
+    assert_one_warning(caplog, str(path), "names no known category", "using categories=memory instead")
+
+
+@pytest.mark.parametrize(("yaml_value", "parsed"), [("[cpu, 1]", ["cpu", 1]), ("[[cpu]]", [["cpu"]])])
+def test_file_categories_list_not_of_strings_warns_and_keeps_the_env_value(
+    tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, parsed: object
+) -> None:
+    path = write(tree.work / FILE_NAME, section(f"categories: {yaml_value}\ninterval_seconds: 7"))
     cfg = tree.load({config.ENV_CATEGORIES: "memory"})
     assert cfg["categories"] == {name: name == "memory" for name in config.DEFAULT_CATEGORIES}
     assert cfg["interval_seconds"] == 7.0
-    assert_one_warning(caplog, str(path), "categories", "['cpu', 'gpu']")
+    assert_one_warning(
+        caplog, str(path), "categories", repr(parsed), "list of category names", "using categories=memory"
+    )
 
 
 @pytest.mark.parametrize("text", ["", "# only a comment\n", "\n\n"])
@@ -838,10 +897,12 @@ def test_removed_working_directory_skips_the_places_found_from_it(
 
 def test_every_field_is_a_key_of_the_resolved_config(tree: Tree) -> None:
     keys = [field.key for field in config.FIELDS]
-    assert keys == ["enabled", "interval_seconds", "categories", "disk_path", "step_source"]
+    assert keys == ["enabled", "interval_seconds", "categories", "disk_path", "step_source", "store"]
     assert set(tree.load()) == {*keys, "config_file"}
     envs = (config.ENV_DISABLE, config.ENV_INTERVAL, config.ENV_CATEGORIES, config.ENV_DISK_PATH)
-    assert [field.env for field in config.FIELDS] == [*envs, config.ENV_STEP_SOURCE]
+    assert [field.env for field in config.FIELDS] == [*envs, config.ENV_STEP_SOURCE, config.ENV_STORE]
+    assert config.ENV_STORE == "WL_RESOURCE_MONITOR_STORE"
+    assert [field.flag for field in config.FIELDS][-1] == "--store"
 
 
 def test_defaults_are_fresh_copies() -> None:
@@ -1027,3 +1088,407 @@ def test_api_step_source(raw: str, expected: str) -> None:
 def test_api_bad_step_source(raw: object, error: type[Exception]) -> None:
     with pytest.raises(error, match=r"step_source=.*model_age, seconds"):
         resolve(step_source=raw)
+
+
+def test_api_store_defaults_to_none() -> None:
+    assert resolve().store is None
+    assert config.ApiSettings(15.0, (), ROOT, "model_age").store is None
+
+
+def test_api_store_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert resolve(store="runs.sqlite").store == str(tmp_path / "runs.sqlite")
+    assert resolve(store=tmp_path / "a.db").store == str(tmp_path / "a.db")
+
+
+@pytest.mark.parametrize("raw", [None, False, "false", " OFF ", "0"])
+def test_api_store_off(raw: object) -> None:
+    assert resolve(store=raw).store is None
+
+
+@pytest.mark.parametrize("where", ["missing directory", "a directory"])
+def test_api_store_that_cannot_be_used_warns_and_is_off(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    # Issue 8: a store that cannot be opened gets one clear warning and monitoring goes on.
+    caplog.set_level(logging.WARNING, logger="sampler")
+    raw = tmp_path / "no" / "such" / "runs.db" if where == "missing directory" else tmp_path
+    assert resolve(store=raw).store is None
+    fragment = "does not exist" if where == "missing directory" else "is a directory"
+    assert_one_warning(caplog, "ResourceMonitor: store=", fragment, "using store=None (no store)")
+
+
+@pytest.mark.parametrize(
+    ("raw", "error", "fragment"),
+    [
+        (5, TypeError, "got int"),
+        (True, TypeError, "got bool"),
+        (b"/tmp/x.db", TypeError, "got bytes"),
+        ("", ValueError, "empty path"),
+        ("yes", ValueError, "write ./yes"),
+        ("a\0b", ValueError, "NUL"),
+    ],
+)
+def test_api_bad_store(raw: object, error: type[Exception], fragment: str) -> None:
+    with pytest.raises(error, match=fragment):
+        resolve(store=raw)
+
+
+# --------------------------------------------------------------------------- the store key
+
+
+def test_store_env_is_made_absolute(
+    tree: Tree, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tree.base)
+    result = tree.resolve({config.ENV_STORE: "runs.sqlite"})
+    assert result.values["store"] == str(tree.base / "runs.sqlite")
+    assert result.sources["store"] == "WL_RESOURCE_MONITOR_STORE"
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize("raw", ["", "   "])
+def test_store_env_empty_is_unset(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
+    result = tree.resolve({config.ENV_STORE: raw})
+    assert result.values["store"] is None
+    assert result.sources["store"] == config.DEFAULT_SOURCE
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize("raw", ["0", "false", "OFF", "no"])
+def test_store_env_false_word_is_off(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
+    result = tree.resolve({config.ENV_STORE: raw})
+    assert result.values["store"] is None
+    assert result.sources["store"] == "WL_RESOURCE_MONITOR_STORE"
+    assert_no_warnings(caplog)
+
+
+def test_store_env_in_a_missing_directory_warns_and_falls_back(
+    tree: Tree, caplog: pytest.LogCaptureFixture
+) -> None:
+    missing = tree.base / "nowhere" / "runs.sqlite"
+    result = tree.resolve({config.ENV_STORE: str(missing)})
+    assert result.values["store"] is None
+    assert result.sources["store"] == config.DEFAULT_SOURCE
+    assert_one_warning(
+        caplog, "WL_RESOURCE_MONITOR_STORE=", "does not exist", quote(str(missing.parent)), "store=None"
+    )
+
+
+def test_store_env_true_word_is_not_a_path(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    assert tree.load({config.ENV_STORE: "1"})["store"] is None
+    assert_one_warning(caplog, "WL_RESOURCE_MONITOR_STORE='1'", "path of a SQLite file", "./1")
+
+
+def test_store_file_beats_env_and_is_made_absolute(
+    tree: Tree, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tree.work)
+    (tree.base / "env").mkdir()
+    path = write(tree.work / FILE_NAME, section("store: runs/here.sqlite"))
+    (tree.work / "runs").mkdir()
+    result = tree.resolve({config.ENV_STORE: str(tree.base / "env" / "x.db")})
+    assert result.values["store"] == str(tree.work / "runs" / "here.sqlite")
+    assert result.sources["store"] == f"{path}: resource_monitoring.store"
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize("yaml_value", ["null", "false", "'false'", "'off'", "no", "'0'", "~"])
+def test_store_file_null_or_false_turns_the_env_store_off(
+    tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str
+) -> None:
+    path = write(tree.work / FILE_NAME, section(f"store: {yaml_value}"))
+    result = tree.resolve({config.ENV_STORE: str(tree.base / "x.db")})
+    assert result.values["store"] is None
+    assert result.sources["store"] == f"{path}: resource_monitoring.store"
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize(
+    ("yaml_value", "fragment"),
+    [
+        ("true", "got bool"),
+        ("'yes'", "./yes"),
+        ("''", "empty path"),
+        ("5", "got int"),
+        ("[a.db]", "got list"),
+        ("/nowhere/at/all/x.db", "does not exist"),
+        (".", "is a directory"),
+    ],
+)
+def test_store_file_invalid_warns_and_keeps_env(
+    tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, fragment: str
+) -> None:
+    env_store = str(tree.base / "env.db")
+    path = write(tree.work / FILE_NAME, section(f"store: {yaml_value}"))
+    result = tree.resolve({config.ENV_STORE: env_store})
+    assert result.values["store"] == env_store
+    assert result.sources["store"] == "WL_RESOURCE_MONITOR_STORE"
+    assert_one_warning(caplog, f"{path}: resource_monitoring.store=", fragment, quote(env_store))
+
+
+# --------------------------------------------------------------------------- provenance: resolve_config
+
+
+def test_resolution_of_nothing_is_all_defaults(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    result = tree.resolve()
+    assert result.values == tree.load()
+    assert set(result.sources) == {field.key for field in config.FIELDS} | {
+        f"categories.{name}" for name in config.DEFAULT_CATEGORIES
+    }
+    assert set(result.sources.values()) == {"built-in default"}
+    assert (result.used_file, result.found_file, result.warnings) == (None, None, ())
+    assert result.looked_for == (tree.pkg / FILE_NAME, tree.work / FILE_NAME)
+    with pytest.raises(AttributeError):
+        result.used_file = None  # type: ignore[misc]
+    assert_no_warnings(caplog)
+
+
+def test_load_is_the_values_of_the_resolution(tree: Tree) -> None:
+    write(tree.work / FILE_NAME, section("interval_seconds: 7\ncategories: {gpu: false}"))
+    env = {config.ENV_STEP_SOURCE: "seconds"}
+    assert tree.load(env) == tree.resolve(env).values
+
+
+def test_sources_name_each_env_var(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    disk = tree.base / "data"
+    disk.mkdir()
+    environ = {
+        config.ENV_DISABLE: "0",
+        config.ENV_INTERVAL: "30",
+        config.ENV_CATEGORIES: "cpu",
+        config.ENV_DISK_PATH: str(disk),
+        config.ENV_STEP_SOURCE: "seconds",
+        config.ENV_STORE: str(tree.base / "runs.db"),
+    }
+    result = tree.resolve(environ)
+    for field in config.FIELDS:
+        assert result.sources[field.key] == field.env
+    for name in config.DEFAULT_CATEGORIES:
+        assert result.sources[f"categories.{name}"] == "WL_RESOURCE_MONITOR_CATEGORIES"
+    assert result.values["store"] == str(tree.base / "runs.db")
+    assert_no_warnings(caplog)
+
+
+def test_sources_name_the_file_and_key_that_beat_the_env(
+    tree: Tree, caplog: pytest.LogCaptureFixture
+) -> None:
+    disk = tree.base / "data"
+    disk.mkdir()
+    body = (
+        f"enabled: false\ninterval_seconds: 5\ncategories: [cpu, gpu]\ndisk_path: '{disk}'\n"
+        f"step_source: seconds\nstore: '{tree.base / 'runs.db'}'"
+    )
+    path = write(tree.work / FILE_NAME, section(body))
+    environ = {config.ENV_INTERVAL: "30", config.ENV_CATEGORIES: "memory", config.ENV_STORE: "off"}
+    result = tree.resolve(environ)
+    for field in config.FIELDS:
+        assert result.sources[field.key] == f"{path}: resource_monitoring.{field.key}"
+    for name in config.DEFAULT_CATEGORIES:
+        assert result.sources[f"categories.{name}"] == f"{path}: resource_monitoring.categories"
+    assert result.values["categories"] == {name: name in ("cpu", "gpu") for name in config.DEFAULT_CATEGORIES}
+    assert_no_warnings(caplog)
+
+
+def test_sources_of_file_mapping_are_per_category(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(tree.work / FILE_NAME, section("categories: {gpu: false, Disk: 'yes'}"))
+    result = tree.resolve({config.ENV_CATEGORIES: "cpu,gpu"})
+    assert result.values["categories"] == {
+        name: name in ("cpu", "disk") for name in config.DEFAULT_CATEGORIES
+    }
+    where = f"{path}: resource_monitoring.categories"
+    assert result.sources["categories.gpu"] == f"{where}.gpu"
+    assert result.sources["categories.disk"] == f"{where}.Disk"
+    for name in ("cpu", "memory", "network", "process"):
+        assert result.sources[f"categories.{name}"] == "WL_RESOURCE_MONITOR_CATEGORIES"
+    assert result.sources["categories"] == f"WL_RESOURCE_MONITOR_CATEGORIES, then {where} (gpu, disk)"
+    assert result.sources["interval_seconds"] == "built-in default"
+    assert_no_warnings(caplog)
+
+
+def test_file_mapping_of_every_category_is_the_source_of_all(tree: Tree) -> None:
+    flags = ", ".join(f"{name}: true" for name in config.DEFAULT_CATEGORIES)
+    path = write(tree.work / FILE_NAME, section(f"categories: {{{flags}}}"))
+    result = tree.resolve({config.ENV_CATEGORIES: "cpu"})
+    assert result.sources["categories"] == f"{path}: resource_monitoring.categories"
+
+
+def test_a_value_that_is_not_used_is_not_a_source(tree: Tree) -> None:
+    path = write(
+        tree.work / FILE_NAME,
+        section("interval_seconds: abc\ncategories: {cpu: maybe, tpu: true}\nstep_source: sideways"),
+    )
+    result = tree.resolve({config.ENV_INTERVAL: "30", config.ENV_DISK_PATH: "", config.ENV_CATEGORIES: "x"})
+    assert result.values["interval_seconds"] == 30.0
+    assert result.sources["interval_seconds"] == "WL_RESOURCE_MONITOR_INTERVAL_SECONDS"
+    assert result.sources["disk_path"] == "built-in default"
+    assert result.sources["step_source"] == "built-in default"
+    assert result.sources["categories"] == "built-in default"
+    assert result.sources["categories.cpu"] == "built-in default"
+    assert result.used_file == path
+    assert len(result.warnings) == 6
+
+
+def test_a_value_used_in_part_or_clamped_is_a_source(tree: Tree) -> None:
+    path = write(tree.work / FILE_NAME, section("interval_seconds: 0.2"))
+    result = tree.resolve({config.ENV_CATEGORIES: "cpu,bogus"})
+    assert result.sources["categories"] == "WL_RESOURCE_MONITOR_CATEGORIES"
+    assert result.sources["interval_seconds"] == f"{path}: resource_monitoring.interval_seconds"
+    assert len(result.warnings) == 2
+
+
+def test_looked_for_in_lookup_order_and_the_file_used(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    root, nested = make_repo(tree.base)
+    cfg_dir = tree.base / "cfg"
+    cfg_dir.mkdir()
+    root_file = write(root / FILE_NAME, section("interval_seconds: 4"))
+    write(tree.pkg / FILE_NAME, section("interval_seconds: 5"))
+    result = tree.resolve({config.ENV_CONFIG_PATH: str(cfg_dir)}, cwd=nested)
+    assert result.looked_for == (
+        cfg_dir / DOT_FILE_NAME,
+        cfg_dir / FILE_NAME,
+        root / FILE_NAME,
+        tree.pkg / FILE_NAME,
+        nested / FILE_NAME,
+    )
+    assert result.used_file == result.found_file == root_file
+    assert result.values["config_file"] == str(root_file)
+    assert result.sources["interval_seconds"] == f"{root_file}: resource_monitoring.interval_seconds"
+    assert_no_warnings(caplog)
+
+
+def test_looked_for_names_each_place_once(tree: Tree) -> None:
+    root, _ = make_repo(tree.base, depth=0)
+    result = tree.resolve(cwd=root)  # the repository root is also the working directory
+    assert result.looked_for == (root / FILE_NAME, tree.pkg / FILE_NAME)
+
+
+def test_a_file_found_but_unusable_is_not_used(tree: Tree) -> None:
+    path = write(tree.work / FILE_NAME, "resource_monitoring: [unclosed\n")
+    result = tree.resolve(ENV_30)
+    assert result.found_file == path
+    assert result.used_file is None
+    assert result.values["config_file"] is None
+    assert result.sources["interval_seconds"] == "WL_RESOURCE_MONITOR_INTERVAL_SECONDS"
+    (message,) = result.warnings
+    assert str(path) in message and "env vars and defaults for every key" in message
+
+
+def test_warnings_are_captured_in_order_and_logged(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(tree.work / FILE_NAME, section("step_source: sideways\nbogus: 1"))
+    environ = {config.ENV_INTERVAL: "abc", config.ENV_CONFIG_PATH: str(tree.base / "nope")}
+    result = tree.resolve(environ)
+    assert list(result.warnings) == sampler_warnings(caplog)
+    assert len(result.warnings) == 4
+    first, second, third, fourth = result.warnings
+    assert first.startswith("resource monitor: WL_RESOURCE_MONITOR_INTERVAL_SECONDS='abc'")
+    assert second.startswith("resource monitor: WL_RESOURCE_MONITOR_CONFIG_PATH=")
+    assert "not a directory" in second
+    assert third.startswith(f"resource monitor: {path}: resource_monitoring.step_source='sideways'")
+    assert fourth.startswith(f"resource monitor: {path}: resource_monitoring.bogus=1")
+
+
+def test_warnings_can_be_captured_without_logging(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    result = tree.resolve({config.ENV_INTERVAL: "abc"}, log_warnings=False)
+    assert len(result.warnings) == 1 and "'abc'" in result.warnings[0]
+    assert_no_warnings(caplog)
+    tree.resolve({config.ENV_INTERVAL: "abc"})  # the switch does not outlive the call
+    assert len(sampler_warnings(caplog)) == 1
+
+
+def test_each_resolution_reports_a_missing_disk_path(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    missing = str(tree.base / "not" / "yet")
+    for _ in range(2):
+        (message,) = tree.resolve({config.ENV_DISK_PATH: missing}).warnings
+        assert "does not exist (yet)" in message
+    # ... while the API, given the same path after the configuration, does not repeat it.
+    caplog.clear()
+    assert resolve(disk_path=missing).disk_path == missing
+    assert_no_warnings(caplog)
+
+
+def test_warnings_outside_a_resolution_are_not_kept(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(ValueError):
+        resolve(interval_seconds=-1)
+    resolve(interval_seconds=0.5)  # a remark, logged
+    assert len(sampler_warnings(caplog)) == 1
+    assert tree.resolve().warnings == ()
+
+
+# --------------------------------------------------------------------------- .yml files: ignored, said once
+
+
+def test_yml_file_alone_is_ignored_with_one_warning(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    yml = write(tree.work / "resource_monitoring.yml", section("interval_seconds: 5"))
+    result = tree.resolve()
+    assert result.values["interval_seconds"] == 15.0
+    assert result.used_file is None
+    (message,) = result.warnings
+    assert message == (
+        f"resource monitor: ignoring {yml}: the configuration file is read only when named "
+        "resource_monitoring.yaml (.yml is not looked for); rename it to resource_monitoring.yaml to use it"
+    )
+    assert_one_warning(caplog, str(yml))
+
+
+def test_yml_file_beside_the_yaml_is_ignored_with_one_warning(
+    tree: Tree, caplog: pytest.LogCaptureFixture
+) -> None:
+    write(tree.work / "resource_monitoring.yml", "not: [even, yaml")
+    used = write(tree.work / FILE_NAME, section("interval_seconds: 6"))
+    result = tree.resolve()
+    assert result.values["interval_seconds"] == 6.0
+    assert result.used_file == used
+    assert_one_warning(
+        caplog,
+        str(tree.work / "resource_monitoring.yml"),
+        "resource_monitoring.yaml beside it is used instead",
+    )
+
+
+def test_yml_files_in_the_config_directory(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    cfg_dir = tree.base / "cfg"
+    dot_yml = write(cfg_dir / ".resource_monitoring.yml", section("interval_seconds: 2"))
+    plain_yml = write(cfg_dir / "resource_monitoring.yml", section("interval_seconds: 3"))
+    result = tree.resolve({config.ENV_CONFIG_PATH: str(cfg_dir)})
+    assert result.values["interval_seconds"] == 15.0
+    assert len(result.warnings) == 2
+    expected = "read only when named .resource_monitoring.yaml or resource_monitoring.yaml"
+    assert str(dot_yml) in result.warnings[0] and expected in result.warnings[0]
+    assert "rename it to .resource_monitoring.yaml" in result.warnings[0]
+    assert (
+        str(plain_yml) in result.warnings[1] and "rename it to resource_monitoring.yaml" in result.warnings[1]
+    )
+    assert len(sampler_warnings(caplog)) == 2
+
+
+def test_dot_yml_beside_the_repository_file(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    root, nested = make_repo(tree.base)
+    dot_yml = write(root / ".resource_monitoring.yml", section("interval_seconds: 2"))
+    result = tree.resolve(cwd=nested)
+    (message,) = result.warnings
+    assert str(dot_yml) in message and "rename it to resource_monitoring.yaml to use it" in message
+
+
+def test_yml_where_the_lookup_does_not_reach_is_not_mentioned(
+    tree: Tree, caplog: pytest.LogCaptureFixture
+) -> None:
+    root, nested = make_repo(tree.base)
+    write(root / FILE_NAME, section("interval_seconds: 4"))
+    write(nested / "resource_monitoring.yml", section("interval_seconds: 6"))  # the cwd: after the root
+    write(tree.pkg / "resource_monitoring.yml", section("interval_seconds: 6"))
+    result = tree.resolve(cwd=nested)
+    assert result.values["interval_seconds"] == 4.0
+    assert result.warnings == ()
+    assert_no_warnings(caplog)
+
+
+def test_yml_in_every_place_visited_is_mentioned_once_each(
+    tree: Tree, caplog: pytest.LogCaptureFixture
+) -> None:
+    root, _ = make_repo(tree.base, depth=0)
+    write(root / "resource_monitoring.yml", "")
+    write(tree.pkg / "resource_monitoring.yml", "")
+    result = tree.resolve(cwd=root)  # root is the repository root and the cwd: one place, one warning
+    assert [str(root) in m for m in result.warnings] == [True, False]
+    assert [str(tree.pkg) in m for m in result.warnings] == [False, True]

@@ -147,7 +147,7 @@ def test_integer_beyond_float_range_is_clamped_to_one_day(
         "-" + "9" * 400,
     ],
 )
-@pytest.mark.parametrize("key", ["disk_path", "step_source", "enabled", "bogus", "categories"])
+@pytest.mark.parametrize("key", ["disk_path", "step_source", "enabled", "bogus", "categories", "store"])
 def test_huge_integers_are_quoted_bounded(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, number: str, key: str
 ) -> None:
@@ -181,6 +181,7 @@ def test_huge_integer_category_flag(tmp_path: Path, caplog: pytest.LogCaptureFix
         ("categories: {{gpu: {laughs}}}", "resource_monitoring.categories.gpu=[["),
         ("disk_path: {laughs}", "resource_monitoring.disk_path=[["),
         ("enabled: {laughs}", "resource_monitoring.enabled=[["),
+        ("store: {laughs}", "resource_monitoring.store=[["),
     ],
 )
 def test_billion_laughs_as_a_value(
@@ -189,7 +190,7 @@ def test_billion_laughs_as_a_value(
     # Expanded, the value would hold 9**9 (387 million) strings; quoting must not expand it.
     cfg, path = load(tmp_path, section(body.format(laughs=billion_laughs())))
     assert len(path.read_bytes()) < 600
-    assert cfg["interval_seconds"] == 30.0 and all(cfg["categories"].values())
+    assert cfg["interval_seconds"] == 30.0 and all(cfg["categories"].values()) and cfg["store"] is None
     one_warning(caplog, path, fragment, "...")
 
 
@@ -250,3 +251,44 @@ def test_long_string_key_is_quoted_bounded(tmp_path: Path, caplog: pytest.LogCap
     cfg, path = load(tmp_path, section("? " + "k" * 60_000 + "\n: 1\ninterval_seconds: 5"))
     assert cfg["interval_seconds"] == 5.0
     one_warning(caplog, path, "resource_monitoring.'kkkk", "unknown key")
+
+
+# --------------------------------------------------------------------------- store, the categories list
+
+
+def test_long_store_path_in_a_missing_directory_is_quoted_bounded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    value = "/nowhere/" + "y" * 60_000 + "/runs.db"
+    cfg, path = load(tmp_path, section(f"store: '{value}'"))
+    assert cfg["store"] is None
+    one_warning(caplog, path, "resource_monitoring.store='/nowhere/yyy", "does not exist", "store=None")
+
+
+def test_many_unknown_categories_in_a_list_are_named_bounded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    names = ", ".join(["cpu"] + [f"bogus{i}" for i in range(5_000)])
+    cfg, path = load(tmp_path, section(f"categories: [{names}]"))
+    assert cfg["categories"] == {name: name == "cpu" for name in config.DEFAULT_CATEGORIES}
+    one_warning(caplog, path, "'bogus0'", "ignoring that part", "using categories=cpu")
+
+
+@pytest.mark.parametrize("item", ["9" * 400, "0x" + "f" * 60_000, "{a: 1}", "null"])
+def test_categories_list_holding_other_things(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, item: str
+) -> None:
+    cfg, path = load(tmp_path, section(f"categories: [cpu, {item}]"))
+    assert all(cfg["categories"].values())
+    one_warning(caplog, path, "resource_monitoring.categories=['cpu', ", "list of category names")
+
+
+def test_resolution_keeps_the_same_bounded_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    path = work / FILE_NAME
+    path.write_text(section(f"interval_seconds: {billion_laughs()}"), encoding="utf-8")
+    result = config.resolve_config(environ=dict(ENV), cwd=work, package_dir=tmp_path / "pkg")
+    (message,) = result.warnings
+    assert message == one_warning(caplog, path, "...")
+    assert result.used_file == path

@@ -1,16 +1,21 @@
-"""From a ring record to signals: stamp the step, then feed the sink."""
+"""From a ring record to signals: stamp the step, feed the sink, record the run."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from sampler import signals
 from sampler.backend import weightslab as wl_adapter
 from sampler.backend.stats import MonitorStats
 from sampler.backend.steps import StepStamper
 from sampler.quoting import bounded_repr
 from sampler.ratelimit import RateLimitedWarning
+from sampler.store.writer import RunWriter
+
+log = logging.getLogger("sampler")
 
 
 @dataclass(frozen=True)
@@ -34,17 +39,26 @@ class Emitter:
     A NaN reading failed in the child and is skipped. A sink or hook that
     raises anything at all (``asyncio.CancelledError`` and ``SystemExit``
     included: they are user code's, not ours to obey) is counted and reported
-    (rate-limited); it never stops the reader.
+    (rate-limited); it never stops the reader. With a ``recorder`` (the run
+    store), each record is written with what the pipeline queued since the last.
     """
 
     def __init__(
-        self, stamper: StepStamper, sink: Sink, stats: MonitorStats, on_sample: SampleHook | None = None
+        self,
+        stamper: StepStamper,
+        sink: Sink,
+        stats: MonitorStats,
+        on_sample: SampleHook | None = None,
+        recorder: RunWriter | None = None,
     ) -> None:
         self.stamper = stamper
         self.sink = sink
         self.stats = stats
         self.on_sample = on_sample
+        self.recorder = recorder
         self._failures = RateLimitedWarning()
+        self._health: tuple[object, ...] = ()
+        self._first = True
 
     def emit(self, fields: Sequence[str], values: Sequence[float], timestamp_ns: int) -> None:
         stats = self.stats
@@ -60,6 +74,7 @@ class Emitter:
         step = self.stamper.stamp(timestamp_ns)
         if step is None:
             stats.records_dropped += 1
+            self._record(None, 0, timestamp_ns)
             return
         sink = self.sink
         sample: dict[str, float] = {}
@@ -82,3 +97,42 @@ class Emitter:
             except BaseException as exc:
                 stats.sink_errors += 1
                 self._failures.warn("resource monitor: on_sample hook raised %s", bounded_repr(exc))
+        if self._first:
+            self._first = False
+            self._warn_if_unheard()
+        self._record(sample, step, timestamp_ns)
+
+    def _record(self, values: dict[str, float] | None, step: int, timestamp_ns: int) -> None:
+        """Hand the sample to the run store, with the monitor's stats when they changed."""
+        recorder, stats = self.recorder, self.stats
+        if recorder is None:
+            return
+        health = (stats.restarts, stats.records_lost, stats.quarantined, stats.error, stats.waiting_for)
+        try:
+            recorder.record(values, step, timestamp_ns, stats.snapshot() if health != self._health else None)
+        except Exception as exc:  # a bug in the store must not stop the monitoring
+            self.recorder = None
+            why = bounded_repr(exc)
+            log.error(
+                "resource monitor: the run store failed (%s); it is off from here on", why, exc_info=True
+            )
+            return
+        self._health = health
+        stats.store_points_written = recorder.points_written
+        stats.store_points_dropped = recorder.points_dropped
+        stats.store_error = recorder.error
+
+    def _warn_if_unheard(self) -> None:
+        """Once, at the first sample: say so if its signals reach no one."""
+        if (
+            self.sink is signals.log_signal
+            and self.recorder is None
+            and not signals.has_subscribers()
+            and not wl_adapter.forwarding()
+        ):
+            log.warning(
+                "resource monitor: the resource signals reach no one: no sink, no subscriber, no run "
+                "store and no WeightsLab logger. Keep them with ResourceMonitor(store='runs.sqlite') "
+                "(or WL_RESOURCE_MONITOR_STORE, or store: in the YAML), sampler.signals.subscribe(fn), "
+                "or a sink such as sink=writer.add_scalar."
+            )

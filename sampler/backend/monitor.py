@@ -18,11 +18,14 @@ import atexit
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+import psutil
 
 from sampler import config, signals
 from sampler.backend.emit import Emitter, SampleHook, Sink
@@ -31,6 +34,7 @@ from sampler.backend.stats import MonitorStats
 from sampler.backend.steps import AgeSource, StepStamper
 from sampler.backend.supervisor import Settings, Supervisor
 from sampler.quoting import bounded_repr
+from sampler.store.writer import RunInfo, RunWriter
 
 log = logging.getLogger("sampler")
 
@@ -49,10 +53,13 @@ ISOLATION_MODES = ("process", "thread")
 
 class _Run:
     """One ``start()`` to ``stop()`` of a monitor: its thread, the supervisor
-    the thread runs, and the pipe that tells the thread to stop."""
+    the thread runs, the pipe that tells the thread to stop, and the run
+    store's writer, which hears every signal of the pipeline meanwhile."""
 
-    def __init__(self) -> None:
+    def __init__(self, writer: RunWriter | None) -> None:
         self.pid = os.getpid()
+        self.writer = writer
+        self._unsubscribe = signals.subscribe(writer.log) if writer is not None else None
         self.stop_r, stop_w = os.pipe()
         self._stop_w: int | None = stop_w
         self._claim = threading.Lock()
@@ -72,8 +79,25 @@ class _Run:
                 with contextlib.suppress(OSError):  # the thread has ended and closed its end
                     os.write(self._stop_w, b"x")
 
+    def finish(self, stats: MonitorStats) -> None:
+        """The thread's last act, however it ends: the run store's last write
+        (all the pipeline queued, the final stats), then the stop pipe."""
+        if self.writer is not None and self._unsubscribe is not None:
+            self._unsubscribe()
+            final = {**stats.snapshot(), "running": False, "child_pid": None}
+            try:
+                self.writer.close(final)
+            except Exception as exc:
+                log.error(
+                    "resource monitor: the run store failed at stop (%s)", bounded_repr(exc), exc_info=True
+                )
+            stats.store_points_written = self.writer.points_written
+            stats.store_points_dropped = self.writer.points_dropped
+            stats.store_error = self.writer.error
+        self.close_pipe()
+
     def close_pipe(self) -> None:
-        """Release both ends; the thread calls this last, however it ends."""
+        """Release both ends of the stop pipe."""
         with self._pipe_lock:
             for fd in (self.stop_r, self._stop_w):
                 if fd is not None:
@@ -109,6 +133,8 @@ class ResourceMonitor:
         isolation: str = "process",
         hang_deadline_seconds: float = DEFAULT_HANG_DEADLINE_SECONDS,
         on_sample: SampleHook | None = None,
+        store: str | os.PathLike[str] | None = None,
+        pid: int | None = None,
         _min_interval_seconds: float = config.MIN_INTERVAL_SECONDS,
         _ring_capacity: int = RING_CAPACITY,
         _restart_backoff: tuple[float, float] = RESTART_BACKOFF_SECONDS,
@@ -118,6 +144,7 @@ class ResourceMonitor:
             categories=categories,
             disk_path=disk_path,
             step_source=step_source,
+            store=store,
             min_interval_seconds=_min_interval_seconds,
         )
         if isolation not in ISOLATION_MODES:
@@ -135,7 +162,9 @@ class ResourceMonitor:
             ring_capacity=_ring_capacity,
             backoff_base=_restart_backoff[0],
             backoff_cap=_restart_backoff[1],
+            pid=os.getpid() if pid is None else _pid(pid),
         )
+        self._store = api.store
         self._step_source = api.step_source
         self._sink: Sink = signals.log_signal if sink is None else sink
         self._age_source = age_source
@@ -183,6 +212,16 @@ class ResourceMonitor:
         return self._settings.nvml_module
 
     @property
+    def store(self) -> str | None:
+        """The run store this monitor writes (absolute path), or None."""
+        return self._store
+
+    @property
+    def pid(self) -> int:
+        """The process the ``process`` category describes."""
+        return self._settings.pid
+
+    @property
     def sink(self) -> Sink:
         """Where each ``(name, value, step)`` goes."""
         return self._sink
@@ -223,11 +262,11 @@ class ResourceMonitor:
             if self.running:
                 return self
             self._stop_run(self._current())  # a thread that died: release what it left
-            self._stats = MonitorStats(isolation=self.isolation)
-            run = _Run()
+            stats = self._stats = MonitorStats(isolation=self.isolation, store_path=self._store)
+            run = _Run(RunWriter(self._store, self._run_info()) if self._store is not None else None)
             stamper = StepStamper(self._step_source, self._age_source, time.monotonic_ns())
-            emitter = Emitter(stamper, self._sink, self._stats, self._on_sample)
-            run.supervisor = Supervisor(self._settings, emitter, self._stats, run.stop_r, run.close_pipe)
+            emitter = Emitter(stamper, self._sink, stats, self._on_sample, run.writer)
+            run.supervisor = Supervisor(self._settings, emitter, stats, run.stop_r, lambda: run.finish(stats))
             run.thread = threading.Thread(target=run.supervisor.run, name="WL-ResourceMonitor", daemon=True)
             self._run = run
             run.thread.start()
@@ -280,6 +319,28 @@ class ResourceMonitor:
         out["running"] = self.running
         return out
 
+    def _run_info(self) -> RunInfo:
+        """What the run store records about this run."""
+        s = self._settings
+        if s.pid == os.getpid():
+            command = list(getattr(sys, "orig_argv", sys.argv))
+        else:
+            try:
+                command = psutil.Process(s.pid).cmdline()
+            except psutil.Error:
+                command = []
+        settings = {
+            "interval_seconds": s.interval,
+            "categories": list(s.categories),
+            "disk_path": s.disk_path,
+            "step_source": self._step_source,
+            "isolation": s.isolation,
+            "hang_deadline_seconds": s.hang_deadline,
+            "nvml_module": s.nvml_module,
+            "store": self._store,
+        }
+        return RunInfo(pid=s.pid, command=command, config=settings, started_at=time.time())
+
     def _forget_after_fork(self) -> None:
         """In a forked copy: drop the parent's run without touching it."""
         self._lock = threading.RLock()
@@ -291,6 +352,15 @@ class ResourceMonitor:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _pid(raw: object) -> int:
+    """A process to describe: a live pid."""
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise TypeError(f"pid must be an int, got {type(raw).__name__}")
+    if raw <= 0 or not psutil.pid_exists(raw):
+        raise ValueError(f"pid={raw}: no such process")
+    return raw
 
 
 def _hang_deadline(raw: object) -> float:
@@ -337,6 +407,7 @@ def start_resource_monitor_from_config() -> ResourceMonitor | None:
             categories=cfg["categories"],
             disk_path=cfg["disk_path"],
             step_source=cfg["step_source"],
+            store=cfg["store"],
         )
         _singleton, _singleton_pid = monitor.start(), os.getpid()
         return _singleton

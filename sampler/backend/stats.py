@@ -76,6 +76,13 @@ class MonitorStats:
     record arriving (set when the monitor warns about it), else None."""
     error: str | None = None
     """The error that stopped the monitor thread, if one did."""
+    store_path: str | None = None
+    """The run store this monitor writes, if any."""
+    store_points_written: int = 0
+    store_points_dropped: int = 0
+    """Points the store could not take for so long that the queue's bound dropped them."""
+    store_error: str | None = None
+    """Why the store cannot be written right now; None when it can."""
     last_record_monotonic: float | None = None
     in_sink_since: float | None = None
     """``time.monotonic()`` when the current record's sink calls began, else None."""

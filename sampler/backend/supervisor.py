@@ -54,6 +54,8 @@ class Settings:
     ring_capacity: int
     backoff_base: float
     backoff_cap: float
+    pid: int
+    """The process the ``process`` category describes."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,7 @@ class Supervisor:
             interval=s.interval,
             disk_path=s.disk_path,
             backend_pid=os.getpid(),
+            target_pid=s.pid,
             nvml_module=s.nvml_module,
             capacity=s.ring_capacity,
         )
@@ -228,7 +231,7 @@ class Supervisor:
     def _sample_in_thread(self) -> None:
         s = self.settings
         collectors = build_collectors(
-            self._categories(), disk_path=s.disk_path, pid=os.getpid(), nvml_module=s.nvml_module
+            self._categories(), disk_path=s.disk_path, pid=s.pid, nvml_module=s.nvml_module
         )
         fields = [name for c in collectors for name in c.names]
         cadence = Cadence(s.interval)

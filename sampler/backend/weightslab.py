@@ -52,6 +52,11 @@ def _logger_registered() -> bool:
         return False
 
 
+def forwarding() -> bool:
+    """Whether signals go to a WeightsLab logger in this backend now."""
+    return _SRC in sys.modules and _logger_registered()
+
+
 def forward_signal(name: str, value: float, step: int) -> None:
     """Log one signal through WeightsLab's own pipeline, if this backend runs
     WeightsLab (``weightslab.src`` imported) with a logger registered.

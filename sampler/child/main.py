@@ -101,10 +101,10 @@ class Child:
             self.status.enter(phase_of(category))
             try:
                 collector = build_collector(
-                    category, disk_path=p.disk_path, pid=p.backend_pid, nvml_module=p.nvml_module
+                    category, disk_path=p.disk_path, pid=p.target_pid, nvml_module=p.nvml_module
                 )
             except psutil.NoSuchProcess:
-                return EXIT_CLEAN  # the backend died while the child was starting
+                return EXIT_CLEAN  # the process it describes died while the child was starting
             if collector is not None:
                 self.collectors.append(collector)
         self.status.enter(PHASE_IDLE)

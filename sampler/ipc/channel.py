@@ -50,7 +50,9 @@ class ChildParams:
     """Seconds between samples."""
     disk_path: str
     backend_pid: int
-    """The process the ``process`` category describes, and whose death ends the child."""
+    """The backend, whose death ends the child."""
+    target_pid: int
+    """The process the ``process`` category describes: the backend, or another one it watches."""
     nvml_module: str
     capacity: int
     """Records the ring holds."""

@@ -1,0 +1,140 @@
+"""Reading a run store, for the commands people run (``runs``, ``plot``,
+``top``, ``export``); safe while a backend writes it (WAL readers never block
+the writer and see whole transactions only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sampler.store import schema
+
+LOST_AFTER_INTERVALS = 3
+"""A run that has not written for this many intervals (and at least 30 s) without
+an end time was lost: its backend died or hangs."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One row of ``runs``, decoded."""
+
+    id: int
+    started_at: float
+    ended_at: float | None
+    updated_at: float
+    host: str
+    pid: int
+    command: list[str]
+    config: dict[str, Any]
+    version: str
+    stats: dict[str, Any] | None
+
+    @property
+    def interval(self) -> float:
+        """Seconds between samples, as configured."""
+        return float(self.config.get("interval_seconds", 15.0))
+
+    @property
+    def status(self) -> str:
+        """ "ended", "running", or "lost" (no end time and no write for a while)."""
+        if self.ended_at is not None:
+            return "ended"
+        quiet = time.time() - self.updated_at
+        return "lost" if quiet > max(LOST_AFTER_INTERVALS * self.interval, 30.0) else "running"
+
+    @property
+    def duration(self) -> float:
+        """Seconds from start to end (or to the latest write)."""
+        return (self.ended_at or self.updated_at) - self.started_at
+
+
+@dataclass(frozen=True)
+class Series:
+    """One signal of one run, in step order."""
+
+    name: str
+    steps: list[int]
+    wall_times: list[float]
+    values: list[float]
+
+
+class StoreReader:
+    """A read-only view of a store; ``FileNotFoundError`` if there is none at ``path``,
+    ``sqlite3.DatabaseError`` if it is not a run store."""
+
+    def __init__(self, path: str) -> None:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no run store at {path}")
+        self.path = path
+        self.db = schema.connect(path, readonly=True, timeout=1.0)
+
+    def runs(self) -> list[Run]:
+        return [_run(row) for row in self.db.execute(f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY id")]
+
+    def run(self, run_id: int | None = None) -> Run:
+        """Run ``run_id``, or the newest; ``LookupError`` if there is none."""
+        query = f"SELECT {_RUN_COLUMNS} FROM runs " + (
+            "WHERE id = ?" if run_id is not None else "ORDER BY id DESC LIMIT 1"
+        )
+        row = self.db.execute(query, () if run_id is None else (run_id,)).fetchone()
+        if row is None:
+            raise LookupError(
+                f"{self.path} has no run {run_id}" if run_id is not None else f"{self.path} has no runs"
+            )
+        return _run(row)
+
+    def names(self, run_id: int) -> list[str]:
+        """Signal names the run logged, sorted."""
+        rows = self.db.execute(
+            "SELECT name FROM signal_names WHERE id IN (SELECT DISTINCT name_id FROM points WHERE run_id = ?)"
+            " ORDER BY name",
+            (run_id,),
+        )
+        return [name for (name,) in rows]
+
+    def series(self, run_id: int, name: str) -> Series:
+        rows = self.db.execute(
+            "SELECT step, wall_time, value FROM points WHERE run_id = ?"
+            " AND name_id = (SELECT id FROM signal_names WHERE name = ?) ORDER BY step, wall_time",
+            (run_id, name),
+        ).fetchall()
+        return Series(name, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
+
+    def counts(self, run_id: int) -> tuple[int, int | None]:
+        """(points, last step) of a run."""
+        points, last = self.db.execute(
+            "SELECT COUNT(*), MAX(step) FROM points WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        return int(points), last
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> StoreReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_RUN_COLUMNS = "id, started_at, ended_at, updated_at, host, pid, command, config, version, stats"
+
+
+def _run(row: sqlite3.Row | tuple[Any, ...]) -> Run:
+    run_id, started, ended, updated, host, pid, command, config, version, stats = row
+    return Run(
+        id=run_id,
+        started_at=started,
+        ended_at=ended,
+        updated_at=updated,
+        host=host,
+        pid=pid,
+        command=json.loads(command),
+        config=json.loads(config),
+        version=version,
+        stats=json.loads(stats) if stats else None,
+    )

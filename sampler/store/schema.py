@@ -1,0 +1,143 @@
+"""The run store's SQLite schema: a public interface, versioned.
+
+Schema version 1 (``PRAGMA user_version``)::
+
+    runs          one row per monitor run
+      id            INTEGER PRIMARY KEY
+      started_at    REAL     wall time the run started, s since the epoch
+      ended_at      REAL     when it stopped; NULL while running, or if the backend died
+      updated_at    REAL     the latest write, s since the epoch (a run that stops
+                             updating without an ended_at was lost)
+      host          TEXT     host name
+      pid           INTEGER  the monitored process (the backend, or run --pid's target)
+      command       TEXT     its command line, a JSON list
+      config        TEXT     the resolved settings, a JSON object
+      version       TEXT     the wl-resource-monitor version that wrote it
+      stats         TEXT     the monitor's stats(), a JSON object: kept current while the
+                             run goes on, final once it ended
+    signal_names  one row per signal name
+      id, name (UNIQUE)
+    points        one row per logged value
+      run_id      INTEGER  -> runs.id
+      name_id     INTEGER  -> signal_names.id
+      step        INTEGER  the x axis it was logged at
+      wall_time   REAL     s since the epoch
+      value       REAL     NULL where the value logged was NaN (a diverged loss, say)
+      index points_by_signal (run_id, name_id, step): one signal of one run by step
+    signals       VIEW of points with the name spelled out: run_id, name, step, wall_time, value
+
+Migrations: a store opened for writing with a lower ``user_version`` is
+migrated in place, one version at a time (``_MIGRATIONS``), inside one
+transaction; a store with a higher version was written by a newer release and
+is refused for writing (read it with that release).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+
+SCHEMA_VERSION = 1
+
+
+_V1 = (
+    """CREATE TABLE runs (
+        id INTEGER PRIMARY KEY,
+        started_at REAL NOT NULL,
+        ended_at REAL,
+        updated_at REAL NOT NULL,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        command TEXT NOT NULL,
+        config TEXT NOT NULL,
+        version TEXT NOT NULL,
+        stats TEXT
+    )""",
+    "CREATE TABLE signal_names (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)",
+    """CREATE TABLE points (
+        run_id INTEGER NOT NULL REFERENCES runs(id),
+        name_id INTEGER NOT NULL REFERENCES signal_names(id),
+        step INTEGER NOT NULL,
+        wall_time REAL NOT NULL,
+        value REAL
+    )""",
+    "CREATE INDEX points_by_signal ON points (run_id, name_id, step)",
+    """CREATE VIEW signals AS
+        SELECT p.run_id AS run_id, n.name AS name, p.step AS step, p.wall_time AS wall_time,
+               p.value AS value
+        FROM points p JOIN signal_names n ON n.id = p.name_id""",
+)
+
+
+def _create_v1(db: sqlite3.Connection) -> None:
+    # One statement at a time: executescript() would commit the migration's transaction.
+    for statement in _V1:
+        db.execute(statement)
+
+
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _create_v1}
+"""``_MIGRATIONS[v]`` takes a store from version v to v + 1 (0: an empty file)."""
+
+
+def _use_wal(db: sqlite3.Connection, timeout: float) -> None:
+    """Switch the file to WAL (it stays so). The switch needs the file to
+    itself, and SQLite does not wait for that even with a busy timeout: two
+    processes creating the store at once would fail, so retry a while."""
+    deadline = time.monotonic() + max(timeout, 1.0)
+    while db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+class StoreVersionError(sqlite3.DatabaseError):
+    """The store was written by a newer release than this one."""
+
+
+def connect(path: str, *, readonly: bool = False, timeout: float = 0.0) -> sqlite3.Connection:
+    """Open the store at ``path``, creating or migrating it unless ``readonly``.
+
+    Writers use WAL, so readers in other processes never block them and see
+    every committed transaction; ``synchronous=NORMAL`` is durable across a
+    crash of the process (not of the machine) without an fsync per commit.
+    ``timeout`` is how long a statement waits for a lock (s). Raises
+    ``sqlite3.Error`` (``StoreVersionError`` for a newer schema) or ``OSError``.
+    """
+    if readonly:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout, isolation_level=None)
+    else:
+        db = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
+    try:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreVersionError(
+                f"it has schema version {version}, written by a newer release; this one knows up to "
+                f"{SCHEMA_VERSION}"
+            )
+        if readonly:
+            if version < SCHEMA_VERSION:
+                raise StoreVersionError("not a run store (or an older one: open it for writing once)")
+            return db
+        _use_wal(db, timeout)
+        db.execute("PRAGMA synchronous=NORMAL")
+        if version < SCHEMA_VERSION:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                # Re-read under the write lock: another writer may have migrated meanwhile.
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                while version < SCHEMA_VERSION:
+                    _MIGRATIONS[version](db)
+                    version += 1
+                    db.execute(f"PRAGMA user_version = {version}")
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+    except BaseException:
+        db.close()
+        raise
+    return db

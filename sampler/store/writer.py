@@ -1,0 +1,238 @@
+"""Writing one run into the store, at no cost to the training loop.
+
+A signal logged through ``sampler.signals.log_signal`` by any thread is only
+appended to an in-memory queue (``log``). The monitor thread, which wakes once
+per sample anyway, writes the queue and the sample's resource readings in one
+transaction (``record``). What cannot be written now (the store is locked by
+another writer, the disk is full, the directory is read-only) stays queued, up
+to ``MAX_QUEUED_POINTS``, and is written once it can be; the oldest beyond that
+bound are dropped and counted. Each kind of failure is reported once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import operator
+import socket
+import sqlite3
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from sampler.quoting import bounded_repr
+from sampler.store import schema
+
+log = logging.getLogger("sampler")
+
+RESOURCE_PREFIX = "resource/"
+"""Names the monitor logs itself: written from its samples, not from the pipeline."""
+MAX_QUEUED_POINTS = 200_000
+"""Points held while the store cannot be written (about 10 MB)."""
+REOPEN_SECONDS = 10.0
+"""How often a store that could not be opened is tried again."""
+WRITE_TIMEOUT_SECONDS = 0.05
+"""How long a write waits for another writer's lock before trying again later."""
+FINAL_TIMEOUT_SECONDS = 2.0
+"""How long the last write, at stop, waits for a lock."""
+
+Point = tuple[str, int, float, float]
+"""(name, step, wall time in s since the epoch, value)."""
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What the ``runs`` row says about the run."""
+
+    pid: int
+    """The monitored process."""
+    command: list[str]
+    config: dict[str, Any]
+    started_at: float
+    """When the monitor started, s since the epoch."""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("wl-resource-monitor")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+class RunWriter:
+    """One run's writer. ``log`` may be called from any thread; everything else
+    from the monitor thread only (the connection is its own)."""
+
+    def __init__(self, path: str, info: RunInfo) -> None:
+        self.path = path
+        self.info = info
+        self.run_id: int | None = None
+        self.points_written = 0
+        self.points_dropped = 0
+        self.error: str | None = None
+        """The latest failure to open or write, None once a write succeeds."""
+        self._logged: deque[Point] = deque()
+        self._queued: list[Point] = []
+        self._db: sqlite3.Connection | None = None
+        self._names: dict[str, int] = {}
+        self._next_open = 0.0
+        self._reported: set[str] = set()
+
+    def log(self, name: str, value: float, step: int) -> None:
+        """The pipeline subscriber: queue one signal (a deque append, thread-safe)."""
+        if not name.startswith(RESOURCE_PREFIX):
+            self._logged.append((name, step, time.time(), value))
+
+    def record(
+        self, values: dict[str, float] | None, step: int, timestamp_ns: int, stats: dict[str, Any] | None
+    ) -> None:
+        """Write what was logged since the last call and one sample's readings
+        (``values`` None: no sample to write, only the queue) at ``step`` in one
+        transaction, with the monitor's ``stats`` when given (they changed)."""
+        points = self._take_logged()
+        if values:
+            wall = time.time() - (time.monotonic_ns() - timestamp_ns) / 1e9
+            points += [(name, step, wall, value) for name, value in values.items()]
+        self._queue(points)
+        self._write(stats, WRITE_TIMEOUT_SECONDS)
+
+    def close(self, stats: dict[str, Any]) -> None:
+        """The last write: everything queued, the final stats and the end time."""
+        self._queue(self._take_logged())
+        self._write(stats, FINAL_TIMEOUT_SECONDS, ended=True)
+        if self._queued:
+            self.points_dropped += len(self._queued)
+            self._report(
+                "lost",
+                "resource monitor: %d points could not be written to %s before stop (%s)",
+                len(self._queued),
+                self.path,
+                self.error,
+            )
+            self._queued = []
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def _take_logged(self) -> list[Point]:
+        logged = self._logged
+        return [logged.popleft() for _ in range(len(logged))]  # only this thread pops
+
+    def _queue(self, points: list[Point]) -> None:
+        self._queued += [clean for point in points if (clean := self._clean(point)) is not None]
+        excess = len(self._queued) - MAX_QUEUED_POINTS
+        if excess > 0:
+            del self._queued[:excess]
+            self.points_dropped += excess
+            self._report(
+                "dropped",
+                "resource monitor: the store %s could not be written for a while (%s); dropping the "
+                "oldest points beyond %d (counted in stats()['store_points_dropped'])",
+                self.path,
+                self.error,
+                MAX_QUEUED_POINTS,
+            )
+
+    def _clean(self, point: Point) -> Point | None:
+        """The point as SQLite takes it: a str name, an int step, a float value
+        (a numpy or torch scalar converts); None, reported once per name, if not."""
+        name, step, wall, value = point
+        try:
+            return (name, operator.index(step), wall, float(value))
+        except (TypeError, ValueError, OverflowError) as exc:
+            self.points_dropped += 1
+            self._report(
+                f"value:{name}",
+                "resource monitor: cannot store %s=%s at step %s in the run store (%s); skipping such values",
+                name,
+                bounded_repr(value),
+                bounded_repr(step),
+                bounded_repr(exc),
+            )
+            return None
+
+    def _open(self) -> sqlite3.Connection | None:
+        if self._db is not None or time.monotonic() < self._next_open:
+            return self._db
+        self._next_open = time.monotonic() + REOPEN_SECONDS
+        try:
+            db = schema.connect(self.path, timeout=WRITE_TIMEOUT_SECONDS)
+        except (sqlite3.Error, OSError) as exc:
+            self._fail("open", exc)
+            return None
+        info = self.info
+        try:
+            cursor = db.execute(
+                "INSERT INTO runs (started_at, updated_at, host, pid, command, config, version)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (info.started_at, time.time(), socket.gethostname(), info.pid, json.dumps(info.command),
+                 json.dumps(info.config, default=str), _version()),
+            )  # fmt: skip
+        except sqlite3.Error as exc:
+            db.close()
+            self._fail("open", exc)
+            return None
+        self.run_id = cursor.lastrowid
+        self._db = db
+        return db
+
+    def _write(self, stats: dict[str, Any] | None, timeout: float, ended: bool = False) -> None:
+        db = self._open()
+        if db is None or (not self._queued and stats is None and not ended):
+            return
+        db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                rows = [(self.run_id, self._name_id(db, n), s, w, v) for n, s, w, v in self._queued]
+                db.executemany("INSERT INTO points VALUES (?, ?, ?, ?, ?)", rows)
+                now = time.time()
+                if stats is not None:
+                    db.execute(
+                        "UPDATE runs SET updated_at = ?, stats = ?, ended_at = ? WHERE id = ?",
+                        (now, json.dumps(stats, default=str), now if ended else None, self.run_id),
+                    )
+                else:
+                    db.execute("UPDATE runs SET updated_at = ? WHERE id = ?", (now, self.run_id))
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:  # SQLite rolls back by itself on some errors (a full disk)
+                    db.execute("ROLLBACK")
+                self._names = {}  # ids inserted by the rolled-back transaction are gone
+                raise
+        except sqlite3.Error as exc:
+            self._fail("write", exc)
+            return
+        self.points_written += len(self._queued)
+        self._queued = []
+        self.error = None
+
+    def _name_id(self, db: sqlite3.Connection, name: str) -> int:
+        known = self._names.get(name)
+        if known is not None:
+            return known
+        db.execute("INSERT OR IGNORE INTO signal_names (name) VALUES (?)", (name,))
+        (known,) = db.execute("SELECT id FROM signal_names WHERE name = ?", (name,)).fetchone()
+        self._names[name] = known
+        return int(known)
+
+    def _fail(self, what: str, exc: BaseException) -> None:
+        self.error = f"cannot {what} it: {bounded_repr(exc, 200)}"
+        busy = isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+        if not busy:  # another writer's lock is transient: what is queued goes next time
+            self._report(
+                what,
+                "resource monitor: the store %s failed (%s); monitoring goes on, and what is logged "
+                "is kept (up to %d points) and written once the store works again",
+                self.path,
+                self.error,
+                MAX_QUEUED_POINTS,
+            )
+
+    def _report(self, kind: str, msg: str, *args: object) -> None:
+        if kind not in self._reported:
+            self._reported.add(kind)
+            log.warning(msg, *args)

@@ -1,0 +1,310 @@
+"""Issue 8: the run store, written by a real monitor into a real SQLite file
+and read back the way other processes read it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import FAST, Recorder, backend_script, wait_for
+
+import sampler
+from sampler.store import schema
+from sampler.store.reader import StoreReader
+
+CPU = "resource/cpu/utilization_percent"
+
+
+def logged(mon: sampler.ResourceMonitor) -> int:
+    return int(mon.stats()["records_logged"])
+
+
+def test_a_run_holds_its_resources_and_everything_else_logged_beside_them(tmp_path: Path) -> None:
+    store = tmp_path / "runs.sqlite"
+    model_age = [0]
+    with sampler.ResourceMonitor(
+        categories=["cpu", "process"], store=store, age_source=lambda: model_age[0], **FAST
+    ) as mon:
+        for step in range(1, 40):
+            model_age[0] = step
+            sampler.signals.log_signal("train/loss", 1.0 / step, step)
+            time.sleep(0.02)
+        wait_for(lambda: mon.stats()["store_points_written"] > 0)
+    stats = mon.stats()
+    assert stats["store_path"] == str(store) and stats["store_error"] is None
+    with StoreReader(str(store)) as reader:
+        (run,) = reader.runs()
+        names = reader.names(run.id)
+        loss = reader.series(run.id, "train/loss")
+        cpu = reader.series(run.id, CPU)
+    assert run.status == "ended" and run.pid == os.getpid() and run.host == socket.gethostname()
+    assert run.command == list(sys.orig_argv) and run.config["interval_seconds"] == 0.1
+    assert run.version and run.stats is not None and run.stats["records_logged"] == stats["records_logged"]
+    assert {"train/loss", CPU, "resource/process/memory_in_use_mb"} <= set(names)
+    assert loss.steps == list(range(1, 40)) and loss.values[0] == 1.0  # nothing logged was lost
+    assert cpu.steps == sorted(set(cpu.steps)) and 0 < len(cpu.steps) <= stats["records_logged"]
+    assert all(abs(w - time.time()) < 60 for w in loss.wall_times + cpu.wall_times)
+    # The documented interface: the view and the index "one signal of one run by step".
+    db = sqlite3.connect(store)
+    plan = db.execute(
+        "EXPLAIN QUERY PLAN SELECT step, value FROM points WHERE run_id = 1 AND name_id = 1 ORDER BY step"
+    ).fetchall()
+    rows = db.execute("SELECT COUNT(*) FROM signals WHERE run_id = ? AND name = ?", (run.id, "train/loss"))
+    assert "points_by_signal" in str(plan) and rows.fetchone()[0] == 39
+    assert db.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    db.close()
+
+
+def test_logging_never_waits_for_the_store_and_a_locked_store_loses_nothing(tmp_path: Path) -> None:
+    """Another writer holds the store's lock for a while: the training thread's
+    log_signal calls return at once, and everything is written once it is free."""
+    store = tmp_path / "runs.sqlite"
+    with sampler.ResourceMonitor(categories=["cpu"], store=store, step_source="seconds", **FAST) as mon:
+        wait_for(lambda: mon.stats()["store_points_written"] > 0)
+        other = sqlite3.connect(store, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # held like a long transaction of another writer
+        began = time.perf_counter()
+        for step in range(500):
+            sampler.signals.log_signal("train/loss", float(step), step)
+        slowest_call = time.perf_counter() - began
+        written = mon.stats()["store_points_written"]
+        seen = logged(mon)
+        wait_for(lambda: logged(mon) >= seen + 3, what="samples while the store is locked")
+        assert mon.stats()["store_points_written"] == written  # nothing could be written meanwhile
+        other.execute("ROLLBACK")
+        other.close()
+        wait_for(lambda: mon.stats()["store_points_written"] > written + 500, what="the queue written")
+    assert slowest_call < 0.5  # 500 calls; each only appends to a queue
+    with StoreReader(str(store)) as reader:
+        assert reader.series(1, "train/loss").steps == list(range(500))
+        assert len(reader.series(1, CPU).steps) >= seen + 3
+
+
+def test_nothing_logged_is_lost_at_interpreter_exit(tmp_path: Path) -> None:
+    store = tmp_path / "runs.sqlite"
+    script = tmp_path / "train.py"
+    script.write_text(
+        backend_script(
+            f"""
+            mon = sampler.ResourceMonitor(categories=["cpu"], store={str(store)!r}, step_source="seconds",
+                                          interval_seconds=0.1, _min_interval_seconds=0.05).start()
+            while mon.stats()["records_logged"] < 2:
+                time.sleep(0.01)
+            for step in range(1000):
+                sampler.signals.log_signal("train/loss", float(step), step)
+            # no stop(): the interpreter's exit does it
+            """
+        )
+    )
+    subprocess.run([sys.executable, str(script)], check=True, timeout=60, cwd=tmp_path)
+    with StoreReader(str(store)) as reader:
+        (run,) = reader.runs()
+        assert run.status == "ended" and run.stats is not None and run.stats["running"] is False
+        assert reader.series(run.id, "train/loss").steps == list(range(1000))
+
+
+def test_a_store_another_process_reads_while_it_is_written(tmp_path: Path) -> None:
+    store = tmp_path / "runs.sqlite"
+    with sampler.ResourceMonitor(categories=["cpu"], store=store, step_source="seconds", **FAST) as mon:
+        wait_for(lambda: mon.stats()["store_points_written"] > 0)
+        code = (
+            "import sys; from sampler.store.reader import StoreReader\n"
+            "r = StoreReader(sys.argv[1]); run = r.run()\n"
+            "print(run.status, len(r.series(run.id, sys.argv[2]).steps))"
+        )
+        seen = []
+        for _ in range(3):
+            done = subprocess.run(
+                [sys.executable, "-c", code, str(store), CPU], capture_output=True, text=True
+            )
+            assert done.returncode == 0, done.stderr
+            seen.append(done.stdout.split())
+            time.sleep(0.3)
+    assert [status for status, _ in seen] == ["running"] * 3
+    counts = [int(n) for _, n in seen]
+    assert counts == sorted(counts) and counts[-1] > counts[0] > 0
+
+
+@pytest.mark.parametrize("kind", ["read-only filesystem", "corrupt file"])
+def test_a_store_that_cannot_be_used_is_said_once_and_monitoring_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    if kind == "read-only filesystem":
+        store = Path("/proc/resource_monitor_runs.sqlite")  # /proc takes no new files, even from root
+    else:
+        store = tmp_path / "runs.sqlite"
+        store.write_bytes(b"this is not a SQLite database" * 100)
+    sink = Recorder()
+    with sampler.ResourceMonitor(
+        categories=["cpu"], store=store, sink=sink, step_source="seconds", **FAST
+    ) as mon:
+        wait_for(lambda: logged(mon) >= 4, what="monitoring despite the store")
+        stats = mon.stats()
+    assert stats["store_error"] and stats["store_points_written"] == 0 and mon.stats()["error"] is None
+    assert len(sink.values(CPU)) >= 4
+    failures = [r for r in caplog.records if "the store" in r.getMessage() and r.levelno == logging.WARNING]
+    assert len(failures) == 1 and str(store) in failures[0].getMessage(), [r.getMessage() for r in failures]
+    if kind == "corrupt file":
+        assert store.read_bytes().startswith(b"this is not a SQLite database")  # left as it was
+
+
+def unshare_works() -> bool:
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        return False
+    return subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(
+    not unshare_works(), reason="needs root to mount a small tmpfs in a private mount namespace"
+)
+def test_a_full_disk_is_said_once_and_what_is_queued_is_kept(tmp_path: Path) -> None:
+    """A real 256 KiB filesystem: the store fills it; monitoring goes on, the
+    failure is reported once, and nothing is silently gone (queued or counted)."""
+    script = tmp_path / "backend.py"
+    script.write_text(
+        backend_script(
+            """
+            import json
+            got = []
+            with sampler.ResourceMonitor(categories=["cpu", "process"], store="/mnt/small/runs.sqlite",
+                                         sink=lambda *a: got.append(a), step_source="seconds",
+                                         interval_seconds=0.1, _min_interval_seconds=0.05) as mon:
+                step = 0
+                while mon.stats()["store_error"] is None and step < 200_000:
+                    sampler.signals.log_signal("train/loss", float(step), step)
+                    step += 1
+                    if step % 1000 == 0:
+                        time.sleep(0.05)
+                before = len(got)
+                time.sleep(1)
+                stats = mon.stats()
+            print(json.dumps({"logged": step, "samples_after_full": len(got) - before, "stats": stats}))
+            """
+        )
+    )
+    mount = "mkdir -p /mnt/small && mount -t tmpfs -o size=256k tmpfs /mnt/small"
+    shell = f"{mount} && exec {sys.executable} {script}"
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", shell],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    stats = result["stats"]
+    assert "full" in stats["store_error"] and result["samples_after_full"] >= 5
+    assert stats["error"] is None and stats["store_points_written"] > 0
+    assert done.stderr.count("resource monitor: the store") == 1, done.stderr
+
+
+def test_a_store_from_a_newer_release_is_refused_not_damaged(tmp_path: Path, caplog) -> None:
+    store = tmp_path / "runs.sqlite"
+    db = sqlite3.connect(store)
+    db.execute(f"PRAGMA user_version = {schema.SCHEMA_VERSION + 1}")
+    db.close()
+    with sampler.ResourceMonitor(categories=["cpu"], store=store, step_source="seconds", **FAST) as mon:
+        wait_for(lambda: logged(mon) >= 2)
+        error = mon.stats()["store_error"]
+    assert "schema version 2, written by a newer release" in error
+    db = sqlite3.connect(store)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION + 1
+    assert db.execute("SELECT name FROM sqlite_master").fetchall() == []
+    db.close()
+
+
+def test_an_empty_file_is_made_a_store_and_two_writers_share_it(tmp_path: Path) -> None:
+    store = tmp_path / "runs.sqlite"
+    store.touch()
+    barrier = threading.Barrier(2)
+    ids: list[int] = []
+
+    def writer() -> None:
+        barrier.wait()
+        db = schema.connect(str(store), timeout=5)
+        ids.append(db.execute("PRAGMA user_version").fetchone()[0])
+        db.close()
+
+    threads = [threading.Thread(target=writer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert ids == [schema.SCHEMA_VERSION] * 2
+    with pytest.raises(sqlite3.DatabaseError):
+        schema.connect(str(tmp_path / "missing.sqlite"), readonly=True)
+
+
+def test_resource_signals_that_reach_no_one_are_said_once(caplog: pytest.LogCaptureFixture, tmp_path) -> None:
+    def unheard() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "reach no one" in r.getMessage()]
+
+    with sampler.ResourceMonitor(categories=["cpu"], step_source="seconds", **FAST) as mon:
+        wait_for(lambda: logged(mon) >= 3)
+    (warning,) = unheard()
+    assert "store=" in warning and "subscribe" in warning
+    caplog.clear()
+    off = sampler.signals.subscribe(lambda *a: None)
+    try:
+        with sampler.ResourceMonitor(categories=["cpu"], step_source="seconds", **FAST) as mon:
+            wait_for(lambda: logged(mon) >= 2)
+    finally:
+        off()
+    with sampler.ResourceMonitor(
+        categories=["cpu"], step_source="seconds", store=tmp_path / "r.sqlite", **FAST
+    ) as mon:
+        wait_for(lambda: logged(mon) >= 2)
+    with sampler.ResourceMonitor(categories=["cpu"], step_source="seconds", sink=Recorder(), **FAST) as mon:
+        wait_for(lambda: logged(mon) >= 2)
+    assert unheard() == []
+
+
+def test_the_store_key_in_the_yaml_turns_it_on_for_the_process_wide_monitor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "resource_monitoring.yaml").write_text(
+        "resource_monitoring:\n  interval_seconds: 1\n  store: runs.sqlite\n  categories: {gpu: false}\n"
+    )
+    monkeypatch.setenv("WL_RESOURCE_MONITOR_CONFIG_PATH", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    mon = sampler.start_resource_monitor_from_config()
+    assert mon is not None and mon.store == str(tmp_path / "runs.sqlite")
+    wait_for(lambda: mon.stats()["store_points_written"] > 0)
+    sampler.stop_resource_monitor()
+    with StoreReader(str(tmp_path / "runs.sqlite")) as reader:
+        assert reader.run().status == "ended"
+
+
+def test_numpy_scalars_are_stored_and_what_is_no_number_is_skipped_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One bad value must not block the queue it is in (SQLite would refuse
+    the whole transaction, every time)."""
+    import numpy as np
+
+    store = tmp_path / "runs.sqlite"
+    with sampler.ResourceMonitor(categories=["cpu"], store=store, step_source="seconds", **FAST) as mon:
+        sampler.signals.log_signal("train/loss", np.float32(0.5), np.int64(3))  # type: ignore[arg-type]
+        sampler.signals.log_signal("train/note", "diverged", 1)  # type: ignore[arg-type]
+        sampler.signals.log_signal("train/note", "again", 2)  # type: ignore[arg-type]
+        sampler.signals.log_signal("train/accuracy", 0.75, 4)
+        wait_for(lambda: mon.stats()["store_points_written"] >= 3)
+        stats = mon.stats()
+    with StoreReader(str(store)) as reader:
+        assert reader.series(1, "train/loss").steps == [3] and reader.series(1, "train/loss").values == [0.5]
+        assert reader.series(1, "train/accuracy").values == [0.75]
+        assert "train/note" not in reader.names(1)
+    assert stats["store_points_dropped"] == 2 and stats["store_error"] is None
+    skipped = [r.getMessage() for r in caplog.records if "cannot store" in r.getMessage()]
+    assert len(skipped) == 1 and "train/note" in skipped[0]
