@@ -17,12 +17,13 @@ import pytest
 
 from sampler import commands as cli
 from sampler.backend.emit import Sample
+from sampler.commands import run as run_command
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_format_sample_groups_by_category_and_device() -> None:
-    text = cli.format_sample(
+    text = run_command.format_sample(
         4,
         {
             "resource/cpu/utilization_percent": 12.5,
@@ -100,7 +101,7 @@ def test_duration_out_of_range_is_refused(capsys: pytest.CaptureFixture[str], ra
 
 def test_duration_is_optional_and_bounded_by_30_days() -> None:
     assert parse().duration is None
-    assert parse("--duration", "2592000").duration == cli.MAX_DURATION_SECONDS == 30 * 86400
+    assert parse("--duration", "2592000").duration == run_command.MAX_DURATION_SECONDS == 30 * 86400
     assert parse("--duration", "0.5").duration == 0.5
 
 
@@ -171,7 +172,7 @@ def test_closed_pipe_ends_the_run_quietly_with_status_141(tmp_path: Path, buffer
     try:
         assert proc.stdout.readline().startswith("sampling cpu")
         proc.stdout.close()
-        assert proc.wait(timeout=15) == cli.EXIT_BROKEN_PIPE == 141
+        assert proc.wait(timeout=15) == run_command.EXIT_BROKEN_PIPE == 141
     finally:
         proc.kill()
         proc.wait()
@@ -190,12 +191,12 @@ class _ClosedPipe(io.StringIO):
 def test_pipe_closed_before_the_banner(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.chdir(tmp_path)
     out = _ClosedPipe()
-    assert cli.main(["run", "--categories", "cpu"], out) == cli.EXIT_BROKEN_PIPE
+    assert cli.main(["run", "--categories", "cpu"], out) == run_command.EXIT_BROKEN_PIPE
 
 
 def test_printer_stops_at_a_closed_pipe() -> None:
     closed = threading.Event()
-    printer = cli._Printer(_ClosedPipe(), closed)
+    printer = run_command._Printer(_ClosedPipe(), closed)
     printer(Sample(step=1, timestamp_ns=0, values={"resource/cpu/utilization_percent": 1.0}))
     assert closed.is_set() and printer.samples == 0
     printer(Sample(step=2, timestamp_ns=0, values={"resource/cpu/utilization_percent": 1.0}))

@@ -15,20 +15,31 @@ import functools
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TextIO
+
+import psutil
 
 from sampler import config
 from sampler.backend.emit import Sample
 from sampler.backend.monitor import ResourceMonitor
+from sampler.commands.common import DEFAULT_STORE, EXIT_BROKEN_PIPE, silence
 from sampler.quoting import bounded_repr
 
 MAX_DURATION_SECONDS = 30 * 86400.0
 """``--duration``'s ceiling, 30 days: longer is a service, not a foreground run
 (and past ~292 years ``threading.Event.wait`` raises OverflowError)."""
-EXIT_BROKEN_PIPE = 141
-"""128 + SIGPIPE: what a shell reports for a tool whose output pipe closed."""
 FOREGROUND_STEP_SOURCE = "seconds"
+
+
+def _pid(text: str) -> int:
+    try:
+        pid = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{bounded_repr(text)}: not a process id") from None
+    if pid <= 0 or not psutil.pid_exists(pid):
+        raise argparse.ArgumentTypeError(f"{pid}: no such process")
+    return pid
 
 
 def _duration(text: str) -> float:
@@ -93,27 +104,53 @@ class _Printer:
             self.samples += 1
 
 
-def _silence(out: TextIO) -> None:
-    """Point ``out``'s descriptor at /dev/null, so that the interpreter's final
-    flush of what is still buffered for the broken pipe cannot fail
-    ("Exception ignored ... BrokenPipeError")."""
-    try:
-        fd = out.fileno()
-    except (OSError, ValueError):  # not backed by a descriptor (io.UnsupportedOperation is both)
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m sampler", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="sample in the foreground and print every sample")
+def _effective(args: argparse.Namespace, resolution: config.Resolution) -> dict[str, tuple[Any, str]]:
+    """Each setting this run uses and where it came from: a flag beats the
+    configuration, which beats this command's own defaults."""
+    values, sources = resolution.values, resolution.sources
+    settings: dict[str, tuple[Any, str]] = {}
     for field in config.FIELDS:
-        if field.flag is not None:
+        if field is config.ENABLED:
+            continue
+        flagged = getattr(args, field.key, None)
+        if flagged is not None:
+            settings[field.key] = (flagged, field.flag or "")
+        else:
+            settings[field.key] = (values[field.key], sources[field.key])
+    if args.step_source is None and sources["step_source"] == config.DEFAULT_SOURCE:
+        settings["step_source"] = (FOREGROUND_STEP_SOURCE, "run's default (no model to age here)")
+    if args.no_store:
+        settings["store"] = (None, "--no-store")
+    elif settings["store"][0] is None:
+        settings["store"] = (os.path.abspath(DEFAULT_STORE), "run's default")
+    pid = args.pid if args.pid is not None else os.getpid()
+    settings["pid"] = (pid, "--pid" if args.pid is not None else "this process")
+    return settings
+
+
+def _describe(settings: dict[str, tuple[Any, str]]) -> str:
+    """The effective settings, one line each with where it came from."""
+
+    def shown(key: str, value: Any) -> str:
+        if key == "categories":
+            return str(config.CATEGORIES.show(value))
+        return "none" if value is None else str(value)
+
+    rows = [(key, shown(key, value), source) for key, (value, source) in settings.items()]
+    key_width = max(len(key) for key, _, _ in rows)
+    value_width = max(len(value) for _, value, _ in rows)
+    lines = [f"  {key:<{key_width}}  {value:<{value_width}}  {source}" for key, value, source in rows]
+    return "settings (and where each comes from):\n" + "\n".join(lines)
+
+
+def add_parser(commands: Any) -> None:
+    run = commands.add_parser(
+        "run",
+        help="sample in the foreground, print every sample and record it in the run store",
+        description=__doc__.split("\n\n")[0],
+    )
+    for field in config.FIELDS:
+        if field.flag is not None and field is not config.STORE:
             default = f" (default here: {FOREGROUND_STEP_SOURCE})" if field is config.STEP_SOURCE else ""
             run.add_argument(
                 field.flag,
@@ -122,6 +159,18 @@ def _parser() -> argparse.ArgumentParser:
                 metavar=field.key.upper(),
                 help=f"{field.help}{default}",
             )
+    store = run.add_mutually_exclusive_group()
+    store.add_argument(
+        "--store",
+        dest="store",
+        type=_field_type(config.STORE, "--store"),
+        metavar="PATH",
+        help=f"the run store to record into (default here: ./{DEFAULT_STORE})",
+    )
+    store.add_argument("--no-store", action="store_true", help="record nothing, only print")
+    run.add_argument(
+        "--pid", type=_pid, help="monitor this process (a trainer started elsewhere), not this one"
+    )
     run.add_argument(
         "--duration",
         type=_duration,
@@ -129,23 +178,26 @@ def _parser() -> argparse.ArgumentParser:
         help=f"stop after this many seconds, at most {MAX_DURATION_SECONDS:.0f} (default: until Ctrl-C)",
     )
     run.add_argument("--nvml-module", default="pynvml", help="NVML binding to import (default pynvml)")
-    return parser
+    run.set_defaults(handler=main)
 
 
-def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    """Run ``python -m sampler``; returns the exit status (0, or 141 when ``out`` closed)."""
-    args = _parser().parse_args(argv)
-    out = out or sys.stdout
-    cfg = config.load_resource_monitoring_config()
-    if not cfg["enabled"]:
+def main(args: argparse.Namespace) -> int:
+    """``python -m sampler run``; returns the exit status (0, or 141 when ``out`` closed)."""
+    out: TextIO = args.out
+    resolution = config.resolve_config()
+    settings = _effective(args, resolution)
+    if not resolution.values["enabled"]:
         print("note: monitoring is disabled by configuration; running anyway as asked", file=sys.stderr)
+    print(_describe(settings), file=sys.stderr, flush=True)
     closed = threading.Event()
     printer = _Printer(out, closed)
     monitor = ResourceMonitor(
-        interval_seconds=args.interval_seconds or cfg["interval_seconds"],
-        categories=args.categories if args.categories is not None else cfg["categories"],
-        disk_path=args.disk_path or cfg["disk_path"],
-        step_source=args.step_source or FOREGROUND_STEP_SOURCE,
+        interval_seconds=settings["interval_seconds"][0],
+        categories=settings["categories"][0],
+        disk_path=settings["disk_path"][0],
+        step_source=settings["step_source"][0],
+        store=settings["store"][0],
+        pid=args.pid,
         sink=lambda name, value, step: None,
         nvml_module=args.nvml_module,
         on_sample=printer,
@@ -168,5 +220,5 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             return 0
     except BrokenPipeError:
         pass
-    _silence(out)
+    silence(out)
     return EXIT_BROKEN_PIPE

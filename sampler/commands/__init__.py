@@ -1,0 +1,34 @@
+"""What users run: ``python -m sampler COMMAND``, one module per command.
+
+Each command module has ``add_parser(commands)``, which registers its
+subcommand with a ``handler(args) -> exit status``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from sampler.commands import config, demo, export, run, runs
+
+COMMANDS = (demo, run, runs, export, config)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m sampler", description="Resource monitoring for ML training backends."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.add_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run ``python -m sampler``; returns the exit status. ``out``: where results go (stdout)."""
+    args = _parser().parse_args(argv)
+    args.out = out or sys.stdout
+    status: int = args.handler(args)
+    return status

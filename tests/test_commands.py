@@ -1,0 +1,204 @@
+"""Issue 8: the commands a person runs against a run store, end to end with
+real processes (``python -m sampler ...`` in a subprocess)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import FAST, wait_for
+
+import sampler
+from sampler.store.reader import StoreReader
+
+CPU = "resource/cpu/utilization_percent"
+
+
+def sampler_command(
+    *args: str, cwd: Path, timeout: float = 60, **kwargs: object
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sampler", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        **kwargs,
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    """A store with two runs: one with a training loss beside its resources, one without."""
+    path = tmp_path / "runs.sqlite"
+    for run in range(2):
+        step = [0]
+        with sampler.ResourceMonitor(
+            categories=["cpu", "memory"],
+            store=path,
+            age_source=lambda s=step: s[0],
+            **FAST,
+        ) as mon:
+            for s in range(1, 30):
+                step[0] = s
+                if run == 0:
+                    sampler.signals.log_signal("train/loss", 1.0 / s, s)
+                time.sleep(0.02)
+            wait_for(lambda: mon.stats()["records_logged"] >= 3)
+    return path
+
+
+def test_runs_lists_each_run_with_its_samples_and_status(store: Path) -> None:
+    done = sampler_command("runs", str(store), cwd=store.parent)
+    assert done.returncode == 0, done.stderr
+    header, *rows = done.stdout.splitlines()
+    assert header.split() == ["id", "started", "duration", "host", "pid", "samples", "last", "step", "status"]
+    assert [row.split()[0] for row in rows] == ["1", "2"]
+    with StoreReader(str(store)) as reader:
+        for row, run in zip(rows, reader.runs(), strict=True):
+            cells = row.split()
+            assert cells[4] == run.host and int(cells[5]) == run.pid and cells[-1] == "ended"
+            assert int(cells[6]) == len(reader.series(run.id, CPU).steps) >= 3
+
+
+def test_export_long_csv_has_every_point(store: Path) -> None:
+    done = sampler_command("export", str(store), cwd=store.parent)
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    db = sqlite3.connect(store)
+    assert len(rows) == db.execute("SELECT COUNT(*) FROM points").fetchone()[0]
+    db.close()
+    loss = [r for r in rows if r["name"] == "train/loss"]
+    assert [int(r["step"]) for r in loss] == list(range(1, 30)) and float(loss[1]["value"]) == 0.5
+    assert {r["run_id"] for r in rows} == {"1", "2"}
+
+
+def test_export_wide_is_one_row_per_step_with_a_column_per_signal(store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "wide.csv"
+    done = sampler_command("export", str(store), "--run", "1", "--wide", "-o", str(out), cwd=store.parent)
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0]) == ["run_id", "step", "wall_time", CPU, "resource/memory/system_utilization_percent",
+                             "train/loss"]  # fmt: skip
+    steps = [int(r["step"]) for r in rows]
+    assert steps == sorted(set(steps)) and set(range(1, 30)) <= set(steps)
+    by_step = {int(r["step"]): r for r in rows}
+    assert float(by_step[4]["train/loss"]) == 0.25
+    assert any(r[CPU] for r in rows) and any(r[CPU] == "" for r in rows)  # resources at some steps only
+
+
+def test_export_jsonl_and_a_nan_loss(tmp_path: Path) -> None:
+    path = tmp_path / "runs.sqlite"
+    with sampler.ResourceMonitor(categories=["cpu"], store=path, step_source="seconds", **FAST) as mon:
+        sampler.signals.log_signal("train/loss", float("nan"), 1)
+        sampler.signals.log_signal("train/loss", 0.5, 2)
+        wait_for(lambda: mon.stats()["store_points_written"] >= 2)
+    done = sampler_command("export", str(path), "--format", "jsonl", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    loss = [r for r in records if r["name"] == "train/loss"]
+    assert loss == [
+        {"run_id": 1, "name": "train/loss", "step": 1, "wall_time": loss[0]["wall_time"]},  # NaN: no value
+        {"run_id": 1, "name": "train/loss", "step": 2, "wall_time": loss[1]["wall_time"], "value": 0.5},
+    ]
+
+
+@pytest.mark.parametrize("command", ["runs", "export"])
+def test_a_missing_store_or_run_is_one_line_and_status_2(tmp_path: Path, command: str) -> None:
+    done = sampler_command(command, str(tmp_path / "nothing.sqlite"), cwd=tmp_path)
+    assert (
+        done.returncode == 2
+        and done.stderr.strip() == f"error: no run store at {tmp_path / 'nothing.sqlite'}"
+    )
+    not_a_store = tmp_path / "notes.txt"
+    not_a_store.write_text("hello")
+    done = sampler_command(command, str(not_a_store), cwd=tmp_path)
+    assert (
+        done.returncode == 2
+        and done.stderr.count("\n") == 1
+        and "cannot be read as a run store" in done.stderr
+    )
+
+
+def test_export_of_a_run_that_is_not_there(store: Path) -> None:
+    done = sampler_command("export", str(store), "--run", "7", cwd=store.parent)
+    assert done.returncode == 2 and "has no run 7" in done.stderr
+
+
+def test_run_watches_another_process_and_records_it(tmp_path: Path) -> None:
+    """``run --pid``: a trainer started elsewhere; the process signals are its,
+    the store says whose run it is, and the settings are printed with their sources."""
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", "import time\nblock = bytearray(200 * 1024 * 1024)\ntime.sleep(60)"]
+    )
+    try:
+        wait_for(
+            lambda: psutil.Process(trainer.pid).memory_info().rss > 150 * 1024**2, what="the trainer's RSS"
+        )
+        done = sampler_command(
+            "run", "--pid", str(trainer.pid), "--interval", "1", "--duration", "2.6",
+            "--categories", "process", cwd=tmp_path,
+        )  # fmt: skip
+    finally:
+        trainer.kill()
+        trainer.wait()
+    assert done.returncode == 0, done.stderr
+    assert re.search(rf"pid +{trainer.pid} +--pid", done.stderr), done.stderr
+    assert re.search(rf"store +{tmp_path / 'resource_monitor.sqlite'} +run's default", done.stderr)
+    assert "run's default" in done.stderr and "--interval" in done.stderr
+    with StoreReader(str(tmp_path / "resource_monitor.sqlite")) as reader:
+        run = reader.run()
+        rss = reader.series(run.id, "resource/process/memory_in_use_mb").values
+    assert run.pid == trainer.pid and run.command[0] == sys.executable and run.status == "ended"
+    assert rss and min(rss) > 190  # the trainer's memory, not the CLI's (~40 MB)
+
+
+def test_run_no_store_records_nothing(tmp_path: Path) -> None:
+    done = sampler_command("run", "--no-store", "--interval", "1", "--duration", "1.5", "--categories", "cpu",
+                           cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"store +none +--no-store", done.stderr), done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_refuses_a_process_that_is_not_there(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    done = sampler_command("run", "--pid", str(gone.pid), cwd=tmp_path)
+    assert done.returncode == 2 and f"{gone.pid}: no such process" in done.stderr
+
+
+def test_run_ctrl_c_ends_the_run_in_the_store(tmp_path: Path) -> None:
+    run = subprocess.Popen(
+        [sys.executable, "-m", "sampler", "run", "--interval", "1", "--categories", "cpu"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert run.stdout is not None
+        wait_for(lambda: run.stdout.readline().startswith("step"), what="a first sample")
+        run.send_signal(signal.SIGINT)
+        assert run.wait(timeout=15) == 0
+    finally:
+        run.kill()
+        run.wait()
+    with StoreReader(str(tmp_path / "resource_monitor.sqlite")) as reader:
+        assert reader.run().status == "ended"
+
+
+def test_every_command_has_help(tmp_path: Path) -> None:
+    done = sampler_command("--help", cwd=tmp_path)
+    assert done.returncode == 0
+    for command in ("demo", "run", "runs", "export", "config", "plot", "top"):
+        assert command in done.stdout
+        sub = sampler_command(command, "--help", cwd=tmp_path)
+        assert sub.returncode == 0 and "usage: python -m sampler " + command in sub.stdout, sub.stderr
