@@ -11,9 +11,9 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from sampler.commands import config, demo, export, run, runs
+from sampler.commands import config, demo, export, plot, run, runs, top
 
-COMMANDS = (demo, run, runs, export, config)
+COMMANDS = (demo, run, top, plot, runs, export, config)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,0 +1,1 @@
+"""What users look at: plots and the live terminal view."""

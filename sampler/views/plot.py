@@ -1,0 +1,463 @@
+"""Small multiples of one or more runs of a run store, drawn with matplotlib.
+
+The run's own training signals (every name that is not ``resource/...``) come
+first, then the resource panels grouped by category (cpu, memory, network,
+disk, process, gpu), one panel per quantity with its unit on the y axis. In
+the gpu panels each device is its own line. Several runs are overlaid, one
+colour per run (and then one line style per GPU device).
+
+Counters since boot (disk reads/writes, network bytes sent/received) are drawn
+as rates in MiB/s (MB = 1024² bytes, as everywhere in this package), from
+consecutive wall times; a counter that goes backwards (a reboot, a wrapped
+counter) leaves a gap, never a negative rate.
+
+matplotlib is imported only when a figure is drawn, never by ``import
+sampler``; without it, drawing raises ``ImportError`` naming the extra
+(:data:`INSTALL_HINT`). Nothing here touches pyplot or the global backend: the
+figure is a bare ``matplotlib.figure.Figure`` written with the Agg renderer.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sampler.store.reader import Run, Series, StoreReader
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+INSTALL_HINT = "pip install 'wl-resource-monitor[plot]'"
+"""What to run when matplotlib is missing."""
+
+X_AXES = ("step", "seconds")
+"""``step``: the step each value was logged at (the model age all curves share);
+``seconds``: wall-clock seconds since the run started."""
+
+COLUMNS = 5
+"""Panels per row: the process category's five fill one."""
+PANEL_SIZE = (3.8, 2.6)
+"""Inches per panel (width, height); at the default 100 dpi a full row is 1,900 px wide."""
+DPI = 100
+MIN_WIDTH = 8.0
+"""Inches: room for the title and the legend however few panels there are."""
+
+CATEGORIES = ("cpu", "memory", "network", "disk", "process", "gpu")
+"""Resource categories in drawing order (the small ones first, so that they share a row)."""
+
+MIB = 1024.0**2
+GIB = 1024.0**3
+
+_COUNTERS = {
+    # name (after the category): (title, scale from the stored unit to MiB)
+    "read_mb": ("reads", 1.0),
+    "written_mb": ("writes", 1.0),
+    "bytes_sent": ("sent", 1.0 / MIB),
+    "bytes_received": ("received", 1.0 / MIB),
+}
+"""Cumulative counters since boot, drawn as MiB/s."""
+
+_UNITS = (
+    # suffix, axis label, scale applied to the stored values
+    ("_percent", "%", 1.0),
+    ("_mb", "MiB", 1.0),
+    ("_gb", "GiB", 1.0),
+    ("_bytes", "GiB", 1.0 / GIB),  # GPU memory: bytes are unreadable at 10^10
+    ("_mhz", "MHz", 1.0),
+    ("_celsius", "°C", 1.0),
+    ("_watts", "W", 1.0),
+    ("_threads_in_use", "threads", 1.0),
+)
+
+_TITLES = {
+    "cpu/utilization_percent": "CPU utilization",
+    "memory/system_utilization_percent": "system memory used",
+    "disk/utilization_percent": "disk used",
+    "disk/utilization_gb": "disk used",
+    "process/cpu_utilization_percent": "process CPU (100 % per core)",
+    "process/cpu_threads_in_use": "process threads",
+    "process/memory_in_use_mb": "process memory",
+    "process/memory_in_use_percent": "process memory",
+    "process/memory_available_mb": "memory available",
+    "gpu/utilization_percent": "GPU utilization",
+    "gpu/memory_allocated_percent": "GPU memory allocated",
+    "gpu/memory_allocated_bytes": "GPU memory allocated",
+    "gpu/power_watts": "GPU power",
+    "gpu/temperature_celsius": "GPU temperature",
+    "gpu/sm_clock_mhz": "GPU SM clock",
+    "gpu/memory_clock_mhz": "GPU memory clock",
+}
+"""Panel titles of the known signals; others get ``<category> <name less its unit>``."""
+
+_ORDER = {
+    "cpu": ["utilization_percent"],
+    "memory": ["system_utilization_percent"],
+    "network": ["bytes_sent", "bytes_received"],
+    "disk": ["utilization_percent", "utilization_gb", "read_mb", "written_mb"],
+    "process": [
+        "cpu_utilization_percent",
+        "cpu_threads_in_use",
+        "memory_in_use_mb",
+        "memory_in_use_percent",
+        "memory_available_mb",
+    ],
+    "gpu": [
+        "utilization_percent",
+        "memory_allocated_percent",
+        "memory_allocated_bytes",
+        "power_watts",
+        "temperature_celsius",
+        "sm_clock_mhz",
+        "memory_clock_mhz",
+    ],
+}
+
+_DASHES: list[Any] = ["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3)), (0, (3, 1, 1, 1, 1, 1)), (0, (8, 3))]
+"""Line styles of GPU devices 0, 1, ... when several runs share the colours."""
+
+
+class NothingToPlot(ValueError):
+    """No signal of the runs has a point to draw (none at all, or none that matches)."""
+
+
+def matches(name: str, pattern: str | None) -> bool:
+    """Whether signal ``name`` is selected by ``pattern``: every name when None;
+    an fnmatch glob over the whole name when the pattern has ``*``, ``?`` or ``[``
+    (``resource/gpu/*``, ``*loss``; ``*`` also crosses ``/``), else a substring
+    (``loss``, ``gpu/0/``). Case-sensitive."""
+    if pattern is None:
+        return True
+    if any(c in pattern for c in "*?["):
+        return fnmatch.fnmatchcase(name, pattern)
+    return pattern in name
+
+
+@dataclass
+class Panel:
+    """One panel: the signals it draws (one per GPU device for gpu), how."""
+
+    key: str
+    """``train/loss``, ``resource/disk/read_mb``, or ``resource/gpu/*/power_watts``."""
+    category: str
+    """``training`` or the resource category."""
+    title: str
+    unit: str
+    scale: float = 1.0
+    rate: bool = False
+    """A cumulative counter, drawn as its rate (unit per second)."""
+    names: dict[str, str] = field(default_factory=dict)
+    """Device (``""`` outside gpu) -> signal name."""
+
+
+def panels(names: Sequence[str]) -> list[Panel]:
+    """The panels that draw ``names``, in drawing order: training signals, then
+    the resource categories (:data:`CATEGORIES`, then any unknown ones)."""
+    training: list[Panel] = []
+    resources: dict[str, dict[str, Panel]] = {}
+    for name in sorted(set(names)):
+        parts = name.split("/")
+        if parts[0] != "resource" or len(parts) < 3:
+            training.append(Panel(name, "training", name, _training_unit(name), names={"": name}))
+            continue
+        category = parts[1]
+        device = parts[2] if category == "gpu" and len(parts) >= 4 else ""
+        signal = "/".join(parts[3:] if device else parts[2:])
+        key = f"resource/gpu/*/{signal}" if device else name
+        panel = resources.setdefault(category, {}).get(key)
+        if panel is None:
+            panel = _resource_panel(key, category, signal)
+            resources[category][key] = panel
+        panel.names[device] = name
+    order = [c for c in CATEGORIES if c in resources] + sorted(set(resources) - set(CATEGORIES))
+    result = list(training)
+    for category in order:
+        known = _ORDER.get(category, [])
+        result += sorted(
+            resources[category].values(),
+            key=lambda p: (
+                known.index(_signal(p)) if _signal(p) in known else len(known),
+                p.key,
+            ),
+        )
+    return result
+
+
+def _signal(panel: Panel) -> str:
+    return panel.key.rsplit("/", 1)[-1]
+
+
+def _training_unit(name: str) -> str:
+    for suffix, unit, scale in _UNITS:
+        if name.endswith(suffix) and scale == 1.0:
+            return unit
+    return ""
+
+
+def _resource_panel(key: str, category: str, signal: str) -> Panel:
+    if signal in _COUNTERS:
+        what, scale = _COUNTERS[signal]
+        return Panel(key, category, f"{category} {what}", "MiB/s", scale, rate=True)
+    unit, scale, stem = "", 1.0, signal
+    for suffix, suffix_unit, suffix_scale in _UNITS:
+        if signal.endswith(suffix):
+            unit, scale, stem = suffix_unit, suffix_scale, signal[: -len(suffix)]
+            break
+    default = f"{category} {stem.replace('_', ' ')}".rstrip()
+    return Panel(key, category, _TITLES.get(f"{category}/{signal}", default), unit, scale)
+
+
+# --------------------------------------------------------------------------- points
+
+
+def _points(series: Series, run: Run, x: str, panel: Panel) -> tuple[list[float], list[float]]:
+    """The (x, y) of one line, in wall-time order, scaled; NaN in y where the
+    line must break: a counter that went backwards, or (x=step) a step that went
+    back (the model restarted at age 0)."""
+    order = sorted(range(len(series.steps)), key=lambda i: (series.wall_times[i], series.steps[i]))
+    xs: list[float] = []
+    ys: list[float] = []
+    previous: int | None = None
+    for i in order:
+        step, wall, value = series.steps[i], series.wall_times[i], series.values[i]
+        position = float(step) if x == "step" else wall - run.started_at
+        y = value * panel.scale if math.isfinite(value) else math.nan
+        if panel.rate:
+            if previous is None:
+                previous = i
+                continue
+            elapsed = wall - series.wall_times[previous]
+            if elapsed <= 0:
+                continue  # same instant: no rate; keep the earlier reading as the base
+            delta = value - series.values[previous]
+            y = delta * panel.scale / elapsed if delta >= 0 else math.nan
+            previous = i
+        if xs and x == "step" and position < xs[-1]:
+            xs.append(position)
+            ys.append(math.nan)
+        xs.append(position)
+        ys.append(y)
+    return xs, ys
+
+
+def _lines(
+    reader: StoreReader, runs: Sequence[Run], panel: Panel, x: str, available: dict[int, set[str]]
+) -> list[tuple[Run, str, list[float], list[float]]]:
+    """(run, device, xs, ys) of every line with at least one finite point."""
+    lines = []
+    for run in runs:
+        for device in sorted(panel.names, key=lambda d: (len(d), d)):
+            name = panel.names[device]
+            if name not in available[run.id]:
+                continue
+            xs, ys = _points(reader.series(run.id, name), run, x, panel)
+            if any(math.isfinite(y) for y in ys):
+                lines.append((run, device, xs, ys))
+    return lines
+
+
+# --------------------------------------------------------------------------- drawing
+
+
+def describe(run: Run) -> str:
+    """``run 3 · 2025-11-30 12:03:21 · 1 min 04 s · host``."""
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started_at))
+    return f"run {run.id} · {started} · {_duration(run.duration)} · {run.host}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(seconds, 0.0)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def _x_label(runs: Sequence[Run], x: str) -> str:
+    if x == "seconds":
+        return "seconds since the run started"
+    sources = {run.config.get("step_source") for run in runs}
+    if sources == {"model_age"}:
+        return "step (model age)"
+    if sources == {"seconds"}:
+        return "step (s since the monitor started)"
+    return "step"
+
+
+def _layout(categories: list[str]) -> list[tuple[int, int]]:
+    """(row, column) of each panel, given the category of each in drawing order:
+    a category starts a new row unless it fits whole in what is left of the
+    current one, and the training signals never share a row with resources."""
+    cells: list[tuple[int, int]] = []
+    row, column = 0, 0
+    previous = None
+    for category, group in itertools.groupby(categories):
+        size = len(list(group))
+        shares = column + size <= COLUMNS and "training" not in (category, previous)
+        if column and not shares:
+            row, column = row + 1, 0
+        for _ in range(size):
+            if column == COLUMNS:
+                row, column = row + 1, 0
+            cells.append((row, column))
+            column += 1
+        previous = category
+    return cells
+
+
+def figure(
+    reader: StoreReader, runs: Sequence[Run], *, pattern: str | None = None, x: str = "step"
+) -> Figure:
+    """Draw ``runs`` (overlaid) as small multiples; returns the matplotlib Figure.
+
+    ``pattern`` selects signals (:func:`matches`); ``x`` is ``"step"`` or
+    ``"seconds"`` (:data:`X_AXES`). Each panel's Axes has the panel key as its
+    ``gid`` (``resource/gpu/*/power_watts``) and each line ``run<ID>`` or
+    ``run<ID>/gpu<i>`` as its own. Raises ``ValueError`` when there is no run,
+    ``x`` is unknown, or (:class:`NothingToPlot`) no signal with a point matches; ``ImportError`` naming
+    :data:`INSTALL_HINT` without matplotlib.
+    """
+    if x not in X_AXES:
+        raise ValueError(f"x must be one of {', '.join(X_AXES)}, not {x!r}")
+    if not runs:
+        raise ValueError("no run to plot")
+    available = {run.id: set(reader.names(run.id)) for run in runs}
+    everything = set().union(*available.values())
+    selected = [name for name in everything if matches(name, pattern)]
+    which = ("runs " if len(runs) > 1 else "run ") + ", ".join(str(run.id) for run in runs)
+    drawn = []
+    for panel in panels(selected):
+        lines = _lines(reader, runs, panel, x, available)
+        if lines:
+            drawn.append((panel, lines))
+    if not drawn:
+        if not everything:
+            raise NothingToPlot(f"{which} has no signals")
+        raise NothingToPlot(
+            f"no signal of {which} matches {pattern!r} ({len(everything)} signals, e.g. "
+            f"{sorted(everything)[0]!r}; a pattern with * ? [ is a glob over the whole name, "
+            "anything else a substring)"
+            if pattern is not None
+            else f"{which} has no points to plot"
+        )
+    figure_class = _matplotlib_figure()
+
+    cells = _layout([panel.category for panel, _ in drawn])
+    rows = cells[-1][0] + 1
+    columns = max(column for _, column in cells) + 1
+    multi = len(runs) > 1
+    devices = sorted(
+        {device for panel, lines in drawn for _, device, _, _ in lines if device},
+        key=lambda d: (len(d), d),
+    )
+    legend_row = 1 if multi or len(devices) > 1 else 0
+    width = max(PANEL_SIZE[0] * columns, MIN_WIDTH)
+    height = PANEL_SIZE[1] * rows + 0.55 * legend_row + 0.5
+    fig = figure_class(figsize=(width, height), dpi=DPI, layout="constrained")
+    grid = fig.add_gridspec(rows + legend_row, columns, height_ratios=[0.18] * legend_row + [1.0] * rows)
+    store = Path(reader.path).name
+    if multi:
+        fig.suptitle(f"{store}: {which}", fontsize=14, fontweight="bold")
+    else:
+        fig.suptitle(f"{store}: {describe(runs[0])}", fontsize=14, fontweight="bold")
+
+    colours = {run.id: f"C{i % 10}" for i, run in enumerate(runs)}
+    order = {run.id: i for i, run in enumerate(runs)}
+    x_label = _x_label(runs, x)
+    lowest: dict[int, Axes] = {}
+    first: Axes | None = None
+    for (panel, lines), (row, column) in zip(drawn, cells, strict=True):
+        ax = fig.add_subplot(grid[row + legend_row, column], sharex=first)
+        first = first or ax
+        ax.set_gid(panel.key)
+        ax.set_title(panel.title, fontsize=11, loc="left")
+        ax.set_ylabel(panel.unit or panel.key.rsplit("/", 1)[-1])
+        ax.grid(True, alpha=0.3)
+        ax.tick_params(labelsize=8.5)
+        ax.ticklabel_format(axis="y", useOffset=False, style="plain")
+        for run, device, xs, ys in lines:
+            colour, style = colours[run.id], "-"
+            if device:
+                # Dashed as well as coloured: identical readings of two devices stay visible.
+                style = _DASHES[devices.index(device) % len(_DASHES)]
+                colour = colour if multi else f"C{devices.index(device) % 10}"
+            gid = f"run{run.id}" + (f"/gpu{device}" if device else "")
+            # Earlier runs a little wider, so that a later one drawn over the same values leaves them visible.
+            width = 1.4 + 0.8 * (len(runs) - 1 - order[run.id]) / max(len(runs) - 1, 1)
+            (line,) = ax.plot(xs, ys, color=colour, linestyle=style, linewidth=width)
+            line.set_gid(gid)
+            if len([y for y in ys if math.isfinite(y)]) == 1:
+                line.set_marker("o")
+                line.set_markersize(3)
+        if panel.unit == "%" or panel.rate:
+            # Shares and rates from 0, so that 2 % does not look like a full scale.
+            top = max(y for _, _, _, ys in lines for y in ys if math.isfinite(y))
+            ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)
+        lowest[column] = ax
+    for ax in lowest.values():
+        ax.set_xlabel(x_label)
+
+    if legend_row:
+        from matplotlib.lines import Line2D
+
+        key = fig.add_subplot(grid[0, :])
+        key.axis("off")
+        handles: list[Line2D] = []
+        if multi:
+            handles += [
+                Line2D([], [], color=colours[run.id], linewidth=2.5, label=describe(run)) for run in runs
+            ]
+        if len(devices) > 1:
+            handles += [
+                Line2D(
+                    [],
+                    [],
+                    color="black" if multi else f"C{i % 10}",
+                    linestyle=_DASHES[i % len(_DASHES)],
+                    linewidth=1.6,
+                    label=f"GPU {device}",
+                )
+                for i, device in enumerate(devices)
+            ]
+        key.legend(
+            handles=handles,
+            loc="center",
+            ncol=math.ceil(len(handles) / math.ceil(len(handles) / 4)),  # rows filled evenly
+            frameon=False,
+            fontsize=10.5,
+            handlelength=3,
+        )
+    return fig
+
+
+def _matplotlib_figure() -> type[Figure]:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ImportError(f"plotting needs matplotlib: {INSTALL_HINT}") from exc
+    return Figure
+
+
+def render(
+    reader: StoreReader,
+    runs: Sequence[Run],
+    *,
+    pattern: str | None = None,
+    x: str = "step",
+    output: str | Path,
+) -> Path:
+    """Draw ``runs`` (see :func:`figure`) into the PNG ``output``; returns its path.
+    Raises what :func:`figure` raises, and ``OSError`` if the file cannot be written."""
+    fig = figure(reader, runs, pattern=pattern, x=x)
+    path = Path(output)
+    fig.savefig(path, format="png", dpi=DPI)
+    return path

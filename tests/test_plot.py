@@ -1,0 +1,410 @@
+"""Issue 8: ``python -m sampler plot``, asserting on what was drawn: the panels,
+their units, the lines in them and their values, from stores written by a real
+monitor (and, where a counter must be controlled, by the store's own writer)."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import itertools
+import json
+import math
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from conftest import FAST, wait_for
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+import sampler
+from sampler.commands import plot as command
+from sampler.store.reader import Run, StoreReader
+from sampler.store.writer import RunInfo, RunWriter
+from sampler.views import plot
+
+REPO = Path(__file__).resolve().parent.parent
+TEMPERATURES = (41.0, 67.0)
+"""GPU 0 and GPU 1, as the fake NVML reports them."""
+LOSS_SCALES = (2.0, 1.0)
+"""Run 1's and run 2's loss at step 0."""
+STEP_PER_ITERATION = 10
+"""The model age moves 10 per training step: steps and seconds differ by far."""
+
+
+def train(store: Path, loss_scale: float) -> None:
+    """A training loop with a real monitor (every category, two fake GPUs) and the store on."""
+    age = [0]
+    options: dict[str, Any] = {**FAST, "nvml_module": "fake_nvml"}
+    with sampler.ResourceMonitor(store=store, age_source=lambda: age[0], **options) as mon:
+        i = 0
+        while i < 20 or mon.stats()["records_logged"] < 6:
+            i += 1
+            age[0] = i * STEP_PER_ITERATION
+            sampler.signals.log_signal("train/loss", loss_scale * math.exp(-i / 10), age[0])
+            if i % 5 == 0:
+                sampler.signals.log_signal("train/accuracy", 1 - math.exp(-i / 10), age[0])
+            time.sleep(0.03)
+        wait_for(lambda: mon.stats()["store_points_written"] > 0)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Two runs of a real monitor in one store."""
+    path = tmp_path_factory.mktemp("plot") / "runs.sqlite"
+    devices = [{"temp": TEMPERATURES[0]}, {"temp": TEMPERATURES[1], "util": 40}]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FAKE_NVML", json.dumps({"devices": devices}))
+        for scale in LOSS_SCALES:
+            train(path, scale)
+    yield path
+
+
+@dataclass
+class Counter:
+    """A store whose counters and steps a test controls, written by the store's own writer."""
+
+    path: Path
+    walls: list[float]
+    """The wall time of each sample."""
+
+
+READ_MB_PER_S = 3.0
+SENT_MB_PER_S = 2.0
+REBOOT_AT = 6
+"""The sample where the counters start again from (almost) zero."""
+RESTART_AT = 10
+"""The sample where the model restarts at age 0."""
+
+
+@pytest.fixture
+def counters(tmp_path: Path) -> Counter:
+    """12 samples 1 s apart: ``resource/disk/read_mb`` (MiB since boot) grows 3 MiB/s,
+    ``resource/network/bytes_sent`` 2 MiB/s, both from near 50 GiB, and both
+    fall back at sample 6 (a reboot); ``train/loss`` at steps 0, 10, .., 90,
+    then 0, 10 again (the model restarted); ``resource/network/bytes_received``
+    has one sample only (no rate to draw)."""
+    path = tmp_path / "counters.sqlite"
+    writer = RunWriter(str(path), RunInfo(pid=1, command=["train"], config={}, started_at=time.time() - 30))
+    base = time.monotonic_ns() - 20 * 10**9
+    read, sent = 50 * 1024.0, 50 * 1024.0**3
+    for i in range(12):
+        if i == REBOOT_AT:
+            read, sent = 1.0, 1024.0**2
+        values = {
+            "resource/disk/read_mb": read,
+            "resource/network/bytes_sent": sent,
+            "train/loss": 1.0 / (1 + i),
+        }
+        if i == 0:
+            values["resource/network/bytes_received"] = 5e9
+        step = (i if i < RESTART_AT else i - RESTART_AT) * 10
+        writer.record(values, step, base + i * 10**9, None)
+        read += READ_MB_PER_S
+        sent += SENT_MB_PER_S * 1024.0**2
+    writer.close({})
+    with StoreReader(str(path)) as reader:
+        walls = reader.series(1, "resource/disk/read_mb").wall_times
+    return Counter(path, sorted(walls))
+
+
+def panels(fig: Figure) -> dict[str, Axes]:
+    """The figure's panels by their key (the Axes gid), in drawing order."""
+    return {gid: ax for ax in fig.axes if (gid := ax.get_gid())}
+
+
+def lines(ax: Axes) -> dict[str, Line2D]:
+    return {str(line.get_gid()): line for line in ax.get_lines()}
+
+
+def ys(line: Line2D) -> list[float]:
+    return [float(y) for y in cast("list[float]", line.get_ydata())]
+
+
+def xs(line: Line2D) -> list[float]:
+    return [float(x) for x in cast("list[float]", line.get_xdata())]
+
+
+def finite(values: list[float]) -> list[float]:
+    return [v for v in values if math.isfinite(v)]
+
+
+def draw(store: Path, run_ids: list[int | None], **kwargs: str | None) -> tuple[Figure, list[Run]]:
+    with StoreReader(str(store)) as reader:
+        runs = [reader.run(run_id) for run_id in run_ids]
+        return plot.figure(reader, runs, **kwargs), runs  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- what is drawn
+
+
+def test_one_run_training_on_top_then_a_panel_per_quantity_by_category(store: Path) -> None:
+    fig, (run,) = draw(store, [None])
+    assert run.id == 2  # the newest by default
+    shown = panels(fig)
+    keys = list(shown)
+    assert keys[:2] == ["train/accuracy", "train/loss"]  # the run's own signals first
+    categories = [key.split("/")[1] for key in keys[2:]]
+    assert all(key.startswith("resource/") for key in keys[2:])
+    # Grouped: each category's panels together, in the documented order.
+    assert list(dict.fromkeys(categories)) == ["cpu", "memory", "network", "disk", "process", "gpu"]
+    assert categories == sorted(categories, key=list(plot.CATEGORIES).index)
+    # One panel per quantity, its unit on the y axis.
+    units = {key: ax.get_ylabel() for key, ax in shown.items()}
+    assert units["resource/cpu/utilization_percent"] == "%"
+    assert units["resource/process/memory_in_use_mb"] == "MiB"
+    assert units["resource/disk/utilization_gb"] == "GiB"
+    assert units["resource/disk/read_mb"] == units["resource/network/bytes_sent"] == "MiB/s"
+    assert units["resource/gpu/*/temperature_celsius"] == "°C"
+    assert units["resource/gpu/*/power_watts"] == "W"
+    assert units["resource/gpu/*/sm_clock_mhz"] == "MHz"
+    assert units["resource/gpu/*/memory_allocated_bytes"] == "GiB"
+    assert units["resource/process/cpu_threads_in_use"] == "threads"
+    assert units["train/loss"] == "loss"
+    assert all(ax.get_title(loc="left") for ax in shown.values())
+    assert shown["resource/gpu/*/temperature_celsius"].get_title(loc="left") == "GPU temperature"
+    # The step axis the loss and the resources share, labelled under each column.
+    x_labels = {ax.get_xlabel() for ax in shown.values()} - {""}
+    assert x_labels == {"step (model age)"}
+    loss = lines(shown["train/loss"])["run2"]
+    assert xs(loss)[:3] == [10.0, 20.0, 30.0] and ys(loss)[0] == pytest.approx(
+        LOSS_SCALES[1] * math.exp(-0.1)
+    )
+    assert "runs.sqlite: run 2 · " in fig.get_suptitle()
+
+
+def test_nothing_overlaps_and_the_png_is_written(store: Path, tmp_path: Path) -> None:
+    fig, _ = draw(store, [1, 2])
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()  # type: ignore[no-untyped-call]
+    renderer = canvas.get_renderer()  # type: ignore[no-untyped-call]
+    boxes = [(ax.get_gid() or "legend", ax.get_tightbbox(renderer)) for ax in fig.axes]
+    for i, (a, box_a) in enumerate(boxes):
+        assert box_a is not None
+        assert fig.bbox.x0 <= box_a.x0 and box_a.x1 <= fig.bbox.x1 + 1, f"{a} sticks out"
+        assert fig.bbox.y0 <= box_a.y0 and box_a.y1 <= fig.bbox.y1 + 1, f"{a} sticks out"
+        for b, box_b in boxes[i + 1 :]:
+            assert box_b is not None and not box_a.overlaps(box_b), f"{a} overlaps {b}"
+    with StoreReader(str(store)) as reader:
+        path = plot.render(reader, [reader.run(1)], output=tmp_path / "one.png")
+    width, height = png_size(path)
+    assert 1500 <= width <= 2500 and 1000 <= height <= 2500
+
+
+def test_one_line_per_gpu(store: Path) -> None:
+    fig, _ = draw(store, [2])
+    gpu = {key: ax for key, ax in panels(fig).items() if key.startswith("resource/gpu/")}
+    assert len(gpu) == 7
+    for ax in gpu.values():
+        assert set(lines(ax)) == {"run2/gpu0", "run2/gpu1"}
+    temperature = lines(gpu["resource/gpu/*/temperature_celsius"])
+    assert set(finite(ys(temperature["run2/gpu0"]))) == {TEMPERATURES[0]}
+    assert set(finite(ys(temperature["run2/gpu1"]))) == {TEMPERATURES[1]}
+    # Bytes are drawn in GiB: the fake GPU has 12 GiB allocated.
+    allocated = lines(gpu["resource/gpu/*/memory_allocated_bytes"])
+    assert set(finite(ys(allocated["run2/gpu0"]))) == {12.0}
+    # The two devices are told apart by colour and by dash, and named in the key.
+    a, b = temperature["run2/gpu0"], temperature["run2/gpu1"]
+    assert a.get_color() != b.get_color() and a.get_linestyle() != b.get_linestyle()
+    legend = [text.get_text() for ax in fig.axes if (lg := ax.get_legend()) for text in lg.get_texts()]
+    assert legend == ["GPU 0", "GPU 1"]
+
+
+def test_two_runs_overlaid_one_colour_per_run(store: Path) -> None:
+    fig, runs = draw(store, [1, 2])
+    shown = panels(fig)
+    loss = lines(shown["train/loss"])
+    assert set(loss) == {"run1", "run2"}
+    assert loss["run1"].get_color() != loss["run2"].get_color()
+    assert ys(loss["run1"])[0] == pytest.approx(LOSS_SCALES[0] * math.exp(-0.1))
+    assert ys(loss["run2"])[0] == pytest.approx(LOSS_SCALES[1] * math.exp(-0.1))
+    cpu = lines(shown["resource/cpu/utilization_percent"])
+    assert cpu["run1"].get_color() == loss["run1"].get_color()
+    assert cpu["run2"].get_color() == loss["run2"].get_color()
+    gpu = lines(shown["resource/gpu/*/utilization_percent"])
+    assert set(gpu) == {"run1/gpu0", "run1/gpu1", "run2/gpu0", "run2/gpu1"}
+    assert gpu["run1/gpu1"].get_color() == loss["run1"].get_color()  # colour: the run; dash: the device
+    assert gpu["run1/gpu0"].get_linestyle() != gpu["run1/gpu1"].get_linestyle()
+    legend = [text.get_text() for ax in fig.axes if (lg := ax.get_legend()) for text in lg.get_texts()]
+    assert legend[:2] == [plot.describe(run) for run in runs]
+    assert legend[0].startswith("run 1 · ") and time.strftime("%Y-%m-%d", time.localtime()) in legend[0]
+    assert legend[2:] == ["GPU 0", "GPU 1"]
+    assert "runs 1, 2" in fig.get_suptitle()
+
+
+def test_x_in_seconds_since_the_run_started(store: Path) -> None:
+    by_step, _ = draw(store, [2])
+    by_seconds, (run,) = draw(store, [2], x="seconds")
+    with StoreReader(str(store)) as reader:
+        cpu = reader.series(run.id, "resource/cpu/utilization_percent")
+    step_line = lines(panels(by_step)["resource/cpu/utilization_percent"])["run2"]
+    seconds_line = lines(panels(by_seconds)["resource/cpu/utilization_percent"])["run2"]
+    assert xs(step_line) == [float(s) for s in cpu.steps]
+    assert xs(seconds_line) == pytest.approx([w - run.started_at for w in cpu.wall_times])
+    assert max(xs(seconds_line)) <= run.duration + 1 < max(xs(step_line))  # ages ran 10 per iteration
+    assert ys(seconds_line) == ys(step_line)
+    x_labels = {ax.get_xlabel() for ax in panels(by_seconds).values()} - {""}
+    assert x_labels == {"seconds since the run started"}
+
+
+def test_counters_are_drawn_as_rates_and_a_counter_that_went_back_is_a_gap(counters: Counter) -> None:
+    fig, _ = draw(counters.path, [None])
+    shown = panels(fig)
+    read = ys(lines(shown["resource/disk/read_mb"])["run1"])
+    sent = ys(lines(shown["resource/network/bytes_sent"])["run1"])
+    for rates, per_second in ((read, READ_MB_PER_S), (sent, SENT_MB_PER_S)):
+        # 12 readings: no rate for the first, a gap where the counter fell back.
+        assert len(finite(rates)) == 10 and math.isnan(rates[REBOOT_AT - 1])
+        assert all(rate >= 0 for rate in finite(rates))
+        assert finite(rates) == pytest.approx([per_second] * 10, rel=0.01)  # not ~51,200 (the count)
+    assert shown["resource/disk/read_mb"].get_ylim()[0] == 0
+    # One reading of a counter is no rate: no panel.
+    assert "resource/network/bytes_received" not in shown
+
+
+def test_a_model_that_restarted_leaves_a_gap_not_a_line_back(counters: Counter) -> None:
+    fig, _ = draw(counters.path, [None])
+    loss = lines(panels(fig)["train/loss"])["run1"]
+    points = list(zip(xs(loss), ys(loss), strict=True))
+    drawn = [(x, y) for x, y in points if math.isfinite(y)]
+    assert len(drawn) == 12
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        if math.isfinite(y0) and math.isfinite(y1):
+            assert x1 >= x0, "a segment drawn backwards along the step axis"
+    assert sum(math.isnan(y) for _, y in points) == 1
+
+
+def test_a_pattern_selects_signals(store: Path) -> None:
+    assert plot.matches("resource/gpu/1/power_watts", "resource/gpu/*")
+    assert not plot.matches("train/gpu_loss", "resource/gpu/*")  # a glob spans the whole name
+    assert plot.matches("train/loss", "loss") and not plot.matches("train/loss", "Loss")  # substring
+    assert plot.matches("anything", None)
+    gpu, _ = draw(store, [2], pattern="resource/gpu/*")
+    assert len(panels(gpu)) == 7 and all(key.startswith("resource/gpu/*/") for key in panels(gpu))
+    loss, _ = draw(store, [2], pattern="loss")
+    assert list(panels(loss)) == ["train/loss"]
+    device, _ = draw(store, [2], pattern="gpu/1/temp")
+    (only,) = panels(device).values()
+    assert set(lines(only)) == {"run2/gpu1"}
+
+
+def test_nothing_to_draw_is_a_value_error(store: Path) -> None:
+    with pytest.raises(ValueError, match=r"no signal of run 2 matches 'nope\*'"):
+        draw(store, [2], pattern="nope*")
+    with pytest.raises(ValueError, match="x must be one of step, seconds"):
+        draw(store, [2], x="hours")
+    with StoreReader(str(store)) as reader, pytest.raises(ValueError, match="no run"):
+        plot.figure(reader, [])
+
+
+def test_import_sampler_never_imports_matplotlib() -> None:
+    code = (
+        "import sys, sampler, sampler.commands, sampler.commands.plot, sampler.views.plot\n"
+        "print('matplotlib' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    width, height = struct.unpack(">II", header[16:24])
+    return width, height
+
+
+def run(*argv: str) -> tuple[int, str]:
+    """``plot *argv`` through a parser built the way the dispatcher builds it."""
+    parser = argparse.ArgumentParser(prog="python -m sampler")
+    command.add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["plot", *argv])
+    assert args.handler is command.main
+    out = io.StringIO()
+    args.out = out
+    status = args.handler(args)
+    return status, out.getvalue()
+
+
+def test_plot_writes_the_newest_run_beside_the_working_directory(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    status, out = run(str(store))
+    assert status == 0 and out == "runs-run2.png\n"
+    assert png_size(tmp_path / "runs-run2.png")[0] > 1000
+    status, out = run(str(store), "--run", "1", "--run", "2", "--signals", "loss", "--x", "seconds")
+    assert status == 0 and out == "runs-run1-run2.png\n"
+    small = png_size(tmp_path / "runs-run1-run2.png")
+    assert small[1] < png_size(tmp_path / "runs-run2.png")[1]  # one panel, not thirty
+    status, out = run(str(store), "--run", "1", "-o", str(tmp_path / "first.png"))
+    assert status == 0 and out == f"{tmp_path / 'first.png'}\n" and (tmp_path / "first.png").is_file()
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("no such store", "no run store at"),
+        ("not a store", "is not a run store (file is not a database)"),
+        ("no such run", "has no run 7"),
+        ("nothing matches", "no signal of run 2 matches 'zzz'"),
+        ("unwritable output", "cannot write"),
+    ],
+)
+def test_errors_are_one_line_with_status_2(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, message: str
+) -> None:
+    argv = {
+        "no such store": [str(tmp_path / "missing.sqlite")],
+        "not a store": [__file__],
+        "no such run": [str(store), "--run", "1", "--run", "7"],
+        "nothing matches": [str(store), "--signals", "zzz"],
+        "unwritable output": [str(store), "-o", str(tmp_path / "no" / "such" / "dir.png")],
+    }[case]
+    status, out = run(*argv)
+    err = capsys.readouterr().err
+    assert status == 2 and out == ""
+    assert err.startswith("python -m sampler plot: error: ") and message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_without_matplotlib_the_message_names_the_extra(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    status, _ = run(str(store), "-o", str(tmp_path / "x.png"))
+    err = capsys.readouterr().err
+    assert status == 2 and "pip install 'wl-resource-monitor[plot]'" in err and err.count("\n") == 1
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_python_m_sampler_plot(store: Path, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sampler", "plot", str(store), "--run", "1", "--signals", "resource/gpu/*"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "runs-run1.png\n" and png_size(tmp_path / "runs-run1.png")[0] > 1000
+    missing = subprocess.run(
+        [sys.executable, "-m", "sampler", "plot", str(tmp_path / "none.sqlite")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert missing.returncode == 2 and "no run store at" in missing.stderr

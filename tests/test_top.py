@@ -1,0 +1,467 @@
+"""Issue 8: ``python -m sampler top``, the live terminal view of a run.
+
+The rendering on synthetic data; ``--once`` and the store watcher against
+stores written by a real monitor; and the live view itself in a real terminal
+(tmux) against a backend process writing the store."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections import deque
+from pathlib import Path
+
+import pytest
+from conftest import FAST, backend_script, wait_for
+
+import sampler
+from sampler.commands import top as top_command
+from sampler.store.reader import Run, StoreReader
+from sampler.store.writer import RunInfo, RunWriter
+from sampler.views import top
+from sampler.views.top import Line, View
+
+NOW = 1_700_000_000.0
+
+
+def make_run(**overrides: object) -> Run:
+    fields: dict[str, object] = {
+        "id": 3,
+        "started_at": NOW - 125,
+        "ended_at": None,
+        "updated_at": NOW - 0.5,
+        "host": "trainer-7",
+        "pid": 4242,
+        "command": ["python", "train.py"],
+        "config": {"interval_seconds": 1.0},
+        "version": "0.1.0",
+        "stats": {"restarts": 0, "records_lost": 0, "quarantined": []},
+    }
+    fields.update(overrides)
+    return Run(**fields)  # type: ignore[arg-type]
+
+
+def series(*values: float, end: float = NOW - 0.5) -> deque[tuple[float, float]]:
+    """Points one second apart, the last at ``end``."""
+    return deque((end - (len(values) - 1 - i), v) for i, v in enumerate(values))
+
+
+def text_of(lines: list[Line]) -> str:
+    return top.frame_text(lines)
+
+
+def row(text: str, label: str) -> str:
+    """The line of ``text`` whose label (first word) is ``label``."""
+    found = [line for line in text.splitlines() if line.split()[:1] == [label]]
+    assert len(found) == 1, f"{label!r} in:\n{text}"
+    return found[0]
+
+
+# --- rendering, on synthetic data ----------------------------------------------------------------
+
+
+def test_sparkline_scales_recent_values_between_their_min_and_max() -> None:
+    assert top.sparkline([0, 1, 2, 3, 4, 5, 6, 7], 8) == "▁▂▃▄▅▆▇█"
+    assert top.sparkline([10, 20, 30, 40], 2) == "▁█"  # only the last `width`, scaled on their own
+    assert top.sparkline([5, 5, 5], 10) == "▁▁▁"  # flat, and no padding
+    assert top.sparkline([0, math.nan, 1], 3) == "▁ █"
+    assert top.sparkline([1, 2], 0) == "" and top.sparkline([], 5) == ""
+
+
+def test_values_carry_the_unit_their_name_says() -> None:
+    cases = {
+        ("resource/cpu/utilization_percent", 12.34): "12.3%",
+        ("resource/process/memory_in_use_mb", 1234.0): "1234 MB",
+        ("resource/disk/utilization_gb", 23.12): "23.1 GB",
+        ("resource/gpu/0/memory_allocated_bytes", 12 * 1024**3): "12.0 GB",
+        ("resource/gpu/0/sm_clock_mhz", 1980.0): "1980 MHz",
+        ("resource/gpu/0/temperature_celsius", 45.0): "45°C",
+        ("resource/gpu/0/power_watts", 312.5): "312 W",
+        ("resource/process/cpu_threads_in_use", 3.0): "3",
+        ("train/loss", 0.012345678): "0.01235",
+    }
+    for (name, value), shown in cases.items():
+        assert top.format_value(name, value) == shown, name
+    assert top.format_value("resource/network/bytes_sent", 2048.0, rate=True) == "2.0 KB/s"
+    assert top.format_value("resource/disk/read_mb", 1.5, rate=True) == "1.5 MB/s"
+    assert top.rates([(0.0, 100.0), (2.0, 300.0), (3.0, 50.0), (4.0, 60.0)]) == [(2.0, 100.0), (4.0, 10.0)]
+
+
+def test_signals_are_grouped_training_first_then_categories_in_order() -> None:
+    points = {
+        "resource/process/memory_in_use_mb": series(100, 150, 120),
+        "resource/cpu/utilization_percent": series(10, 90, 50),
+        "train/loss": series(2.0, 1.0, 0.5),
+        "eval/accuracy": series(0.5, 0.7),
+        "resource/network/bytes_received": series(0, 1024, 3072),  # a counter: shown as a rate
+        "resource/memory/system_utilization_percent": series(40, 41),
+        "steps_per_second": series(3, 4),
+    }
+    view = View(store="s.sqlite", run=make_run(), points=points, last_step=77, newest=NOW - 0.5)
+    lines = top.render(view, NOW, width=120)
+    text = text_of(lines)
+    groups = [line.text for line in lines if line.style == "heading" and " " not in line.text]
+    assert groups == ["eval", "train", "training", "cpu", "memory", "network", "process"], text
+    loss = row(text, "loss").split()
+    assert loss[1:4] == ["0.5", "0.5", "2"] and loss[4] == "█▃▁"  # now, min, max, recent
+    assert row(text, "utilization_percent").split()[1:4] == ["50.0%", "10.0%", "90.0%"]
+    received = row(text, "bytes_received")
+    assert "2.0 KB/s" in received and "1.0 KB/s" in received and "/s" in received.split()[1]
+    assert row(text, "steps_per_second").split()[1] == "4"
+    assert "run 3 | trainer-7 pid 4242 | running | 2m05s | step 77" in text
+
+
+def test_a_row_per_gpu_with_its_signals_side_by_side() -> None:
+    def gpu(i: int, util: float, temp: float) -> dict[str, deque[tuple[float, float]]]:
+        prefix = f"resource/gpu/{i}/"
+        return {
+            prefix + "utilization_percent": series(util - 10, util),
+            prefix + "memory_allocated_bytes": series(12 * 1024**3),
+            prefix + "memory_allocated_percent": series(15),
+            prefix + "temperature_celsius": series(temp),
+            prefix + "power_watts": series(300),
+            prefix + "fan_rpm": series(1200),  # one the table does not know: a column of its own
+        }
+
+    points = {**gpu(10, 50, 70), **gpu(2, 87, 45), "train/loss": series(1.0)}
+    view = View(store="s.sqlite", run=make_run(), points=points, last_step=1, newest=NOW - 0.5)
+    lines = top.render(view, NOW, width=120)
+    text = text_of(lines)
+    header = row(text, "gpu").split()
+    assert header[:6] == ["gpu", "util", "memory", "mem", "%", "temp"] and "fan_rpm" in header
+    rows = [line.split() for line in text.splitlines() if line.strip().startswith("gpu/")]
+    assert [r[0] for r in rows] == ["gpu/2", "gpu/10"]  # by device index, not as text
+    assert rows[0][1:7] == ["87.0%", "12.0", "GB", "15.0%", "45°C", "300"] and "1200" in rows[0]
+    assert rows[1][1] == "50.0%" and rows[1][-1] == "▁█"  # utilization's sparkline
+    assert not any("temperature_celsius" in line for line in text.splitlines())  # not a row of its own
+
+
+def test_health_line_says_what_is_wrong_with_the_monitor() -> None:
+    ok = top.health_line({"restarts": 0, "records_lost": 0, "quarantined": [], "error": None})
+    assert ok.style == "" and ok.text.startswith("health: ok")
+    bad = top.health_line(
+        {
+            "restarts": 2,
+            "deaths": [{"cause": "hang", "category": "disk"}, {"cause": "crash", "category": "gpu"}],
+            "records_lost": 5,
+            "quarantined": ["gpu"],
+            "store_error": "cannot write it: disk I/O error",
+            "waiting_for": "the sink to return (called 3 s ago)",
+        }
+    )
+    assert bad.style == "alert"
+    for part in (
+        "2 restarts (last: crash in gpu)",
+        "5 records lost",
+        "quarantined: gpu",
+        "store error: cannot write it: disk I/O error",
+        "waiting for the sink to return",
+    ):
+        assert part in bad.text
+    assert top.health_line(None).text == "health: not reported yet"
+
+
+def test_no_sample_for_n_seconds_when_the_backend_went_quiet() -> None:
+    run = make_run(config={"interval_seconds": 2.0})
+    fresh = View(store="s", run=run, points={"train/loss": series(1.0)}, newest=NOW - 5.0, pid_alive=True)
+    assert top.stale_line(fresh, NOW) is None  # under 3 intervals
+    hung = View(store="s", run=run, points={"train/loss": series(1.0)}, newest=NOW - 42.4, pid_alive=True)
+    line = top.stale_line(hung, NOW)
+    assert line is not None and line.style == "alert"
+    assert line.text.startswith("!! no sample for 42 s") and "still runs" in line.text
+    gone = View(store="s", run=run, newest=NOW - 42.4, pid_alive=False)
+    gone_text = text_of(top.render(gone, NOW))
+    assert "pid 4242) is gone" in gone_text and "| lost |" in gone_text
+    assert "| running |" in text_of(top.render(hung, NOW))
+    ended = View(store="s", run=make_run(ended_at=NOW - 60), newest=NOW - 60)
+    assert "no sample" not in text_of(top.render(ended, NOW))
+    nothing_yet = View(store="s", run=make_run(started_at=NOW - 30))  # no point at all: since the start
+    assert "no sample for 30 s" in text_of(top.render(nothing_yet, NOW))
+
+
+def test_a_terminal_too_small_truncates_and_says_what_is_hidden() -> None:
+    points = {f"resource/cpu/s{i}_percent": series(i, i + 1) for i in range(30)}
+    view = View(store="s", run=make_run(), points=points, newest=NOW)
+    for width, height in ((20, 5), (1, 1), (200, 3)):
+        lines = top.render(view, NOW, width=width, height=height)
+        assert len(lines) == height and all(len(line.text) <= width for line in lines)
+        assert lines[-1].text.startswith("…") and lines[-1].style == "alert"
+    cut = top.render(view, NOW, width=120, height=10)
+    assert cut[-1].text == f"… {len(top.render(view, NOW, width=120)) - 9} more rows: enlarge the terminal"
+    waiting = top.render(View(store="x.sqlite", waiting="waiting for a run in x.sqlite"), NOW, width=10)
+    assert [line.text for line in waiting] == ["wl-resour…", "waiting f…"]
+
+
+# --- against stores written by a real monitor ----------------------------------------------------
+
+
+def once(store: Path | str, **options: object) -> tuple[int, str]:
+    out = io.StringIO()
+    args = argparse.Namespace(store=str(store), run_id=None, interval=None, once=True, out=out)
+    for key, value in options.items():
+        setattr(args, key, value)
+    status = top_command.main(args)
+    return status, out.getvalue()
+
+
+def test_once_prints_a_frame_of_a_run_a_real_monitor_is_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_NVML", json.dumps({"devices": [{}, {"util": 12}]}))
+    store = tmp_path / "runs.sqlite"
+    age = [0]
+    with sampler.ResourceMonitor(
+        store=store,
+        categories=["cpu", "process", "gpu"],
+        age_source=lambda: age[0],
+        nvml_module="fake_nvml",
+        **FAST,
+    ) as mon:
+        for step in range(1, 31):
+            age[0] = step
+            sampler.signals.log_signal("train/loss", 1.0 / step, step)
+            time.sleep(0.02)
+        wait_for(lambda: mon.stats()["store_points_written"] > 60, what="points in the store")
+        status, text = once(store)
+        status_run, text_run = once(store, run_id=1)
+    assert status == 0 and status_run == 0 and text_run.splitlines()[0] == text.splitlines()[0]
+    assert re.match(r"run 1 \| \S+ pid \d+ \| running \| \d+s \| step \d+ \| every 0.1 s", text)
+    assert "health: ok" in text and "no sample for" not in text
+    loss = row(text, "loss").split()
+    assert 0 < float(loss[1]) < 1 and loss[3] == "1"  # now, and the window's max: the first loss
+    assert row(text, "train") and row(text, "cpu") and row(text, "process")
+    assert row(text, "utilization_percent").split()[1].endswith("%")
+    assert row(text, "memory_in_use_mb").split()[2] == "MB"
+    gpus = [line.split() for line in text.splitlines() if line.strip().startswith("gpu/")]
+    assert [g[0] for g in gpus] == ["gpu/0", "gpu/1"] and [g[1] for g in gpus] == ["87.0%", "12.0%"]
+    assert text.index("loss") < text.index("cpu") < text.index("gpu/0")
+    status, text = once(store)  # the monitor stopped: the run ended, nothing is stale
+    assert status == 0 and "| ended |" in text and "no sample" not in text
+
+
+def test_once_without_a_run_says_it_waits(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    top_command.add_parser(parser.add_subparsers())
+    missing = tmp_path / "nothing.sqlite"
+    args = parser.parse_args(["top", str(missing), "--once"])
+    args.out = io.StringIO()
+    assert args.handler(args) == 2
+    assert f"waiting for a run in {missing}" in args.out.getvalue()
+    empty = tmp_path / "empty.sqlite"
+    RunWriter(str(empty), run_info()).close({})  # a store with one run, run 1
+    status, text = once(empty, run_id=2)
+    assert status == 2 and f"waiting for run 2 in {empty}" in text
+    assert once(empty)[0] == 0
+    assert parser.parse_args(["top"]).store == "resource_monitor.sqlite"
+    assert parser.parse_args(["top", "--interval", "0.5"]).interval == 0.5
+    with pytest.raises(SystemExit):
+        parser.parse_args(["top", "--interval", "-1"])
+
+
+def run_info() -> RunInfo:
+    return RunInfo(
+        pid=os.getpid(), command=["train.py"], config={"interval_seconds": 0.1}, started_at=time.time()
+    )
+
+
+def write(writer: RunWriter, step: int, loss: float, stats: dict[str, object] | None = None) -> None:
+    writer.log("train/loss", loss, step)
+    writer.record({"resource/cpu/utilization_percent": float(step)}, step, time.monotonic_ns(), stats)
+
+
+def test_the_watch_reads_only_what_is_new_and_follows_a_newer_run(tmp_path: Path) -> None:
+    store = str(tmp_path / "runs.sqlite")
+    first = RunWriter(store, run_info())
+    for step in range(20):
+        write(first, step, 100.0 - step, {"restarts": 0} if step == 0 else None)
+    newest = top.StoreWatch(store, window=5)
+    pinned = top.StoreWatch(store, run_id=1, window=5)
+    view = newest.poll()
+    assert view.run is not None and view.run.id == 1 and view.last_step == 19
+    assert [v for _, v in view.points["train/loss"]] == [85.0, 84.0, 83.0, 82.0, 81.0]  # latest 5
+    for step in range(20, 23):
+        write(first, step, 100.0 - step, {"restarts": 1, "quarantined": ["gpu"]} if step == 22 else None)
+    view = newest.poll()
+    assert [v for _, v in view.points["train/loss"]] == [82.0, 81.0, 80.0, 79.0, 78.0]
+    assert (
+        view.last_step == 22
+        and view.run is not None
+        and view.run.stats
+        == {
+            "restarts": 1,
+            "quarantined": ["gpu"],
+        }
+    )
+    assert "1 restart" in text_of(top.render(view, time.time())) and "quarantined: gpu" in text_of(
+        top.render(view, time.time())
+    )
+    second = RunWriter(store, run_info())
+    write(second, 0, 7.0)
+    view = newest.poll()
+    assert view.run is not None and view.run.id == 2 and [v for _, v in view.points["train/loss"]] == [7.0]
+    assert view.last_step == 0
+    view = pinned.poll()
+    assert view.run is not None and view.run.id == 1 and len(view.points["train/loss"]) == 5
+    with StoreReader(store) as reader:
+        assert reader.series(1, "train/loss").values[-5:] == [v for _, v in view.points["train/loss"]]
+        # Each refresh costs what is new, not what the run wrote so far: no scan, no sort.
+        follow = str(reader.db.execute("EXPLAIN QUERY PLAN " + top.FOLLOW_SQL, (0, 1)).fetchall())
+        latest = str(reader.db.execute("EXPLAIN QUERY PLAN " + top.LATEST_SQL, (1, 1, 5)).fetchall())
+    assert "INTEGER PRIMARY KEY (rowid>?)" in follow and "B-TREE" not in follow, follow
+    assert "points_by_signal (run_id=? AND name_id=?)" in latest and "B-TREE" not in latest, latest
+    first.close({})
+    second.close({})
+    newest.close()
+    pinned.close()
+
+
+# --- the live view in a real terminal ------------------------------------------------------------
+
+needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+
+BACKEND = """
+import json, math
+age = [0]
+mon = sampler.ResourceMonitor(store=sys.argv[1], age_source=lambda: age[0], nvml_module="fake_nvml",
+                              interval_seconds=0.1, _min_interval_seconds=0.05).start()
+step = 0
+while True:
+    step += 1
+    age[0] = step
+    sampler.signals.log_signal("train/loss", 2.0 * math.exp(-step / 100) + 0.01 * math.sin(step), step)
+    time.sleep(0.05)
+"""
+
+
+def top_command_line(store: Path) -> list[str]:
+    return [sys.executable, "-m", "sampler", "top", str(store)]
+
+
+class Tmux:
+    """A tmux server of its own (a unique socket), one detached 120x40 window
+    running ``command`` in a shell that reports how it exited and the
+    terminal's modes afterwards."""
+
+    def __init__(self, command: list[str], cwd: Path) -> None:
+        self.socket = f"wl-top-test-{uuid.uuid4().hex[:12]}"
+        # The shell outlives the Ctrl-C it shares with top (a no-op trap: top still gets SIGINT).
+        shell = f'trap : INT; {shlex.join(command)}; echo "top exited with $?"; stty -a; sleep 60'
+        conf = cwd / "tmux.conf"  # none of the user's; a fixed size, whatever clients come and go
+        conf.write_text("set -g default-size 120x40\n")
+        size = ["-x", "120", "-y", "40"]
+        self.tmux("-f", str(conf), "new-session", "-d", *size, "-s", "top", "-c", str(cwd), shell)
+
+    def tmux(self, *args: str) -> str:
+        done = subprocess.run(
+            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=10, check=True
+        )
+        return done.stdout
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", "top")
+
+    def wait_screen(self, *needles: str, timeout: float = 15.0) -> str:
+        last = [""]
+
+        def shows() -> str | None:
+            last[0] = self.screen()
+            return last[0] if all(n in last[0] for n in needles) else None
+
+        try:
+            return str(wait_for(shows, timeout=timeout, what=f"{needles} on screen"))
+        except AssertionError:
+            raise AssertionError(f"{needles} not on screen:\n{last[0]}") from None
+
+    def kill(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
+
+
+def start_backend(tmp_path: Path, store: Path) -> subprocess.Popen[bytes]:
+    script = tmp_path / "backend.py"
+    script.write_text(backend_script(BACKEND))
+    env = {**os.environ, "FAKE_NVML": json.dumps({"devices": [{}, {"util": 12}]})}
+    return subprocess.Popen([sys.executable, str(script), str(store)], env=env, cwd=tmp_path)
+
+
+def stop(backend: subprocess.Popen[bytes]) -> None:
+    if backend.poll() is None:
+        backend.kill()
+    backend.wait(timeout=10)
+
+
+def line_with(screen: str, label: str) -> str:
+    return next((line for line in screen.splitlines() if line.split()[:1] == [label]), "")
+
+
+def assert_exited_cleanly(tmux: Tmux) -> None:
+    screen = tmux.wait_screen("top exited with", "speed")  # stty -a's first word
+    assert "top exited with 0" in screen, screen
+    modes = set(screen.split())
+    assert {"icanon", "echo", "icrnl", "opost"} <= modes, screen  # cooked mode again, not curses' cbreak
+    assert "run 1 |" not in screen  # the alternate screen was left: the shell's own screen is back
+
+
+@needs_tmux
+def test_top_in_a_terminal_follows_a_live_backend_and_quits_on_q(tmp_path: Path) -> None:
+    store = tmp_path / "runs.sqlite"
+    backend = start_backend(tmp_path, store)
+    tmux: Tmux | None = None
+    try:
+        wait_for(lambda: store.exists() and once(store)[0] == 0, what="the backend's run in the store")
+        tmux = Tmux(top_command_line(store), tmp_path)
+        first = tmux.wait_screen(
+            "run 1 |", "| running |", "loss", "utilization_percent", "gpu/1", "health: ok"
+        )
+        assert "no sample for" not in first
+        time.sleep(1.0)
+        second = tmux.wait_screen("run 1 |", "loss")
+        for label in ("loss", "memory_in_use_mb"):
+            assert line_with(first, label) and line_with(second, label), second
+        assert line_with(first, "loss") != line_with(second, "loss")  # its value and sparkline moved
+        steps = [re.search(r"step (\d+)", s) for s in (first, second)]
+        assert steps[0] and steps[1] and int(steps[1][1]) > int(steps[0][1])
+        assert all(len(line) <= 120 for line in second.splitlines())
+
+        stop(backend)  # SIGKILL: no end time is written, the store just goes quiet
+        stale = tmux.wait_screen("no sample for", "is gone", timeout=10)
+        assert "| lost |" in stale
+
+        tmux.tmux("resize-window", "-t", "top", "-x", "30", "-y", "6")  # too small: cut, not a crash
+        small = tmux.wait_screen("more rows")
+        assert len(small.splitlines()) <= 6 and all(len(line) <= 30 for line in small.splitlines())
+        tmux.tmux("resize-window", "-t", "top", "-x", "120", "-y", "40")
+        tmux.wait_screen("run 1 |", "loss")
+
+        tmux.tmux("send-keys", "-t", "top", "q")
+        assert_exited_cleanly(tmux)
+    finally:
+        if tmux is not None:
+            tmux.kill()
+        stop(backend)
+
+
+@needs_tmux
+def test_top_in_a_terminal_waits_for_a_run_picks_it_up_and_quits_on_ctrl_c(tmp_path: Path) -> None:
+    store = tmp_path / "later.sqlite"
+    tmux = Tmux(top_command_line(store), tmp_path)
+    backend: subprocess.Popen[bytes] | None = None
+    try:
+        tmux.wait_screen(f"waiting for a run in {store}")
+        backend = start_backend(tmp_path, store)
+        tmux.wait_screen("run 1 |", "loss", "gpu/0")
+        tmux.tmux("send-keys", "-t", "top", "C-c")
+        assert_exited_cleanly(tmux)
+    finally:
+        tmux.kill()
+        if backend is not None:
+            stop(backend)
