@@ -6,10 +6,15 @@ Runs the same training-like workloads with monitoring off, in-thread
 (``isolation="thread"``) and isolated (``isolation="process"``), interleaved
 round by round (off, thread, process, off, ...) so drift in the machine's speed
 hits all three alike, at the 1 s interval floor and at a stress interval below
-it that makes small per-sample costs visible. Then it measures how the cost
-grows with the number of GPUs (a fake NVML with 1, 8 and 64 devices) and with
-all categories on versus one. Prints a Markdown report, checks the targets,
-and optionally writes the numbers as JSON and a PNG chart (matplotlib).
+it that makes small per-sample costs visible. In the same rounds it measures
+the floor (a bare daemon thread woken through a pipe by another process once
+per sample, making the same 13 sink calls and nothing else) against the
+isolated monitor with and without the run store, and a GIL-bound training loop
+that logs its loss every step through the pipeline (``log_signal``), with the
+isolated monitor and with the store on. Then it measures how the cost grows
+with the number of GPUs (a fake NVML with 1, 8 and 64 devices) and with all
+categories on versus one. Prints a Markdown report, checks the targets, and
+optionally writes the numbers as JSON and a PNG chart (matplotlib).
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ import contextlib
 import itertools
 import json
 import os
+import select
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -37,8 +45,16 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the package, and the fake NVM
 import sampler  # noqa: E402  (after the path set-up above)
 
 MODES = ("off", "thread", "process")
+FLOOR_MODES = ("floor", "store")
+"""Idle backend only: the bare woken thread, and the isolated monitor with the run store on."""
+LOG_MODES = ("log", "log+store")
+"""GIL-bound loop at the 1 s floor only: it logs its loss every step through ``log_signal``,
+with the isolated monitor running, without and with the run store."""
+ALL_MODES = MODES + FLOOR_MODES + LOG_MODES
 WORKLOADS = ("idle", "gil", "numpy", "latency")
 NON_GPU = ("cpu", "memory", "disk", "network", "process")
+FLOOR_SIGNALS = 13
+"""Sink calls per wake of the floor thread: the signals of one sample with all non-GPU categories."""
 FLOOR = 1.0
 STRESS = 0.01
 """The stress interval: 100 samples/s, below the floor only benchmarks may use, so that
@@ -62,7 +78,7 @@ FULL = Profile(rounds=5, seconds=5.0, scaling_seconds=3.0)
 
 
 def _run_steps(step: Callable[[], object], seconds: float) -> list[float]:
-    durations = []
+    durations: list[float] = []
     clock = time.perf_counter
     end = clock() + seconds
     while True:
@@ -97,14 +113,101 @@ def latency_step() -> int:
     return total
 
 
-STEPS: dict[str, Callable[[], object]] = {"gil": gil_step, "numpy": numpy_step, "latency": latency_step}
+STEPS: dict[str, Callable[[], float]] = {"gil": gil_step, "numpy": numpy_step, "latency": latency_step}
 
 
-def run_workload(workload: str, seconds: float) -> list[float]:
+def logging_loss(step: Callable[[], float]) -> Callable[[], float]:
+    """``step``, then its result logged as the loss through the pipeline, as a training loop would."""
+    log_signal = sampler.signals.log_signal
+    counter = itertools.count()
+
+    def logged() -> float:
+        loss = step()
+        log_signal("train/loss", loss, next(counter))
+        return loss
+
+    return logged
+
+
+def run_workload(workload: str, seconds: float, log_loss: bool = False) -> list[float]:
     if workload == "idle":
         time.sleep(seconds)
         return []
-    return _run_steps(STEPS[workload], seconds)
+    step = STEPS[workload]
+    return _run_steps(logging_loss(step) if log_loss else step, seconds)
+
+
+def noop_sink(name: str, value: float, step: int) -> None:
+    """The sink of every measured monitor and of the floor."""
+
+
+# --- the floor: a bare thread woken through a pipe once per sample --------------------------------
+
+FLOOR_WRITER = """
+import os, sys, time
+fd, interval = int(sys.argv[1]), float(sys.argv[2])
+due = time.monotonic()
+try:
+    while True:
+        due += interval
+        delay = due - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        else:
+            due = time.monotonic()
+        os.write(fd, b"x")
+except OSError:  # the reader closed its end
+    pass
+"""
+"""Another process that writes a byte per sample at the interval, as the sampling child does."""
+
+
+class Floor:
+    """What any monitor thread costs at least: a daemon thread that sleeps in
+    ``select()``, is woken through a pipe by another process once per sample,
+    and makes the same number of sink calls per sample. Nothing else."""
+
+    def __init__(self, interval: float, sink: Callable[[str, float, int], object] = noop_sink) -> None:
+        self.samples = 0
+        self.first = threading.Event()
+        self._names = tuple(f"resource/floor/{i}" for i in range(FLOOR_SIGNALS))
+        self._sink = sink
+        self._read, write = os.pipe()
+        self._stop_r, self._stop_w = os.pipe()
+        self._writer = subprocess.Popen(
+            [sys.executable, "-c", FLOOR_WRITER, str(write), str(interval)], pass_fds=(write,)
+        )
+        os.close(write)
+        self.thread = threading.Thread(target=self._run, name="bench-floor", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        read, stop, sink, names = self._read, self._stop_r, self._sink, self._names
+        step = 0
+        while True:
+            ready, _, _ = select.select([read, stop], [], [])
+            if stop in ready:
+                return
+            woken = len(os.read(read, 4096))  # one byte per sample
+            if not woken:
+                return
+            for _ in range(woken):
+                step += 1
+                for name in names:
+                    sink(name, 1.0, step)
+            self.samples += woken
+            self.first.set()
+
+    def stop(self) -> None:
+        os.write(self._stop_w, b"x")
+        self.thread.join()
+        for fd in (self._read, self._stop_r, self._stop_w):
+            os.close(fd)
+        try:
+            self._writer.wait(5)
+        except subprocess.TimeoutExpired:
+            self._writer.kill()
+            self._writer.wait()
 
 
 # --- one measured run ------------------------------------------------------------------------------
@@ -138,6 +241,20 @@ class Run:
     """Sample-to-sink latency of every sample (not in the JSON summary)."""
     start_ms: float | None = None
     first_sample_ms: float | None = None
+    signals_per_sample: float | None = None
+    log_call_us: float | None = None
+    """CPU of one ``log_signal`` call in the training thread (log modes), timed after the run."""
+    store_points: int | None = None
+    """Points the run store holds at stop (store modes)."""
+
+
+def modes_for(workload: str, interval: float) -> tuple[str, ...]:
+    """The modes measured for one workload at one interval, in their order within a round."""
+    if workload == "idle":
+        return ("thread", "process", *FLOOR_MODES)  # "off" would measure nothing
+    if workload == "gil" and interval == FLOOR:
+        return MODES + LOG_MODES
+    return MODES
 
 
 def measure(
@@ -156,39 +273,60 @@ def measure(
         latencies.append((time.monotonic_ns() - sample.timestamp_ns) / 1e6)
         first.set()
 
-    monitor = None
-    if mode != "off":
+    monitor = floor = None
+    store_dir = tempfile.TemporaryDirectory(prefix="bench-store-") if "store" in mode else None
+    began = time.perf_counter()
+    if mode == "floor":
+        floor = Floor(interval)
+        if not floor.first.wait(60):
+            floor.stop()
+            raise RuntimeError(f"the floor thread was not woken within 60 s ({workload})")
+        run.first_sample_ms = (time.perf_counter() - began) * 1e3
+    elif mode != "off":
         monitor = sampler.ResourceMonitor(
             interval_seconds=interval,
             categories=categories,
-            sink=lambda name, value, step: None,
+            sink=noop_sink,
             step_source="seconds",
             nvml_module="fake_nvml" if devices else "pynvml",
-            isolation=mode,
+            isolation="thread" if mode == "thread" else "process",
             on_sample=on_sample,
+            store=None if store_dir is None else os.path.join(store_dir.name, "runs.sqlite"),
             _min_interval_seconds=min(interval, FLOOR),
         )
-        began = time.perf_counter()
         monitor.start()
         run.start_ms = (time.perf_counter() - began) * 1e3
         if not first.wait(60):
             monitor.stop()
             raise RuntimeError(f"no sample within 60 s ({mode}, {workload})")
         run.first_sample_ms = (time.perf_counter() - began) * 1e3
+        # The first write opens the store (schema, runs row): start-up, not a per-sample cost.
+        deadline = time.monotonic() + 60
+        while store_dir is not None and not monitor.stats()["store_points_written"]:
+            if time.monotonic() > deadline:
+                monitor.stop()
+                raise RuntimeError(f"the store was not written within 60 s ({mode}, {workload})")
+            time.sleep(0.001)
     try:
         latencies.clear()
-        thread_clock = _monitor_thread_clock()
+        thread_clock = _thread_clock("bench-floor" if floor is not None else "WL-ResourceMonitor")
         thread_cpu0 = time.clock_gettime(thread_clock) if thread_clock is not None else None
         child_pid = monitor.child_pid if monitor is not None else None
+        signals0 = monitor.stats()["signals_logged"] if monitor is not None else 0
+        floor0 = floor.samples if floor is not None else 0
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        durations = run_workload(workload, seconds)
+        durations = run_workload(workload, seconds, log_loss=mode in LOG_MODES)
         cpu1, wall1 = time.process_time(), time.perf_counter()
-        samples = len(latencies)
+        samples = len(latencies) if floor is None else floor.samples - floor0
         run.latency_ms = list(latencies)
         if thread_clock is not None and thread_cpu0 is not None and samples:
             run.monitor_thread_cpu_ms_per_sample = (
                 (time.clock_gettime(thread_clock) - thread_cpu0) * 1e3 / samples
             )
+        if monitor is not None and samples:
+            run.signals_per_sample = (monitor.stats()["signals_logged"] - signals0) / samples
+        if mode in LOG_MODES:
+            run.log_call_us = time_log_signal()
         if monitor is not None and child_pid is not None:
             # The child's own precise clock (psutil's per-process times tick at 10 ms).
             per_sample = monitor.stats()["child_cpu_seconds_per_sample"]
@@ -198,6 +336,14 @@ def measure(
     finally:
         if monitor is not None:
             monitor.stop()
+        if floor is not None:
+            floor.stop()
+        if store_dir is not None:
+            if monitor is not None:
+                run.store_points = monitor.stats()["store_points_written"]
+            store_dir.cleanup()
+    if floor is not None:
+        run.signals_per_sample = FLOOR_SIGNALS
     run.seconds = wall1 - wall0
     run.samples = samples
     if workload == "idle" and samples:
@@ -210,9 +356,19 @@ def measure(
     return run
 
 
-def _monitor_thread_clock() -> int | None:
+def time_log_signal(calls: int = 20_000) -> float:
+    """CPU per ``log_signal`` call in this thread (us), with whatever listens to the pipeline now:
+    a direct measure of what logging adds to every training step, free of run-to-run noise."""
+    log_signal = sampler.signals.log_signal
+    began = time.thread_time()
+    for step in range(calls):
+        log_signal("train/loss", 0.5, step)
+    return (time.thread_time() - began) * 1e6 / calls
+
+
+def _thread_clock(name: str) -> int | None:
     for thread in threading.enumerate():
-        if thread.name == "WL-ResourceMonitor" and thread.ident is not None:
+        if thread.name == name and thread.ident is not None:
             return time.pthread_getcpuclockid(thread.ident)
     return None
 
@@ -225,9 +381,7 @@ def run_matrix(profile: Profile, log: Callable[[str], None]) -> list[Run]:
     for round_no in range(profile.rounds):
         for workload in WORKLOADS:
             for interval in (FLOOR, STRESS):
-                for mode in MODES:
-                    if workload == "idle" and mode == "off":
-                        continue  # nothing to measure
+                for mode in modes_for(workload, interval):
                     runs.append(measure(workload, mode, interval, profile.seconds))
         log(f"round {round_no + 1}/{profile.rounds} done")
     return runs
@@ -263,7 +417,7 @@ def summarize(matrix: list[Run], scaling: list[Run]) -> dict[str, Any]:
     cells: dict[str, dict[str, Any]] = {}
     for workload in WORKLOADS:
         for interval in (FLOOR, STRESS):
-            for mode in MODES:
+            for mode in ALL_MODES:
                 runs = [r for r in matrix if (r.workload, r.interval, r.mode) == (workload, interval, mode)]
                 if not runs:
                     continue
@@ -279,6 +433,9 @@ def summarize(matrix: list[Run], scaling: list[Run]) -> dict[str, Any]:
                     "child_rss_mb",
                     "start_ms",
                     "first_sample_ms",
+                    "signals_per_sample",
+                    "log_call_us",
+                    "store_points",
                 ):
                     values = [getattr(r, key) for r in runs]
                     cell[key] = {"median": _median(values), "spread": _spread(values)}
@@ -293,17 +450,9 @@ def summarize(matrix: list[Run], scaling: list[Run]) -> dict[str, Any]:
     for workload in ("gil", "numpy", "latency"):
         for interval in (FLOOR, STRESS):
             off = [r for r in matrix if (r.workload, r.interval, r.mode) == (workload, interval, "off")]
-            for mode in ("thread", "process"):
+            for mode in modes_for(workload, interval)[1:]:
                 on = [r for r in matrix if (r.workload, r.interval, r.mode) == (workload, interval, mode)]
-                paired = [
-                    100.0 * (1 - b.steps_per_second / a.steps_per_second)
-                    for a, b in zip(off, on, strict=True)
-                    if a.steps_per_second and b.steps_per_second
-                ]
-                slowdowns[f"{workload}@{interval:g}s/{mode}"] = {
-                    "median_percent": _median(list(paired)),
-                    "spread_percent": _spread(list(paired)),
-                }
+                slowdowns[f"{workload}@{interval:g}s/{mode}"] = _paired_slowdown(off, on)
             noise = [
                 100.0 * (1 - b.steps_per_second / a.steps_per_second)
                 for a, b in itertools.pairwise(off)
@@ -321,7 +470,99 @@ def summarize(matrix: list[Run], scaling: list[Run]) -> dict[str, Any]:
         }
         for r in scaling
     ]
-    return {"cells": cells, "slowdowns": slowdowns, "scaling": scale, "targets": targets(cells, slowdowns)}
+    floor = floor_ratios(matrix)
+    loss = loss_logging(matrix)
+    return {
+        "cells": cells,
+        "slowdowns": slowdowns,
+        "floor": floor,
+        "loss_logging": loss,
+        "scaling": scale,
+        "targets": targets(cells, slowdowns) + floor_targets(floor, loss),
+    }
+
+
+def _paired_slowdown(base: list[Run], other: list[Run]) -> dict[str, Any]:
+    """Throughput slowdown of ``other`` against ``base``, round by round (%)."""
+    paired = [
+        100.0 * (1 - b.steps_per_second / a.steps_per_second)
+        for a, b in zip(base, other, strict=True)
+        if a.steps_per_second and b.steps_per_second
+    ]
+    return {"median_percent": _median(list(paired)), "spread_percent": _spread(list(paired))}
+
+
+def _paired_ratio(base: list[float | None], other: list[float | None]) -> dict[str, Any]:
+    """``other / base`` round by round: median and min..max."""
+    ratios = [b / a for a, b in zip(base, other, strict=True) if a and b is not None]
+    return {"median": _median(list(ratios)), "spread": _spread(list(ratios))}
+
+
+def floor_ratios(matrix: list[Run]) -> dict[str, Any]:
+    """Backend CPU per sample of the isolated monitor, without and with the run store,
+    as multiples of the floor measured in the same rounds (idle backend). Also the
+    same for the thread alone (the monitor thread against the floor thread)."""
+    out: dict[str, Any] = {}
+    for interval in (FLOOR, STRESS):
+        runs = {
+            mode: [r for r in matrix if (r.workload, r.interval, r.mode) == ("idle", interval, mode)]
+            for mode in ("floor", "process", "store")
+        }
+        if not runs["floor"]:
+            continue
+        cell: dict[str, Any] = {}
+        for mode, mode_runs in runs.items():
+            cell[f"{mode}_ms"] = {
+                "median": _median([r.backend_cpu_ms_per_sample for r in mode_runs]),
+                "spread": _spread([r.backend_cpu_ms_per_sample for r in mode_runs]),
+            }
+            cell[f"{mode}_thread_ms"] = _median([r.monitor_thread_cpu_ms_per_sample for r in mode_runs])
+            cell[f"{mode}_samples"] = sum(r.samples for r in mode_runs)
+        cell["process_signals_per_sample"] = _median([r.signals_per_sample for r in runs["process"]])
+        base = [r.backend_cpu_ms_per_sample for r in runs["floor"]]
+        base_thread = [r.monitor_thread_cpu_ms_per_sample for r in runs["floor"]]
+        for mode in ("process", "store"):
+            cell[f"{mode}_x_floor"] = _paired_ratio(base, [r.backend_cpu_ms_per_sample for r in runs[mode]])
+            cell[f"{mode}_thread_x_floor"] = _paired_ratio(
+                base_thread, [r.monitor_thread_cpu_ms_per_sample for r in runs[mode]]
+            )
+        out[f"{interval:g}s"] = cell
+    return out
+
+
+def loss_logging(matrix: list[Run]) -> dict[str, Any]:
+    """The GIL-bound loop logging its loss every step (1 s interval), against the same
+    loop with the pipeline off (no log_signal, no monitor), round by round: the whole
+    slowdown, and its causes (the isolated monitor alone, the log_signal calls, the store)."""
+
+    def runs(mode: str) -> list[Run]:
+        return [r for r in matrix if (r.workload, r.interval, r.mode) == ("gil", FLOOR, mode)]
+
+    off, process, log, store = runs("off"), runs("process"), runs("log"), runs("log+store")
+    if not store:
+        return {}
+
+    noise = [
+        100.0 * (1 - b.steps_per_second / a.steps_per_second)
+        for a, b in itertools.pairwise(off)
+        if a.steps_per_second and b.steps_per_second
+    ]
+    return {
+        "steps_per_second": {
+            mode: _median([r.steps_per_second for r in runs(mode)]) for mode in MODES + LOG_MODES
+        },
+        "log_call_us": {mode: _median([r.log_call_us for r in runs(mode)]) for mode in LOG_MODES},
+        "store_points": _median([r.store_points for r in store]),
+        "monitor_thread_cpu_ms_per_sample": _median([r.monitor_thread_cpu_ms_per_sample for r in store]),
+        "slowdown": {
+            "log+store vs off (all of it)": _paired_slowdown(off, store),
+            "log vs off (log_signal + isolated monitor, no store)": _paired_slowdown(off, log),
+            "process vs off (the isolated monitor alone)": _paired_slowdown(off, process),
+            "log vs process (the log_signal calls)": _paired_slowdown(process, log),
+            "log+store vs log (the store)": _paired_slowdown(log, store),
+        },
+        "off_vs_off_spread_percent": _spread(list(noise)),
+    }
 
 
 def targets(cells: dict[str, Any], slowdowns: dict[str, Any]) -> list[dict[str, Any]]:
@@ -389,6 +630,71 @@ def targets(cells: dict[str, Any], slowdowns: dict[str, Any]) -> list[dict[str, 
     return out
 
 
+FLOOR_GOALS = {"process": 1.3, "store": 1.6}
+"""Backend CPU per sample as a multiple of the floor: isolated monitor, without and with the store."""
+LOSS_GOAL_PERCENT = 1.0
+
+
+def floor_targets(floor: dict[str, Any], loss: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for interval in (FLOOR, STRESS):
+        cell = floor.get(f"{interval:g}s", {})
+        for mode, goal in FLOOR_GOALS.items():
+            ratio = cell.get(f"{mode}_x_floor", {})
+            median = ratio.get("median")
+            what = "no store" if mode == "process" else "store on"
+            out.append(
+                {
+                    "target": f"backend CPU per sample at {interval:g} s, isolated ({what}) <= {goal}x "
+                    f"the floor (a bare thread woken through a pipe, {FLOOR_SIGNALS} sink calls)",
+                    "measured": None
+                    if median is None
+                    else f"{cell[f'{mode}_ms']['median']:.3f} ms vs {cell['floor_ms']['median']:.3f} ms = "
+                    f"{median:.2f}x ({ratio['spread'][0]:.2f}..{ratio['spread'][1]:.2f}x over rounds)",
+                    "met": median is not None and median <= goal,
+                }
+            )
+    whole = loss.get("slowdown", {}).get("log+store vs off (all of it)", {})
+    median = whole.get("median_percent")
+    noise = loss.get("off_vs_off_spread_percent")
+    bound = max(abs(noise[0]), abs(noise[1])) if noise else 0.0
+    accounted = _accounted_loss_cost(loss)
+    measured = None
+    if median is not None:
+        low, high = whole["spread_percent"]
+        measured = f"{median:+.2f}% ({low:+.2f}..{high:+.2f}; off-vs-off noise +-{bound:.2f}%)"
+        if accounted is not None:
+            measured += f"; accounted: {accounted:+.3f}%"
+    # Met: measured below the goal, or, where the run-to-run noise is wider than the goal, within
+    # that noise with the cost accounted step by step (training-thread CPU, monitor thread's GIL
+    # time) below the goal.
+    met = median is not None and (
+        median < LOSS_GOAL_PERCENT
+        or (accounted is not None and accounted < LOSS_GOAL_PERCENT and abs(median) <= bound)
+    )
+    out.append(
+        {
+            "target": f"GIL-bound loop logging its loss every step, store on, at {FLOOR:g} s: "
+            f"slowdown < {LOSS_GOAL_PERCENT:g}% vs the pipeline off",
+            "measured": measured,
+            "met": met,
+        }
+    )
+    return out
+
+
+def _accounted_loss_cost(loss: dict[str, Any]) -> float | None:
+    """The slowdown added up from its parts (%), an upper bound: one log_signal call (the store's
+    queue append included) over an unmonitored step, plus the share of wall time the monitor
+    thread runs (its CPU per sample over the interval; it holds the GIL for at most that)."""
+    call = loss.get("log_call_us", {}).get("log+store")
+    steps = loss.get("steps_per_second", {}).get("off")
+    thread = loss.get("monitor_thread_cpu_ms_per_sample")
+    if call is None or not steps or thread is None:
+        return None
+    return 100.0 * (float(call) * float(steps) / 1e6 + float(thread) / (FLOOR * 1e3))
+
+
 # --- output ----------------------------------------------------------------------------------------
 
 
@@ -445,6 +751,8 @@ def markdown(summary: dict[str, Any], machine: str, command: str) -> str:
                 f"| {_fmt(li['p50'])} / {_fmt(li['p99'])} | {_fmt(lg.get('p50'))} / {_fmt(lg.get('p99'))} "
                 f"| {_fmt(idle['start_ms']['median'])} | {_fmt(idle['first_sample_ms']['median'], 0)} |"
             )
+    lines += floor_markdown(summary.get("floor", {}))
+    lines += loss_markdown(summary.get("loss_logging", {}))
     lines.append(f"\n## Scaling at the {STRESS:g} s stress interval (idle backend)\n")
     lines.append("| categories | fake GPUs | mode | backend CPU ms/sample | child CPU ms/sample |")
     lines.append("|---|---|---|---|---|")
@@ -461,6 +769,76 @@ def markdown(summary: dict[str, Any], machine: str, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def floor_markdown(floor: dict[str, Any]) -> list[str]:
+    if not floor:
+        return []
+    lines = ["\n## The floor: backend CPU per sample against a bare woken thread (idle backend)\n"]
+    lines.append(
+        f"The floor is a daemon thread woken through a pipe by another process once per sample, making "
+        f"{FLOOR_SIGNALS} calls to the same no-op sink and nothing else: what any in-process monitor thread "
+        "costs at least. Multiples are paired round by round: median (min..max).\n"
+    )
+    lines.append(
+        "| interval | floor ms/sample | isolated ms/sample | x floor | isolated + store ms/sample | x floor "
+        "| thread alone: isolated / + store x floor thread | sink calls/sample: monitor / floor |"
+    )
+    lines.append("|---|---|---|---|---|---|---|---|")
+
+    def ratio(entry: dict[str, Any]) -> str:
+        if entry.get("median") is None:
+            return "-"
+        low, high = entry["spread"]
+        return f"{entry['median']:.2f}x ({low:.2f}..{high:.2f})"
+
+    for interval, cell in floor.items():
+        lines.append(
+            f"| {interval} | {_fmt_spread(cell['floor_ms'], 3)} | {_fmt_spread(cell['process_ms'], 3)} "
+            f"| {ratio(cell['process_x_floor'])} | {_fmt_spread(cell['store_ms'], 3)} "
+            f"| {ratio(cell['store_x_floor'])} "
+            f"| {_fmt(cell['process_thread_x_floor']['median'])}x "
+            f"/ {_fmt(cell['store_thread_x_floor']['median'])}x "
+            f"| {_fmt(cell['process_signals_per_sample'], 1)} / {FLOOR_SIGNALS} |"
+        )
+    return lines
+
+
+def loss_markdown(loss: dict[str, Any]) -> list[str]:
+    if not loss:
+        return []
+    lines = [f"\n## Logging the loss every step (GIL-bound loop, {FLOOR:g} s interval)\n"]
+    lines.append(
+        "The loop calls `sampler.signals.log_signal('train/loss', loss, step)` after every step. `off`: no "
+        "log_signal, no monitor; `process`: the isolated monitor, no log_signal; `log`: both, no store; "
+        "`log+store`: both, with the run store on (every loss queued, written by the monitor thread).\n"
+    )
+    lines.append("| mode | steps/s | one log_signal call (us) |")
+    lines.append("|---|---|---|")
+    for mode, steps in loss["steps_per_second"].items():
+        if mode == "thread":
+            continue
+        lines.append(f"| {mode} | {_fmt(steps, 0)} | {_fmt(loss['log_call_us'].get(mode), 2)} |")
+    lines.append("\n| comparison (paired round by round) | slowdown % median (min..max) |")
+    lines.append("|---|---|")
+    for what, entry in loss["slowdown"].items():
+        text = "-"
+        if entry.get("median_percent") is not None:
+            low, high = entry["spread_percent"]
+            text = f"{entry['median_percent']:+.2f} ({low:+.2f}..{high:+.2f})"
+        lines.append(f"| {what} | {text} |")
+    noise = loss.get("off_vs_off_spread_percent")
+    accounted = _accounted_loss_cost(loss)
+    noise_text = "-" if noise is None else f"{noise[0]:+.2f}..{noise[1]:+.2f}"
+    lines.append(
+        f"\nOff against off, round to round: {noise_text}%. "
+        f"Accounted cost, an upper bound (one log_signal call per step, plus the monitor thread's "
+        f"{_fmt(loss['monitor_thread_cpu_ms_per_sample'], 3)} ms of CPU per sample, with the store): "
+        f"{'-' if accounted is None else f'{accounted:+.3f}'}%. "
+        f"Points the store wrote per run: {_fmt(loss['store_points'], 0)} (every loss of the run, the "
+        "20,000 timing calls, the resource readings)."
+    )
+    return lines
+
+
 def plot(summary: dict[str, Any], path: str) -> bool:
     """A PNG of slowdowns and per-sample CPU; False when matplotlib is absent."""
     try:
@@ -471,7 +849,9 @@ def plot(summary: dict[str, Any], path: str) -> bool:
     except ImportError:
         return False
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    labels, thread, process = [], [], []
+    labels: list[str] = []
+    thread: list[float] = []
+    process: list[float] = []
     for workload in ("gil", "numpy", "latency"):
         for interval in (FLOOR, STRESS):
             labels.append(f"{workload}\n{interval:g} s")

@@ -24,7 +24,17 @@ def test_quick_benchmark_produces_every_number(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
-    assert {"machine", "command", "profile", "cells", "slowdowns", "scaling", "targets"} <= set(report)
+    assert {
+        "machine",
+        "command",
+        "profile",
+        "cells",
+        "slowdowns",
+        "floor",
+        "loss_logging",
+        "scaling",
+        "targets",
+    } <= set(report)
     cells = report["cells"]
     for workload in ("gil", "numpy", "latency"):
         for interval in ("1s", "0.01s"):
@@ -43,7 +53,24 @@ def test_quick_benchmark_produces_every_number(tmp_path: Path) -> None:
     assert cells["idle@0.01s/process"]["child_cpu_ms_per_sample"]["median"] is not None
     assert {(row["mode"], row["devices"]) for row in report["scaling"]} >= {("thread", 1), ("process", 1)}
     assert all(row["backend_cpu_ms_per_sample"] is not None for row in report["scaling"])
-    assert len(report["targets"]) == 5 and all("met" in t for t in report["targets"])
-    assert "## Targets" in done.stdout
+    # The floor and the run store, against the isolated monitor in the same rounds (idle backend).
+    floor = report["floor"]["0.01s"]
+    for mode in ("floor", "process", "store"):
+        assert floor[f"{mode}_ms"]["median"] > 0 and floor[f"{mode}_samples"] > 0
+    assert floor["process_x_floor"]["median"] > 0 and floor["store_x_floor"]["median"] > 0
+    assert 0 < floor["process_signals_per_sample"] <= 13  # the floor makes 13 sink calls per sample
+    # The loop that logs its loss every step: with the isolated monitor, without and with the store.
+    for mode in ("log", "log+store"):
+        assert cells[f"gil@1s/{mode}"]["steps_per_second"]["median"] > 0
+        assert report["slowdowns"][f"gil@1s/{mode}"]["median_percent"] is not None
+    loss = report["loss_logging"]
+    assert all(loss["log_call_us"][mode] > 0 for mode in ("log", "log+store"))
+    steps = cells["gil@1s/log+store"]["steps_per_second"]["median"] * 0.3
+    assert loss["store_points"] >= 20_000 + 0.5 * steps  # every loss and timing call reached the store
+    assert all(v["median_percent"] is not None for v in loss["slowdown"].values())
+    assert len(report["targets"]) == 10 and all("met" in t for t in report["targets"])
+    assert (
+        "## Targets" in done.stdout and "## The floor" in done.stdout and "## Logging the loss" in done.stdout
+    )
     if importlib.util.find_spec("matplotlib") is not None:  # the optional "plot" extra
         assert (tmp_path / "bench.png").stat().st_size > 0

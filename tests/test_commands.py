@@ -202,3 +202,23 @@ def test_every_command_has_help(tmp_path: Path) -> None:
         assert command in done.stdout
         sub = sampler_command(command, "--help", cwd=tmp_path)
         assert sub.returncode == 0 and "usage: python -m sampler " + command in sub.stdout, sub.stderr
+
+
+def test_demo_trains_records_and_draws(tmp_path: Path) -> None:
+    """The README's first command, shortened: a real training run with the
+    monitor and the store on, a PNG at the end, and the commands to look further."""
+    done = sampler_command("demo", "--duration", "6", cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    png = tmp_path / "demo-run1.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    with StoreReader(str(tmp_path / "resource_monitor.sqlite")) as reader:
+        run = reader.run()
+        loss = reader.series(run.id, "train/loss")
+        cpu = reader.series(run.id, CPU)
+        accuracy = reader.series(run.id, "train/accuracy")
+    assert run.status == "ended" and len(loss.steps) > 100 and accuracy.steps
+    assert len(cpu.steps) >= 3 and set(cpu.steps) <= set(loss.steps)  # stamped at the model's age
+    assert loss.values[-1] < loss.values[0]  # it learned
+    for command in ("runs", "plot", "export", "top"):
+        assert f"python -m sampler {command} resource_monitor.sqlite" in done.stdout
+    assert "100%" in done.stderr  # the progress bar ran to the end

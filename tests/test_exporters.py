@@ -1,0 +1,121 @@
+"""The tools people already read (issue 8): a real monitor whose sink is
+TensorBoard's ``SummaryWriter.add_scalar``, read back with TensorBoard's own
+event reader. MLflow and W&B take a one-line sink (README); they are not
+installed here and not tested."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import posixpath
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import FAST, run_monitor, wait_for
+
+import sampler
+from sampler.backend.emit import Sample
+
+NON_GPU = ["cpu", "memory", "disk", "network", "process"]
+
+
+def test_tensorboard_add_scalar_is_a_sink_and_tensorboard_reads_back_every_value(tmp_path: Path) -> None:
+    tensorboard = pytest.importorskip("torch.utils.tensorboard")
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    writer = tensorboard.SummaryWriter(log_dir=str(tmp_path))
+    samples: list[Sample] = []
+    ages = itertools.count(1)
+    with sampler.ResourceMonitor(
+        categories=NON_GPU,
+        sink=writer.add_scalar,  # add_scalar(tag, scalar_value, global_step): the sink's own signature
+        age_source=lambda: 10 * next(ages),  # a model that trains 10 steps between samples
+        on_sample=samples.append,  # what the sink was given, sample by sample
+        **FAST,
+    ) as monitor:
+        wait_for(lambda: monitor.stats()["records_logged"] >= 5, what="5 records")
+    writer.close()
+    stats = monitor.stats()
+    assert stats["sink_errors"] == 0 and stats["records_logged"] == len(samples) >= 5
+
+    accumulator = event_accumulator.EventAccumulator(
+        str(tmp_path),
+        size_guidance={event_accumulator.SCALARS: 0},  # 0: keep every event
+    )
+    accumulator.Reload()
+    tags = set(accumulator.Tags()["scalars"])
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for sample in samples:
+        for name, value in sample.values.items():
+            expected.setdefault(name, []).append((sample.step, value))
+    assert tags == set(expected), "TensorBoard holds exactly the resource/... tags the monitor logged"
+    assert {
+        "resource/cpu/utilization_percent",
+        "resource/memory/system_utilization_percent",
+        "resource/disk/read_mb",
+        "resource/network/bytes_received",
+        "resource/process/memory_in_use_mb",
+    } <= tags
+    assert all(tag.startswith("resource/") for tag in tags)
+    for tag, points in expected.items():
+        events = accumulator.Scalars(tag)
+        # TensorBoard keeps scalars as float32: compare with the logged value rounded the same way.
+        assert [(e.step, e.value) for e in events] == [(s, float(np.float32(v))) for s, v in points], tag
+    steps = [sample.step for sample in samples]
+    assert steps == sorted(set(steps)) and steps[0] == 10 and all(s % 10 == 0 for s in steps)
+
+
+def test_subscribing_add_scalar_puts_the_loss_beside_the_resources_in_tensorboard(tmp_path: Path) -> None:
+    """The other way in: the default sink (the pipeline) with ``writer.add_scalar``
+    subscribed, so the training loop's own signals land in the same event file,
+    on the same step axis as the resource curves."""
+    tensorboard = pytest.importorskip("torch.utils.tensorboard")
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    writer = tensorboard.SummaryWriter(log_dir=str(tmp_path))
+    unsubscribe = sampler.signals.subscribe(writer.add_scalar)
+    age = [0]
+    try:
+        with sampler.ResourceMonitor(categories=["cpu", "process"], age_source=lambda: age[0], **FAST) as mon:
+            deadline = time.monotonic() + 15
+            for step in itertools.count(1):  # train until 3 samples were logged along the way
+                age[0] = step
+                sampler.signals.log_signal("train/loss", 1.0 / step, step)
+                time.sleep(0.01)
+                if mon.stats()["records_logged"] >= 3 or time.monotonic() > deadline:
+                    break
+    finally:
+        unsubscribe()
+        writer.close()
+    accumulator = event_accumulator.EventAccumulator(
+        str(tmp_path), size_guidance={event_accumulator.SCALARS: 0}
+    )
+    accumulator.Reload()
+    loss = accumulator.Scalars("train/loss")
+    cpu = accumulator.Scalars("resource/cpu/utilization_percent")
+    assert len(cpu) >= 3 and all(0 <= e.step <= step for e in cpu)  # the model's age: the loss's x axis
+    assert [e.step for e in loss] == list(range(1, step + 1))
+    assert [e.value for e in loss] == [float(np.float32(1.0 / s)) for s in range(1, step + 1)]
+
+
+MLFLOW_KEY = re.compile(r"^[/\w.\- ]*$")
+"""MLflow's rule for metric keys (``_VALID_PARAM_AND_METRIC_NAMES`` in mlflow/utils/validation.py):
+alphanumerics, underscores, dashes, periods, spaces and slashes; the key must also be its own
+``posixpath.normpath`` and at most 250 characters (``MAX_ENTITY_KEY_LENGTH``)."""
+
+
+def test_every_signal_name_is_a_valid_mlflow_key_and_a_two_level_wandb_section(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MLflow and W&B are not installed here: check the names against their documented rules.
+    W&B groups ``a/b/c`` under the section ``a/b`` (one level of nesting), so every resource
+    signal lands in a section per category (``resource/cpu``) or per GPU (``resource/gpu/0``)."""
+    monkeypatch.setenv("FAKE_NVML", json.dumps({"devices": [{}, {}]}))
+    sink, _ = run_monitor(categories=[*NON_GPU, "gpu"], nvml_module="fake_nvml")
+    names = sink.names()
+    assert {"resource/gpu/1/power_watts", "resource/process/cpu_threads_in_use"} <= names
+    for name in names:
+        assert MLFLOW_KEY.match(name) and posixpath.normpath(name) == name and len(name) <= 250, name
+    sections = {name.rsplit("/", 1)[0] for name in names}
+    assert sections == {f"resource/{c}" for c in NON_GPU} | {"resource/gpu/0", "resource/gpu/1"}
