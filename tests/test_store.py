@@ -308,3 +308,34 @@ def test_numpy_scalars_are_stored_and_what_is_no_number_is_skipped_once(
     assert stats["store_points_dropped"] == 2 and stats["store_error"] is None
     skipped = [r.getMessage() for r in caplog.records if "cannot store" in r.getMessage()]
     assert len(skipped) == 1 and "train/note" in skipped[0]
+
+
+def test_fast_sampling_batches_its_writes_into_a_few_transactions_a_second(tmp_path: Path) -> None:
+    """Every sample at 20 per second, but at most about two transactions a second
+    (SQLite's data_version, seen from another connection, counts them)."""
+    store = tmp_path / "runs.sqlite"
+    with sampler.ResourceMonitor(
+        categories=["cpu"],
+        store=store,
+        step_source="seconds",
+        interval_seconds=0.05,
+        _min_interval_seconds=0.01,
+    ) as mon:
+        wait_for(lambda: mon.stats()["store_points_written"] > 0)
+        watcher = sqlite3.connect(store)
+        versions, seen = set(), mon.stats()["records_logged"]
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            versions.add(watcher.execute("PRAGMA data_version").fetchone()[0])
+            time.sleep(0.005)
+        samples = mon.stats()["records_logged"] - seen
+        watcher.close()
+    assert samples >= 20 and 2 <= len(versions) <= 7, (samples, len(versions))
+    with StoreReader(str(store)) as reader:
+        assert len(reader.series(1, CPU).steps) == mon.stats()["records_logged"]  # all of them, at stop
+
+
+def test_an_on_sample_hook_hears_the_signals(caplog: pytest.LogCaptureFixture) -> None:
+    with sampler.ResourceMonitor(categories=["cpu"], step_source="seconds", on_sample=print, **FAST) as mon:
+        wait_for(lambda: logged(mon) >= 2)
+    assert not [r for r in caplog.records if "reach no one" in r.getMessage()]

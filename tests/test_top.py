@@ -277,6 +277,7 @@ def run_info() -> RunInfo:
 def write(writer: RunWriter, step: int, loss: float, stats: dict[str, object] | None = None) -> None:
     writer.log("train/loss", loss, step)
     writer.record({"resource/cpu/utilization_percent": float(step)}, step, time.monotonic_ns(), stats)
+    writer.flush()  # as if the samples were the writer's interval apart
 
 
 def test_the_watch_reads_only_what_is_new_and_follows_a_newer_run(tmp_path: Path) -> None:

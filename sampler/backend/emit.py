@@ -123,10 +123,12 @@ class Emitter:
         stats.store_error = recorder.error
 
     def _warn_if_unheard(self) -> None:
-        """Once, at the first sample: say so if its signals reach no one."""
+        """Once, at the first sample: say so if its signals reach no one (the
+        default sink with no subscriber, no store, no hook, no WeightsLab logger)."""
         if (
             self.sink is signals.log_signal
             and self.recorder is None
+            and self.on_sample is None
             and not signals.has_subscribers()
             and not wl_adapter.forwarding()
         ):

@@ -39,6 +39,8 @@ NO_RECORD_INTERVALS = 3
 NO_RECORD_MIN_SECONDS = 10.0
 """A child that has sent no record this many intervals (and at least this many
 seconds) after it was started gets the monitor to say so, once."""
+CPU_STAT_EVERY = 16
+"""The child's CPU per sample is read from its status block every this many records."""
 MAX_WAIT_NS = 3600 * 10**9
 """The longest single wait, whatever the deadlines say."""
 _POLL_NS = int(FALLBACK_POLL_SECONDS * 1e9)
@@ -97,10 +99,11 @@ class ChildReader:
         started_ns = time.monotonic_ns()
         warn_at: int | None = started_ns + self.no_record_ns
         grace_until = 0
+        due_at = self._deadline_ns(self.status.read())
         while True:
-            snap = self.status.read()
-            due_at = max(self._deadline_ns(snap), grace_until)
-            wake_at = due_at if warn_at is None else min(due_at, warn_at)
+            wake_at = max(due_at, grace_until)
+            if warn_at is not None:
+                wake_at = min(wake_at, warn_at)
             # Planned wake-up: the earliest deadline (maybe already past, if
             # we got here late), or the next poll where there is no pidfd.
             planned = min(wake_at, time.monotonic_ns() + (MAX_WAIT_NS if pidfd is not None else _POLL_NS))
@@ -108,14 +111,17 @@ class ChildReader:
             if self.stop_fd in ready:
                 return Outcome.STOPPED
             if sock_fd in ready:
-                # CPU per sample from the snapshot taken before the wait: one
-                # sample behind, and one status read per wake-up instead of two.
-                self.stats.child_cpu_seconds_per_sample = snap.cpu_seconds_per_sample
                 alive = self._receive(sock_fd)
-                self._drain()
-                if self.records and warn_at is not None:
-                    warn_at = None
-                    self.stats.waiting_for = None
+                if self._drain():
+                    # The child has just written a record, so it is idle from
+                    # about now: its next deadline needs no status read, which
+                    # keeps a wake-up as small as a bare thread's.
+                    due_at = time.monotonic_ns() + self.interval_ns + self.hang_deadline_ns
+                    if warn_at is not None:
+                        warn_at = None
+                        self.stats.waiting_for = None
+                else:  # the ring handed over, or an exit: what is the child doing now?
+                    due_at = self._deadline_ns(self.status.read())
                 if not alive:
                     return Outcome.EXITED
                 continue  # the channel first: records sent just before an exit still count
@@ -132,10 +138,11 @@ class ChildReader:
             if warn_at is not None and now >= warn_at:
                 warn_at = None
                 self._report_silence(self.status.read(), now - started_ns)
-            if now < due_at:
+            if now < max(due_at, grace_until):
                 continue  # woke to poll or to warn: nothing is overdue
-            snap = self.status.read()  # the phase may have moved on since we slept
-            if now >= self._deadline_ns(snap):
+            snap = self.status.read()  # what the child is doing, and since when
+            due_at = self._deadline_ns(snap)
+            if now >= due_at:
                 self.hung_phase = snap.phase
                 return Outcome.HUNG
 
@@ -180,18 +187,24 @@ class ChildReader:
             what,
         )
 
-    def _drain(self) -> None:
+    def _drain(self) -> int:
+        """Read and emit every record the ring holds for us; returns how many."""
         ring = self.ring
         if ring is None:
-            return
+            return 0
         rows = ring.read_rows(self.cursor)
         self.cursor = rows.cursor
-        self.records += len(rows.indices)
-        self.stats.records_read += len(rows.indices)
-        self.stats.records_lost += rows.lost
+        count = len(rows.indices)
+        stats = self.stats
+        stats.records_read += count
+        stats.records_lost += rows.lost
         fields = ring.fields
         for values, timestamp_ns in zip(rows.values, rows.timestamps_ns, strict=True):
             self.emitter.emit(fields, values, timestamp_ns)
+        if count and self.records % CPU_STAT_EVERY == 0:
+            stats.child_cpu_seconds_per_sample = self.status.read().cpu_seconds_per_sample
+        self.records += count
+        return count
 
     def close(self) -> None:
         if self.ring is not None:

@@ -36,6 +36,12 @@ WRITE_TIMEOUT_SECONDS = 0.05
 """How long a write waits for another writer's lock before trying again later."""
 FINAL_TIMEOUT_SECONDS = 2.0
 """How long the last write, at stop, waits for a lock."""
+WRITE_EVERY_SECONDS = 0.5
+"""At most one transaction per this long: at the 1 s floor that is one per sample;
+faster sampling (tests, benchmarks) batches several samples per transaction."""
+TOUCH_EVERY_SECONDS = 5.0
+"""How often ``runs.updated_at`` is refreshed while nothing else about the run changes
+(readers call a run lost after 30 s or more without it)."""
 
 Point = tuple[str, int, float, float]
 """(name, step, wall time in s since the epoch, value)."""
@@ -79,6 +85,8 @@ class RunWriter:
         self._db: sqlite3.Connection | None = None
         self._names: dict[str, int] = {}
         self._next_open = 0.0
+        self._written_at = 0.0
+        self._touched_at = 0.0
         self._reported: set[str] = set()
 
     def log(self, name: str, value: float, step: int) -> None:
@@ -97,12 +105,20 @@ class RunWriter:
             wall = time.time() - (time.monotonic_ns() - timestamp_ns) / 1e9
             points += [(name, step, wall, value) for name, value in values.items()]
         self._queue(points)
-        self._write(stats, WRITE_TIMEOUT_SECONDS)
+        if stats is not None or time.monotonic() - self._written_at >= WRITE_EVERY_SECONDS:
+            self._write(stats)
+
+    def flush(self) -> None:
+        """Write what is queued now, without waiting for the next transaction's turn."""
+        self._queue(self._take_logged())
+        self._write(None)
 
     def close(self, stats: dict[str, Any]) -> None:
         """The last write: everything queued, the final stats and the end time."""
         self._queue(self._take_logged())
-        self._write(stats, FINAL_TIMEOUT_SECONDS, ended=True)
+        if self._db is not None:
+            self._db.execute(f"PRAGMA busy_timeout = {int(FINAL_TIMEOUT_SECONDS * 1000)}")
+        self._write(stats, ended=True)
         if self._queued:
             self.points_dropped += len(self._queued)
             self._report(
@@ -179,23 +195,24 @@ class RunWriter:
         self._db = db
         return db
 
-    def _write(self, stats: dict[str, Any] | None, timeout: float, ended: bool = False) -> None:
+    def _write(self, stats: dict[str, Any] | None, ended: bool = False) -> None:
+        self._written_at = time.monotonic()
         db = self._open()
-        if db is None or (not self._queued and stats is None and not ended):
+        now = time.time()
+        touch = now - self._touched_at >= TOUCH_EVERY_SECONDS
+        if db is None or (not self._queued and stats is None and not ended and not touch):
             return
-        db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
                 rows = [(self.run_id, self._name_id(db, n), s, w, v) for n, s, w, v in self._queued]
                 db.executemany("INSERT INTO points VALUES (?, ?, ?, ?, ?)", rows)
-                now = time.time()
                 if stats is not None:
                     db.execute(
                         "UPDATE runs SET updated_at = ?, stats = ?, ended_at = ? WHERE id = ?",
                         (now, json.dumps(stats, default=str), now if ended else None, self.run_id),
                     )
-                else:
+                elif touch:
                     db.execute("UPDATE runs SET updated_at = ? WHERE id = ?", (now, self.run_id))
                 db.execute("COMMIT")
             except BaseException:
@@ -209,6 +226,8 @@ class RunWriter:
         self.points_written += len(self._queued)
         self._queued = []
         self.error = None
+        if stats is not None or touch:
+            self._touched_at = now
 
     def _name_id(self, db: sqlite3.Connection, name: str) -> int:
         known = self._names.get(name)
