@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 import signal
 import sqlite3
@@ -222,3 +223,18 @@ def test_demo_trains_records_and_draws(tmp_path: Path) -> None:
     for command in ("runs", "plot", "export", "top"):
         assert f"python -m sampler {command} resource_monitor.sqlite" in done.stdout
     assert "100%" in done.stderr  # the progress bar ran to the end
+
+
+@pytest.mark.parametrize("command", [["export"], ["export", "--wide"], ["runs"], ["top", "--once"]])
+def test_a_closed_pipe_ends_any_command_quietly(store: Path, command: list[str]) -> None:
+    """``python -m sampler export STORE | head -2``: status 141, no traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sampler", command[0], str(store), *command[1:]],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=store.parent, env={**os.environ, "COLUMNS": "60"},
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=30) in (0, 141)  # 0 only if it had written everything already
+    assert b"Traceback" not in proc.stderr.read()
+    proc.stderr.close()

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from sampler.commands import config, demo, export, plot, run, runs, top
+from sampler.commands.common import EXIT_BROKEN_PIPE, silence
 
 COMMANDS = (demo, run, top, plot, runs, export, config)
 
@@ -30,5 +31,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run ``python -m sampler``; returns the exit status. ``out``: where results go (stdout)."""
     args = _parser().parse_args(argv)
     args.out = out or sys.stdout
-    status: int = args.handler(args)
+    try:
+        status: int = args.handler(args)
+    except BrokenPipeError:  # `... | head`: end quietly, as a Unix tool killed by SIGPIPE would
+        silence(args.out)
+        return EXIT_BROKEN_PIPE
     return status

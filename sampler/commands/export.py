@@ -11,11 +11,12 @@ Rows stream out in order, so a store of any size exports in constant memory.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import itertools
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any, TextIO
 
 from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, open_store
@@ -68,17 +69,20 @@ def _export(reader: StoreReader, runs: list[int], fmt: str, wide: bool, out: Tex
         rows = _wide_rows(reader, runs, names)
     else:
         columns, rows = LONG_COLUMNS, _long_rows(reader, runs)
-    if fmt == "csv":
-        writer = csv.writer(out)
-        writer.writerow(columns)
-        writer.writerows(rows)
-    else:
-        for row in rows:
-            record = {c: v for c, v in zip(columns, row, strict=True) if v is not None}
-            out.write(json.dumps(record) + "\n")
+    # Closed here, while the store is open: a reader that went away (`| head`)
+    # leaves the generator mid-query.
+    with contextlib.closing(rows):
+        if fmt == "csv":
+            writer = csv.writer(out)
+            writer.writerow(columns)
+            writer.writerows(rows)
+        else:
+            for row in rows:
+                record = {c: v for c, v in zip(columns, row, strict=True) if v is not None}
+                out.write(json.dumps(record) + "\n")
 
 
-def _long_rows(reader: StoreReader, runs: list[int]) -> Iterator[tuple[Any, ...]]:
+def _long_rows(reader: StoreReader, runs: list[int]) -> Generator[tuple[Any, ...], None, None]:
     for run in runs:
         yield from reader.db.execute(
             "SELECT run_id, name, step, wall_time, value FROM signals WHERE run_id = ?"
@@ -87,7 +91,9 @@ def _long_rows(reader: StoreReader, runs: list[int]) -> Iterator[tuple[Any, ...]
         )
 
 
-def _wide_rows(reader: StoreReader, runs: list[int], names: list[str]) -> Iterator[tuple[Any, ...]]:
+def _wide_rows(
+    reader: StoreReader, runs: list[int], names: list[str]
+) -> Generator[tuple[Any, ...], None, None]:
     column = {name: i for i, name in enumerate(names)}
     for run in runs:
         points = reader.db.execute(
