@@ -1,14 +1,22 @@
-"""What the commands share: where the run store is by default, and opening it
-with a one-line message instead of a traceback."""
+"""What the commands share: where the run store is by default, opening it with
+a one-line message instead of a traceback, and reading arguments with the
+configuration's parsers."""
 
 from __future__ import annotations
 
+import argparse
+import functools
 import os
 import sqlite3
 import sys
-from typing import TextIO
+from collections.abc import Callable
+from typing import Any, TextIO, TypeVar
 
+from sampler import config
+from sampler.quoting import bounded_repr
 from sampler.store.reader import StoreReader
+
+T = TypeVar("T")
 
 DEFAULT_STORE = "resource_monitor.sqlite"
 """The run store the commands use unless told otherwise, in the working directory."""
@@ -16,6 +24,38 @@ EXIT_USAGE = 2
 """Exit status for a store, run or argument that cannot be used."""
 EXIT_BROKEN_PIPE = 141
 """128 + SIGPIPE: what a shell reports for a tool whose output pipe closed."""
+
+
+def argument(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse ``type`` from a parser that raises ``config.Invalid``: the
+    reason it gives becomes the usage error, after the (bounded) value."""
+
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except config.Invalid as exc:
+            raise argparse.ArgumentTypeError(f"{bounded_repr(text)}: {exc}") from None
+
+    return convert
+
+
+def field_argument(field: config.Field, flag: str) -> Callable[[str], Any]:
+    """The argparse ``type`` of a field's ``flag``: the field's own text parser,
+    whose remarks (a clamped value) are warnings naming the flag."""
+    return argument(lambda text: field.from_text(text, functools.partial(config.warn, flag, text)))
+
+
+def seconds_argument(maximum: float, why: str) -> Callable[[str], float]:
+    """An argparse ``type`` for a number of seconds in (0, ``maximum``];
+    ``why`` follows the limit in the message for a larger one."""
+
+    def parse(text: str) -> float:
+        seconds = config.parse_seconds(text)
+        if seconds > maximum:
+            raise config.Invalid(f"at most {maximum:.0f} seconds {why}")
+        return seconds
+
+    return argument(parse)
 
 
 def open_store(path: str) -> StoreReader | None:

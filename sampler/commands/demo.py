@@ -23,10 +23,11 @@ import numpy.typing as npt
 from sampler import signals
 from sampler.backend.monitor import ResourceMonitor
 from sampler.backend.steps import watch_model
-from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE
+from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, seconds_argument
 from sampler.store.reader import StoreReader
 
 Array = npt.NDArray[np.float64]
+_SECONDS = seconds_argument(86400, "(a day)")
 CLASSES = 3
 
 
@@ -34,24 +35,14 @@ def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "demo", help="train a small NumPy model for a minute with the monitor on", description=__doc__
     )
-    parser.add_argument("--duration", type=_seconds, default=60.0, help="seconds of training (default 60)")
+    parser.add_argument("--duration", type=_SECONDS, default=60.0, help="seconds of training (default 60)")
     parser.add_argument(
         "--store", default=DEFAULT_STORE, help=f"run store to record into (default ./{DEFAULT_STORE})"
     )
     parser.add_argument("-o", "--output", help="the plot to write (default: demo-run<ID>.png)")
-    parser.add_argument("--interval", type=_seconds, default=1.0, help="seconds between samples (default 1)")
+    parser.add_argument("--interval", type=_SECONDS, default=1.0, help="seconds between samples (default 1)")
     parser.add_argument("--nvml-module", default="pynvml", help=argparse.SUPPRESS)
     parser.set_defaults(handler=main)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or not 0 < value <= 86400:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds in (0, 86400]")
-    return value
 
 
 class Spirals:

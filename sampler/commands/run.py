@@ -11,11 +11,9 @@ quietly with exit status 141, as a Unix tool killed by SIGPIPE would.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any, TextIO
 
 import psutil
@@ -23,7 +21,7 @@ import psutil
 from sampler import config
 from sampler.backend.emit import Sample
 from sampler.backend.monitor import ResourceMonitor
-from sampler.commands.common import DEFAULT_STORE, EXIT_BROKEN_PIPE, silence
+from sampler.commands.common import DEFAULT_STORE, EXIT_BROKEN_PIPE, field_argument, seconds_argument, silence
 from sampler.quoting import bounded_repr
 
 MAX_DURATION_SECONDS = 30 * 86400.0
@@ -40,30 +38,6 @@ def _pid(text: str) -> int:
     if pid <= 0 or not psutil.pid_exists(pid):
         raise argparse.ArgumentTypeError(f"{pid}: no such process")
     return pid
-
-
-def _duration(text: str) -> float:
-    try:
-        seconds = config.parse_seconds(text)
-    except config.Invalid as exc:
-        raise argparse.ArgumentTypeError(f"{bounded_repr(text)}: {exc}") from None
-    if seconds > MAX_DURATION_SECONDS:
-        limit = f"at most {MAX_DURATION_SECONDS:.0f} seconds (30 days)"
-        raise argparse.ArgumentTypeError(f"{bounded_repr(text)}: {limit}; omit it to run until Ctrl-C")
-    return seconds
-
-
-def _field_type(field: config.Field, flag: str) -> Callable[[str], Any]:
-    """The argparse ``type`` of a field's ``flag``: the field's text parser; a
-    value it cannot use, even in part, is an argparse error."""
-
-    def parse(text: str) -> Any:
-        try:
-            return field.from_text(text, functools.partial(config.warn, flag, text))
-        except config.Invalid as exc:
-            raise argparse.ArgumentTypeError(f"{bounded_repr(text)}: {exc}") from None
-
-    return parse
 
 
 def _format_value(value: float) -> str:
@@ -155,7 +129,7 @@ def add_parser(commands: Any) -> None:
             run.add_argument(
                 field.flag,
                 dest=field.key,
-                type=_field_type(field, field.flag),
+                type=field_argument(field, field.flag),
                 metavar=field.key.upper(),
                 help=f"{field.help}{default}",
             )
@@ -163,7 +137,7 @@ def add_parser(commands: Any) -> None:
     store.add_argument(
         "--store",
         dest="store",
-        type=_field_type(config.STORE, "--store"),
+        type=field_argument(config.STORE, "--store"),
         metavar="PATH",
         help=f"the run store to record into (default here: ./{DEFAULT_STORE})",
     )
@@ -173,7 +147,7 @@ def add_parser(commands: Any) -> None:
     )
     run.add_argument(
         "--duration",
-        type=_duration,
+        type=seconds_argument(MAX_DURATION_SECONDS, "(30 days); omit it to run until Ctrl-C"),
         metavar="SECONDS",
         help=f"stop after this many seconds, at most {MAX_DURATION_SECONDS:.0f} (default: until Ctrl-C)",
     )

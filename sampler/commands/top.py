@@ -20,8 +20,7 @@ import time
 from typing import Any, TextIO
 
 from sampler import config
-from sampler.commands.common import DEFAULT_STORE, EXIT_BROKEN_PIPE, EXIT_USAGE, silence
-from sampler.quoting import bounded_repr
+from sampler.commands.common import DEFAULT_STORE, EXIT_BROKEN_PIPE, EXIT_USAGE, argument, silence
 from sampler.views.top import Line, StoreWatch, View, frame_text, render
 
 MAX_REFRESH_SECONDS = 5.0
@@ -31,13 +30,6 @@ WAITING_REFRESH_SECONDS = 1.0
 """How often a store with no run (yet) is looked at again."""
 ONCE_WIDTH = 120
 """``--once``'s width when the output is not a terminal."""
-
-
-def _seconds(text: str) -> float:
-    try:
-        return max(config.parse_seconds(text), MIN_REFRESH_SECONDS)
-    except config.Invalid as exc:
-        raise argparse.ArgumentTypeError(f"{bounded_repr(text)}: {exc}") from None
 
 
 def add_parser(commands: Any) -> None:
@@ -56,7 +48,7 @@ def add_parser(commands: Any) -> None:
     )
     top.add_argument(
         "--interval",
-        type=_seconds,
+        type=argument(lambda text: max(config.parse_seconds(text), MIN_REFRESH_SECONDS)),
         metavar="SECONDS",
         help="seconds between refreshes (default: the run's sampling interval, at most "
         f"{MAX_REFRESH_SECONDS:g})",
