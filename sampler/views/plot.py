@@ -350,6 +350,7 @@ def figure(
             else f"{which} has no points to plot"
         )
     figure_class = _matplotlib_figure()
+    from matplotlib.ticker import EngFormatter, MaxNLocator  # importable once the figure was
 
     cells = _layout([panel.category for panel, _ in drawn])
     rows = cells[-1][0] + 1
@@ -384,6 +385,9 @@ def figure(
         ax.grid(True, alpha=0.3)
         ax.tick_params(labelsize=8.5)
         ax.ticklabel_format(axis="y", useOffset=False, style="plain")
+        # Steps run to the hundreds of thousands: a few ticks, written 35k, stay apart.
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=x == "step"))
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))
         for run, device, xs, ys in lines:
             colour, style = colours[run.id], "-"
             if device:
