@@ -238,3 +238,27 @@ def test_a_closed_pipe_ends_any_command_quietly(store: Path, command: list[str])
     assert proc.wait(timeout=30) in (0, 141)  # 0 only if it had written everything already
     assert b"Traceback" not in proc.stderr.read()
     proc.stderr.close()
+
+
+def test_runs_and_top_agree_that_a_killed_backend_is_lost(tmp_path: Path) -> None:
+    """The backend died without writing its end; on this host its pid is gone,
+    so every command says lost at once (not 'running' for another 30 s)."""
+    script = tmp_path / "backend.py"
+    script.write_text(
+        "import time, sampler\n"
+        "m = sampler.ResourceMonitor(categories=['cpu'], store='runs.sqlite', step_source='seconds',\n"
+        "                            interval_seconds=0.1, _min_interval_seconds=0.05).start()\n"
+        "while m.stats()['store_points_written'] < 2: time.sleep(0.01)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    backend = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    try:
+        assert backend.stdout is not None and backend.stdout.readline() == "ready\n"
+    finally:
+        backend.kill()
+        backend.wait()
+    runs = sampler_command("runs", "runs.sqlite", cwd=tmp_path)
+    top = sampler_command("top", "runs.sqlite", "--once", cwd=tmp_path)
+    assert runs.stdout.splitlines()[1].split()[-1] == "lost", runs.stdout
+    assert " | lost | " in top.stdout.splitlines()[0], top.stdout

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Any
+
+import psutil
 
 from sampler.store import schema
 
@@ -40,11 +43,29 @@ class Run:
 
     @property
     def status(self) -> str:
-        """ "ended", "running", or "lost" (no end time and no write for a while)."""
+        """ "ended", "running", or "lost" now (see ``status_at``)."""
+        return self.status_at(time.time(), self.process_alive())
+
+    def status_at(self, now: float, alive: bool | None) -> str:
+        """ "ended", "running" or "lost" at wall time ``now``: lost when it has
+        neither ended nor written for a while, or at once when its process is
+        known to be gone (``alive`` False, from ``process_alive``)."""
         if self.ended_at is not None:
             return "ended"
-        quiet = time.time() - self.updated_at
+        if alive is False:
+            return "lost"
+        quiet = now - self.updated_at
         return "lost" if quiet > max(LOST_AFTER_INTERVALS * self.interval, 30.0) else "running"
+
+    def process_alive(self) -> bool | None:
+        """Whether the monitored process still runs; None when this cannot be
+        told from here (the run is another host's)."""
+        if self.host != socket.gethostname():
+            return None
+        try:
+            return psutil.pid_exists(self.pid)
+        except (psutil.Error, OSError):
+            return None
 
     @property
     def duration(self) -> float:

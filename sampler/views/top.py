@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import itertools
 import math
-import socket
 import sqlite3
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-import psutil
-
-from sampler.store.reader import LOST_AFTER_INTERVALS, Run, StoreReader
+from sampler.store.reader import Run, StoreReader
 
 WINDOW_POINTS = 120
 """Recent points kept per signal: what min/max and the sparkline cover."""
@@ -173,7 +170,7 @@ class StoreWatch:
             else:
                 self._follow(db, run.id)
         view.run = run
-        view.pid_alive = _pid_alive(run)
+        view.pid_alive = run.process_alive()
 
     def _load(self, db: sqlite3.Connection, run_id: int) -> None:
         """The latest ``window`` points of each signal of the run (by step, through the index)."""
@@ -210,15 +207,6 @@ class StoreWatch:
         view = self._view
         view.last_step = step if view.last_step is None else max(view.last_step, step)
         view.newest = wall if view.newest is None else max(view.newest, wall)
-
-
-def _pid_alive(run: Run) -> bool | None:
-    if run.host != socket.gethostname():
-        return None
-    try:
-        return psutil.pid_exists(run.pid)
-    except (psutil.Error, OSError):
-        return None
 
 
 # --- rendering -----------------------------------------------------------------------------------
@@ -392,21 +380,11 @@ def stale_line(view: View, now: float) -> Line | None:
     return Line(f"!! no sample for {quiet:.0f} s: {why}", "alert")
 
 
-def run_status(run: Run, now: float) -> str:
-    """``Run.status`` at wall time ``now``: "ended", "running" or "lost"."""
-    if run.ended_at is not None:
-        return "ended"
-    quiet = now - run.updated_at
-    return "lost" if quiet > max(LOST_AFTER_INTERVALS * run.interval, 30.0) else "running"
-
-
 def header_lines(view: View, now: float) -> list[Line]:
     run = view.run
     if run is None:
         return [Line("wl-resource-monitor top", "title"), Line(view.waiting or "waiting", "alert")]
-    status = run_status(run, now)
-    if status == "running" and view.pid_alive is False:  # died without writing its end: lost now
-        status = "lost"
+    status = run.status_at(now, view.pid_alive)
     duration = (now - run.started_at) if status == "running" else run.duration
     step = "-" if view.last_step is None else str(view.last_step)
     title = (
