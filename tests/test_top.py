@@ -227,11 +227,15 @@ def test_once_prints_a_frame_of_a_run_a_real_monitor_is_writing(
         nvml_module="fake_nvml",
         **FAST,
     ) as mon:
-        for step in range(1, 31):
+        step = 0
+        # Until enough is in the store: samples at a step that no longer moves would be dropped.
+        while step < 30 or mon.stats()["store_points_written"] <= 60:
+            step += 1
             age[0] = step
-            sampler.signals.log_signal("train/loss", 1.0 / step, step)
+            if step <= 30:
+                sampler.signals.log_signal("train/loss", 1.0 / step, step)
             time.sleep(0.02)
-        wait_for(lambda: mon.stats()["store_points_written"] > 60, what="points in the store")
+            assert step < 1500, "not 60 points in the store in 30 s"
         status, text = once(store)
         status_run, text_run = once(store, run_id=1)
     assert status == 0 and status_run == 0 and text_run.splitlines()[0] == text.splitlines()[0]
