@@ -118,9 +118,7 @@ class Emitter:
             )
             return
         self._health = health
-        stats.store_points_written = recorder.points_written
-        stats.store_points_dropped = recorder.points_dropped
-        stats.store_error = recorder.error
+        stats.note_store(recorder)
 
     def _warn_if_unheard(self) -> None:
         """Once, at the first sample: say so if its signals reach no one (the

@@ -91,9 +91,7 @@ class _Run:
                 log.error(
                     "resource monitor: the run store failed at stop (%s)", bounded_repr(exc), exc_info=True
                 )
-            stats.store_points_written = self.writer.points_written
-            stats.store_points_dropped = self.writer.points_dropped
-            stats.store_error = self.writer.error
+            stats.note_store(self.writer)
         self.close_pipe()
 
     def close_pipe(self) -> None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import signal
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sampler.store.writer import RunWriter
 
 MAX_DEATHS_KEPT = 20
 SLOW_SINK_SECONDS = 1.0
@@ -86,6 +89,12 @@ class MonitorStats:
     last_record_monotonic: float | None = None
     in_sink_since: float | None = None
     """``time.monotonic()`` when the current record's sink calls began, else None."""
+
+    def note_store(self, writer: RunWriter) -> None:
+        """Take the run store's counters from its writer."""
+        self.store_points_written = writer.points_written
+        self.store_points_dropped = writer.points_dropped
+        self.store_error = writer.error
 
     def record_death(self, death: Death) -> None:
         self.deaths = [*self.deaths, death][-MAX_DEATHS_KEPT:]

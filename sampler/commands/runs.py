@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import sqlite3
 from typing import Any, TextIO
 
 from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, open_store
@@ -44,7 +43,7 @@ HEADER = ("id", "started", "duration", "host", "pid", "samples", "last step", "s
 
 
 def _row(reader: StoreReader, run: Run) -> tuple[str, ...]:
-    samples, last_step = _samples(reader.db, run.id)
+    samples, last_step = reader.counts(run.id)
     started = datetime.datetime.fromtimestamp(run.started_at).strftime("%Y-%m-%d %H:%M:%S")
     return (
         str(run.id),
@@ -56,17 +55,6 @@ def _row(reader: StoreReader, run: Run) -> tuple[str, ...]:
         "-" if last_step is None else str(last_step),
         run.status,
     )
-
-
-def _samples(db: sqlite3.Connection, run_id: int) -> tuple[int, int | None]:
-    """(resource samples recorded, last step logged) of a run."""
-    (samples,) = db.execute(
-        "SELECT COALESCE(MAX(n), 0) FROM (SELECT COUNT(*) AS n FROM points WHERE run_id = ?"
-        " AND name_id IN (SELECT id FROM signal_names WHERE name LIKE 'resource/%') GROUP BY name_id)",
-        (run_id,),
-    ).fetchone()
-    (last,) = db.execute("SELECT MAX(step) FROM points WHERE run_id = ?", (run_id,)).fetchone()
-    return int(samples), last
 
 
 def _duration(seconds: float) -> str:

@@ -126,11 +126,14 @@ class StoreReader:
         return Series(name, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
 
     def counts(self, run_id: int) -> tuple[int, int | None]:
-        """(points, last step) of a run."""
-        points, last = self.db.execute(
-            "SELECT COUNT(*), MAX(step) FROM points WHERE run_id = ?", (run_id,)
+        """(resource samples recorded, last step logged) of a run."""
+        (samples,) = self.db.execute(
+            "SELECT COALESCE(MAX(n), 0) FROM (SELECT COUNT(*) AS n FROM points WHERE run_id = ?"
+            " AND name_id IN (SELECT id FROM signal_names WHERE name LIKE 'resource/%') GROUP BY name_id)",
+            (run_id,),
         ).fetchone()
-        return int(points), last
+        (last,) = self.db.execute("SELECT MAX(step) FROM points WHERE run_id = ?", (run_id,)).fetchone()
+        return int(samples), last
 
     def close(self) -> None:
         self.db.close()
