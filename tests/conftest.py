@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import io
 import os
 import textwrap
 import threading
@@ -15,6 +17,7 @@ import pytest
 
 import sampler
 from ringbuf import NAME_PREFIX
+from sampler import commands
 from sampler.backend import steps
 
 FAST = {"interval_seconds": 0.1, "_min_interval_seconds": 0.05}
@@ -47,6 +50,21 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def parse_command(*argv: str) -> argparse.Namespace:
+    """``python -m sampler *argv`` as the real dispatcher parses it, not run yet."""
+    return commands._parser().parse_args(list(argv))
+
+
+def run_command(*argv: str, handler: Callable[[argparse.Namespace], int]) -> tuple[int, str]:
+    """Run ``python -m sampler *argv`` in-process through the real dispatcher's
+    parser, checking it reaches ``handler``: (exit status, what it printed)."""
+    args = parse_command(*argv)
+    assert args.handler is handler
+    out = io.StringIO()
+    args.out = out
+    return args.handler(args), out.getvalue()
 
 
 def shm_segments() -> set[str]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import parse_command, run_command
 
 from sampler import config
 from sampler.commands import config as command
@@ -57,15 +58,8 @@ def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def run(*argv: str) -> tuple[int, str]:
-    """``config *argv`` through a parser built the way the dispatcher builds it."""
-    parser = argparse.ArgumentParser(prog="python -m sampler")
-    command.add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["config", *argv])
-    assert args.handler is command.run
-    out = io.StringIO()
-    args.out = out
-    status = args.handler(args)
-    return status, out.getvalue()
+    """``config *argv`` through the dispatcher's parser."""
+    return run_command("config", *argv, handler=command.run)
 
 
 def row(text: str, key: str) -> list[str]:
@@ -190,9 +184,7 @@ def test_odd_paths_never_break_the_report(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv(config.ENV_CONFIG_PATH, os.fsdecode(b"/nowhere/\xff\nx"))
     monkeypatch.setenv(config.ENV_DISK_PATH, "/nowhere/caf\u00e9")  # printable, but not ASCII
     for argv in ((), ("--json",)):
-        parser = argparse.ArgumentParser()
-        command.add_parser(parser.add_subparsers())
-        args = parser.parse_args(["config", *argv])
+        args = parse_command("config", *argv)
         raw = io.BytesIO()
         args.out = io.TextIOWrapper(raw, encoding="ascii")
         assert command.run(args) == 0

@@ -4,8 +4,6 @@ monitor (and, where a counter must be controlled, by the store's own writer)."""
 
 from __future__ import annotations
 
-import argparse
-import io
 import itertools
 import json
 import math
@@ -19,7 +17,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from conftest import FAST, wait_for
+from conftest import FAST, run_command, wait_for
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -326,15 +324,8 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def run(*argv: str) -> tuple[int, str]:
-    """``plot *argv`` through a parser built the way the dispatcher builds it."""
-    parser = argparse.ArgumentParser(prog="python -m sampler")
-    command.add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["plot", *argv])
-    assert args.handler is command.main
-    out = io.StringIO()
-    args.out = out
-    status = args.handler(args)
-    return status, out.getvalue()
+    """``plot *argv`` through the dispatcher's parser."""
+    return run_command("plot", *argv, handler=command.main)
 
 
 def test_plot_writes_the_newest_run_beside_the_working_directory(

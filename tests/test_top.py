@@ -22,7 +22,7 @@ from collections import deque
 from pathlib import Path
 
 import pytest
-from conftest import FAST, backend_script, wait_for
+from conftest import FAST, backend_script, parse_command, wait_for
 
 import sampler
 from sampler.commands import top as top_command
@@ -254,10 +254,8 @@ def test_once_prints_a_frame_of_a_run_a_real_monitor_is_writing(
 
 
 def test_once_without_a_run_says_it_waits(tmp_path: Path) -> None:
-    parser = argparse.ArgumentParser()
-    top_command.add_parser(parser.add_subparsers())
     missing = tmp_path / "nothing.sqlite"
-    args = parser.parse_args(["top", str(missing), "--once"])
+    args = parse_command("top", str(missing), "--once")
     args.out = io.StringIO()
     assert args.handler(args) == 2
     assert f"waiting for a run in {missing}" in args.out.getvalue()
@@ -266,10 +264,10 @@ def test_once_without_a_run_says_it_waits(tmp_path: Path) -> None:
     status, text = once(empty, run_id=2)
     assert status == 2 and f"waiting for run 2 in {empty}" in text
     assert once(empty)[0] == 0
-    assert parser.parse_args(["top"]).store == "resource_monitor.sqlite"
-    assert parser.parse_args(["top", "--interval", "0.5"]).interval == 0.5
+    assert parse_command("top").store == "resource_monitor.sqlite"
+    assert parse_command("top", "--interval", "0.5").interval == 0.5
     with pytest.raises(SystemExit):
-        parser.parse_args(["top", "--interval", "-1"])
+        parse_command("top", "--interval", "-1")
 
 
 def run_info() -> RunInfo:
