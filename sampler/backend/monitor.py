@@ -321,7 +321,7 @@ class ResourceMonitor:
         """What the run store records about this run."""
         s = self._settings
         if s.pid == os.getpid():
-            command = list(getattr(sys, "orig_argv", sys.argv))
+            command = list(sys.orig_argv)
         else:
             try:
                 command = psutil.Process(s.pid).cmdline()
