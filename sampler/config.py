@@ -40,7 +40,16 @@ from sampler.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
 
-DEFAULT_CATEGORIES: tuple[str, ...] = ("cpu", "memory", "gpu", "disk", "network", "process")
+DEFAULT_CATEGORIES: tuple[str, ...] = (
+    "cpu",
+    "memory",
+    "gpu",
+    "disk",
+    "network",
+    "process",
+    "process_tree",
+    "container",
+)
 STEP_SOURCES: tuple[str, ...] = ("model_age", "seconds")
 DEFAULT_STEP_SOURCE = "model_age"
 DEFAULT_INTERVAL_SECONDS = 15.0
@@ -63,6 +72,19 @@ ENV_DISK_PATH = "WL_RESOURCE_MONITOR_DISK_PATH"
 ENV_STEP_SOURCE = "WL_RESOURCE_MONITOR_STEP_SOURCE"
 ENV_CONFIG_PATH = "WL_RESOURCE_MONITOR_CONFIG_PATH"
 ENV_STORE = "WL_RESOURCE_MONITOR_STORE"
+ENV_INNER_RATE = "WL_RESOURCE_MONITOR_INNER_RATE_HZ"
+ENV_GPU_DEVICES = "WL_RESOURCE_MONITOR_GPU_DEVICES"
+ENV_POSTMORTEM_DIR = "WL_RESOURCE_MONITOR_POSTMORTEM_DIR"
+
+DEFAULT_INNER_RATE_HZ = 10.0
+MIN_INNER_RATE_HZ = 1.0
+MAX_INNER_RATE_HZ = 50.0
+"""How often the child reads the fast-moving signals between records, for their
+peaks and means: above 50 Hz the child's own CPU grows with no curve the better."""
+GPU_DEVICE_MODES: tuple[str, ...] = ("all", "visible")
+DEFAULT_POSTMORTEM_DIR = os.path.join(".resource_monitor", "postmortems")
+"""Where a postmortem goes when no run store is configured, relative to the
+working directory the monitor was started from."""
 
 DEFAULT_SOURCE = "built-in default"
 """How ``Resolution.sources`` names a value no env var or file set."""
@@ -352,6 +374,83 @@ def _store_from_text(text: str, remark: Remark) -> str | None:
     return _store(text, remark) if text.strip() else None
 
 
+def _inner_rate(raw: object, remark: Remark) -> float:
+    """Hz of the child's reads between records, clamped to [``MIN_INNER_RATE_HZ``, ``MAX_INNER_RATE_HZ``]."""
+    if isinstance(raw, bool) or not isinstance(raw, (numbers.Real, str)):
+        raise Invalid(f"expected a rate in Hz, got {type(raw).__name__}", wrong_type=True)
+    try:
+        hz = float(raw)
+    except (ValueError, OverflowError):
+        raise Invalid("not a number") from None
+    if not math.isfinite(hz) or hz <= 0:
+        raise Invalid("expected a finite rate in Hz > 0")
+    clamped = min(max(hz, MIN_INNER_RATE_HZ), MAX_INNER_RATE_HZ)
+    if clamped != hz:
+        remark(
+            f"is outside [{MIN_INNER_RATE_HZ:g}, {MAX_INNER_RATE_HZ:g}] Hz; "
+            f"using inner_rate_hz={clamped!r} instead"
+        )
+    return clamped
+
+
+_GPU_DEVICES_EXPECTED = "expected all, visible, or a list of device indices or UUIDs"
+
+
+def _gpu_device_entry(entry: object) -> str:
+    """One explicit device: a non-negative index, or a UUID (``GPU-...``, ``MIG-...``)."""
+    if isinstance(entry, bool) or not isinstance(entry, (int, str)):
+        raise Invalid(
+            f"{_GPU_DEVICES_EXPECTED}; got an entry of type {type(entry).__name__}", wrong_type=True
+        )
+    text = str(entry).strip()
+    if text.isdigit() or text.upper().startswith(("GPU-", "MIG-")):
+        return text
+    raise Invalid(f"{_GPU_DEVICES_EXPECTED}; {bounded_repr(entry, 40)} is neither an index nor a UUID")
+
+
+def _gpu_devices(raw: object, remark: Remark) -> str | tuple[str, ...]:
+    """``all``, ``visible`` (honour ``CUDA_VISIBLE_DEVICES``), or the devices
+    listed (indices or UUIDs; text is comma-separated)."""
+    if isinstance(raw, str):
+        word = raw.strip().lower()
+        if word in GPU_DEVICE_MODES:
+            return word
+        raw = [entry for entry in raw.split(",") if entry.strip()]
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        raw = [raw]
+    if not isinstance(raw, (list, tuple)):
+        raise Invalid(f"{_GPU_DEVICES_EXPECTED}, got {type(raw).__name__}", wrong_type=True)
+    if not raw:
+        raise Invalid(f"{_GPU_DEVICES_EXPECTED}; got an empty list")
+    return tuple(dict.fromkeys(_gpu_device_entry(entry) for entry in raw))
+
+
+def _show_gpu_devices(value: str | tuple[str, ...]) -> str:
+    return value if isinstance(value, str) else ",".join(value)
+
+
+def _postmortem_dir(raw: object, remark: Remark) -> str | None:
+    """The directory postmortems go to (made absolute; created when one is
+    written), or None (false/off) for none."""
+    if raw is None or raw is False:
+        return None
+    if isinstance(raw, os.PathLike):
+        raw = os.fspath(raw)
+    if not isinstance(raw, str):
+        raise Invalid(f"expected a directory, or false for none; got {type(raw).__name__}", wrong_type=True)
+    word = raw.strip().lower()
+    if word in _FALSE_WORDS:
+        return None
+    if not word:
+        raise Invalid("expected a directory, or false for none; got an empty path")
+    if "\0" in raw:
+        raise Invalid("a path cannot contain a NUL character")
+    path = os.path.abspath(raw)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise Invalid("exists and is not a directory", soft=True)
+    return path
+
+
 # --------------------------------------------------------------------------- the table
 
 
@@ -438,7 +537,56 @@ STORE = Field(
     blank_is_unset=True,
 )
 
-FIELDS: tuple[Field, ...] = (ENABLED, INTERVAL, CATEGORIES, DISK_PATH, STEP_SOURCE, STORE)
+INNER_RATE = Field(
+    key="inner_rate_hz",
+    env=ENV_INNER_RATE,
+    flag="--inner-rate",
+    default=DEFAULT_INNER_RATE_HZ,
+    from_text=_inner_rate,
+    from_value=_inner_rate,
+    help=(
+        "Hz at which the child reads the fast-moving signals between records, for their _peak and _mean "
+        f"(clamped to {MIN_INNER_RATE_HZ:g}..{MAX_INNER_RATE_HZ:g})"
+    ),
+)
+GPU_DEVICES = Field(
+    key="gpu_devices",
+    env=ENV_GPU_DEVICES,
+    flag="--gpu-devices",
+    default="all",
+    from_text=_gpu_devices,
+    from_value=_gpu_devices,
+    help=(
+        "GPUs sampled: all, visible (as CUDA_VISIBLE_DEVICES says), "
+        "or a comma-separated list of indices or UUIDs"
+    ),
+    show=_show_gpu_devices,
+)
+POSTMORTEM_DIR = Field(
+    key="postmortem_dir",
+    env=ENV_POSTMORTEM_DIR,
+    flag="--postmortem-dir",
+    default=DEFAULT_POSTMORTEM_DIR,
+    from_text=_postmortem_dir,
+    from_value=_postmortem_dir,
+    help=(
+        "directory a postmortem goes to when the backend dies and no run store is configured "
+        "(relative to where the monitor starts); false for none"
+    ),
+    show=lambda value: "None (no postmortem)" if value is None else bounded_repr(value),
+)
+
+FIELDS: tuple[Field, ...] = (
+    ENABLED,
+    INTERVAL,
+    CATEGORIES,
+    DISK_PATH,
+    STEP_SOURCE,
+    STORE,
+    INNER_RATE,
+    GPU_DEVICES,
+    POSTMORTEM_DIR,
+)
 _BY_KEY = {field.key: field for field in FIELDS}
 
 
@@ -469,6 +617,12 @@ class ApiSettings:
     """One of ``STEP_SOURCES``."""
     store: str | None = None
     """Absolute path of the run store's SQLite file, or None for no store."""
+    inner_rate_hz: float = DEFAULT_INNER_RATE_HZ
+    """Hz of the child's reads between records."""
+    gpu_devices: str | tuple[str, ...] = "all"
+    """``all``, ``visible``, or the devices listed (indices or UUIDs, as text)."""
+    postmortem_dir: str | None = None
+    """Absolute directory for postmortems without a store, or None for none."""
 
 
 def resolve_api_settings(
@@ -479,6 +633,9 @@ def resolve_api_settings(
     step_source: object,
     min_interval_seconds: float = MIN_INTERVAL_SECONDS,
     store: object = None,
+    inner_rate_hz: object = DEFAULT_INNER_RATE_HZ,
+    gpu_devices: object = "all",
+    postmortem_dir: object = DEFAULT_POSTMORTEM_DIR,
 ) -> ApiSettings:
     """Validate the Python API's settings with the parsers env vars and YAML use.
 
@@ -491,7 +648,10 @@ def resolve_api_settings(
     ``step_source``: one of ``STEP_SOURCES``. ``store``: None or False (no
     store), or the path (str or os.PathLike) of a SQLite file, made absolute;
     one whose directory does not exist, or that is a directory, gets a warning
-    and no store is used. Raises ``TypeError`` for a value of the wrong type and
+    and no store is used. ``inner_rate_hz``: a number, clamped with a warning
+    to [``MIN_INNER_RATE_HZ``, ``MAX_INNER_RATE_HZ``]. ``gpu_devices``: ``all``,
+    ``visible`` or a list of indices or UUIDs. ``postmortem_dir``: a directory
+    (made absolute) or None/False for none. Raises ``TypeError`` for a value of the wrong type and
     ``ValueError`` for a bad value.
     """
     if isinstance(interval_seconds, str):
@@ -506,6 +666,9 @@ def resolve_api_settings(
         disk_path=_from_api(DISK_PATH, disk_path, DISK_PATH.from_value),
         step_source=_from_api(STEP_SOURCE, step_source, STEP_SOURCE.from_value),
         store=_from_api(STORE, store, STORE.from_value),
+        inner_rate_hz=_from_api(INNER_RATE, inner_rate_hz, INNER_RATE.from_value),
+        gpu_devices=_from_api(GPU_DEVICES, gpu_devices, GPU_DEVICES.from_value),
+        postmortem_dir=_from_api(POSTMORTEM_DIR, postmortem_dir, POSTMORTEM_DIR.from_value),
     )
 
 
@@ -799,6 +962,8 @@ def resolve_config(
     logging_on = _logging.set(log_warnings)
     try:
         state = _State()
+        if cwd_path is not None:  # relative to where the monitor is started from, as the API reads it
+            state.values[POSTMORTEM_DIR.key] = str(cwd_path / DEFAULT_POSTMORTEM_DIR)
         _apply_env(state, environ)
         looked_for = candidate_files(environ, cwd_path, Path(package_dir))
         found = _look_up(looked_for)

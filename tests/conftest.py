@@ -17,21 +17,19 @@ import pytest
 
 import sampler
 from ringbuf import NAME_PREFIX
-from sampler import commands
+from sampler import commands, config
 from sampler.backend import steps
 
 FAST = {"interval_seconds": 0.1, "_min_interval_seconds": 0.05}
 """Monitor settings for tests: below the 1 s floor, which only tests and benchmarks may use."""
 
 ENV_VARS = (
-    "WEIGHTSLAB_DISABLE_RESOURCE_MONITORING",
-    "WL_RESOURCE_MONITOR_INTERVAL_SECONDS",
-    "WL_RESOURCE_MONITOR_CATEGORIES",
-    "WL_RESOURCE_MONITOR_DISK_PATH",
-    "WL_RESOURCE_MONITOR_STEP_SOURCE",
-    "WL_RESOURCE_MONITOR_CONFIG_PATH",
+    *(field.env for field in config.FIELDS if field.env is not None),
+    config.ENV_CONFIG_PATH,
+    "CUDA_VISIBLE_DEVICES",
     "FAKE_NVML",
 )
+"""Every variable the monitor reads: none of the user's may leak into a test."""
 
 
 TESTS_DIR = str(Path(__file__).resolve().parent)
@@ -76,10 +74,13 @@ def open_fds() -> set[int]:
 
 
 @pytest.fixture(autouse=True)
-def hermetic(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No user env var leaks in; no process, thread or segment leaks out."""
+def hermetic(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No user env var leaks in; no process, thread or segment leaks out. Each test
+    starts in a scratch directory, so what a backend leaves where it was started
+    (a postmortem, a store) never lands in the repository."""
     for var in ENV_VARS:
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
     before_children = {p.pid for p in psutil.Process().children(recursive=True)}
     before_shm = shm_segments()
     yield

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import sampler
 from sampler import commands as cli
 from sampler.backend.emit import Sample
 from sampler.commands import run as run_command
@@ -134,7 +135,7 @@ def test_bad_categories_are_refused(capsys: pytest.CaptureFixture[str], raw: str
 
 def test_categories_flag_reads_like_the_env_var() -> None:
     assert parse("--categories", " CPU, gpu ").categories == {
-        name: name in ("cpu", "gpu") for name in ("cpu", "memory", "gpu", "disk", "network", "process")
+        name: name in ("cpu", "gpu") for name in sampler.DEFAULT_CATEGORIES
     }
 
 

@@ -133,6 +133,9 @@ def test_defaults_with_empty_environment_and_no_file(tree: Tree, caplog: pytest.
         "disk_path": ROOT,
         "step_source": "model_age",
         "store": None,
+        "inner_rate_hz": 10.0,
+        "gpu_devices": "all",
+        "postmortem_dir": str(tree.work / ".resource_monitor" / "postmortems"),
         "config_file": None,
     }
     assert isinstance(cfg["interval_seconds"], float)
@@ -140,7 +143,16 @@ def test_defaults_with_empty_environment_and_no_file(tree: Tree, caplog: pytest.
 
 
 def test_module_constants() -> None:
-    assert config.DEFAULT_CATEGORIES == ("cpu", "memory", "gpu", "disk", "network", "process")
+    assert config.DEFAULT_CATEGORIES == (
+        "cpu",
+        "memory",
+        "gpu",
+        "disk",
+        "network",
+        "process",
+        "process_tree",
+        "container",
+    )
     assert config.STEP_SOURCES == ("model_age", "seconds")
     assert config.DEFAULT_STEP_SOURCE == "model_age"
     assert config.DEFAULT_INTERVAL_SECONDS == 15.0
@@ -214,14 +226,7 @@ def test_interval_env_invalid_warns_and_keeps_default(
 
 def test_categories_env_allowlist(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     cats = tree.load({config.ENV_CATEGORIES: "cpu, GPU"})["categories"]
-    assert cats == {
-        "cpu": True,
-        "memory": False,
-        "gpu": True,
-        "disk": False,
-        "network": False,
-        "process": False,
-    }
+    assert cats == {**dict.fromkeys(config.DEFAULT_CATEGORIES, False), "cpu": True, "gpu": True}
     assert_no_warnings(caplog)
 
 
@@ -229,14 +234,7 @@ def test_categories_env_unknown_name_warns_and_known_ones_apply(
     tree: Tree, caplog: pytest.LogCaptureFixture
 ) -> None:
     cats = tree.load({config.ENV_CATEGORIES: "cpu,bogus,disk"})["categories"]
-    assert cats == {
-        "cpu": True,
-        "memory": False,
-        "gpu": False,
-        "disk": True,
-        "network": False,
-        "process": False,
-    }
+    assert cats == {**dict.fromkeys(config.DEFAULT_CATEGORIES, False), "cpu": True, "disk": True}
     assert_one_warning(
         caplog, "WL_RESOURCE_MONITOR_CATEGORIES", "'bogus'", "ignor", "using categories=cpu,disk"
     )
@@ -295,7 +293,7 @@ def test_categories_env_naming_no_known_category_warns_and_keeps_all_on(
         "WL_RESOURCE_MONITOR_CATEGORIES",
         repr(raw),
         "names no known category",
-        "using categories=cpu,memory,gpu,disk,network,process instead",
+        f"using categories={','.join(config.DEFAULT_CATEGORIES)} instead",
     )
 
 
@@ -346,7 +344,7 @@ def test_env_warning_quotes_a_long_value_bounded(tree: Tree, caplog: pytest.LogC
     assert (cfg["step_source"], cfg["categories"], cfg["interval_seconds"]) == ("model_age", ALL_ON, 15.0)
     messages = sampler_warnings(caplog)
     assert len(messages) == 3
-    assert all(len(m) < 320 and "xxx..." in m for m in messages), messages
+    assert all(len(m) < 400 and "xxx..." in m for m in messages), messages
 
 
 # --------------------------------------------------------------------------- YAML over env
@@ -383,14 +381,7 @@ def test_file_omitted_keys_keep_env_values(tree: Tree, caplog: pytest.LogCapture
 def test_file_categories_override_per_key(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     write(tree.work / FILE_NAME, section("categories: {memory: true, gpu: false}"))
     cats = tree.load({config.ENV_CATEGORIES: "cpu,gpu"})["categories"]
-    assert cats == {
-        "cpu": True,
-        "memory": True,
-        "gpu": False,
-        "disk": False,
-        "network": False,
-        "process": False,
-    }
+    assert cats == {**dict.fromkeys(config.DEFAULT_CATEGORIES, False), "cpu": True, "memory": True}
     assert_no_warnings(caplog)
 
 
@@ -528,6 +519,9 @@ def test_only_the_first_file_found_is_used(tree: Tree, caplog: pytest.LogCapture
         "disk_path": ROOT,
         "step_source": "model_age",
         "store": None,
+        "inner_rate_hz": 10.0,
+        "gpu_devices": "all",
+        "postmortem_dir": str(nested.resolve() / config.DEFAULT_POSTMORTEM_DIR),
         "config_file": str(cfg_dir / DOT_FILE_NAME),
     }
     assert_no_warnings(caplog)
@@ -897,12 +891,34 @@ def test_removed_working_directory_skips_the_places_found_from_it(
 
 def test_every_field_is_a_key_of_the_resolved_config(tree: Tree) -> None:
     keys = [field.key for field in config.FIELDS]
-    assert keys == ["enabled", "interval_seconds", "categories", "disk_path", "step_source", "store"]
+    assert keys == [
+        "enabled",
+        "interval_seconds",
+        "categories",
+        "disk_path",
+        "step_source",
+        "store",
+        "inner_rate_hz",
+        "gpu_devices",
+        "postmortem_dir",
+    ]
     assert set(tree.load()) == {*keys, "config_file"}
     envs = (config.ENV_DISABLE, config.ENV_INTERVAL, config.ENV_CATEGORIES, config.ENV_DISK_PATH)
-    assert [field.env for field in config.FIELDS] == [*envs, config.ENV_STEP_SOURCE, config.ENV_STORE]
+    assert [field.env for field in config.FIELDS] == [
+        *envs,
+        config.ENV_STEP_SOURCE,
+        config.ENV_STORE,
+        config.ENV_INNER_RATE,
+        config.ENV_GPU_DEVICES,
+        config.ENV_POSTMORTEM_DIR,
+    ]
     assert config.ENV_STORE == "WL_RESOURCE_MONITOR_STORE"
-    assert [field.flag for field in config.FIELDS][-1] == "--store"
+    assert [field.flag for field in config.FIELDS][-4:] == [
+        "--store",
+        "--inner-rate",
+        "--gpu-devices",
+        "--postmortem-dir",
+    ]
 
 
 def test_defaults_are_fresh_copies() -> None:
@@ -929,7 +945,13 @@ def resolve(**overrides: object) -> config.ApiSettings:
 def test_api_defaults(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="sampler")
     settings = resolve()
-    assert settings == config.ApiSettings(15.0, config.DEFAULT_CATEGORIES, ROOT, "model_age")
+    assert settings == config.ApiSettings(
+        15.0,
+        config.DEFAULT_CATEGORIES,
+        ROOT,
+        "model_age",
+        postmortem_dir=os.path.abspath(config.DEFAULT_POSTMORTEM_DIR),
+    )
     assert isinstance(settings.interval_seconds, float)
     with pytest.raises(AttributeError):
         settings.interval_seconds = 2.0  # type: ignore[misc]
@@ -1260,6 +1282,9 @@ def test_sources_name_each_env_var(tree: Tree, caplog: pytest.LogCaptureFixture)
         config.ENV_DISK_PATH: str(disk),
         config.ENV_STEP_SOURCE: "seconds",
         config.ENV_STORE: str(tree.base / "runs.db"),
+        config.ENV_INNER_RATE: "20",
+        config.ENV_GPU_DEVICES: "visible",
+        config.ENV_POSTMORTEM_DIR: str(tree.base / "pm"),
     }
     result = tree.resolve(environ)
     for field in config.FIELDS:
@@ -1277,7 +1302,8 @@ def test_sources_name_the_file_and_key_that_beat_the_env(
     disk.mkdir()
     body = (
         f"enabled: false\ninterval_seconds: 5\ncategories: [cpu, gpu]\ndisk_path: '{disk}'\n"
-        f"step_source: seconds\nstore: '{tree.base / 'runs.db'}'"
+        f"step_source: seconds\nstore: '{tree.base / 'runs.db'}'\ninner_rate_hz: 20\n"
+        f"gpu_devices: [0, GPU-abc]\npostmortem_dir: '{tree.base / 'pm'}'"
     )
     path = write(tree.work / FILE_NAME, section(body))
     environ = {config.ENV_INTERVAL: "30", config.ENV_CATEGORIES: "memory", config.ENV_STORE: "off"}

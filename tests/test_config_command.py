@@ -107,6 +107,7 @@ def test_json_report(scratch: Path) -> None:
     data: dict[str, Any] = json.loads(text)
     used = scratch / FILE_NAME
     where = f"{used}: resource_monitoring"
+    assert data["values"].pop("postmortem_dir") == str(Path.cwd().resolve() / config.DEFAULT_POSTMORTEM_DIR)
     assert data["values"] == {
         "enabled": True,
         "interval_seconds": 5.0,
@@ -114,6 +115,8 @@ def test_json_report(scratch: Path) -> None:
         "disk_path": config.DEFAULT_DISK_PATH,
         "step_source": "seconds",
         "store": str(scratch / "runs.sqlite"),
+        "inner_rate_hz": 10.0,
+        "gpu_devices": "all",
         "config_file": str(used),
     }
     assert data["sources"]["interval_seconds"] == f"{where}.interval_seconds"
