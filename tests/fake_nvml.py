@@ -8,13 +8,27 @@ test set up:
 
 - ``devices``: list of per-device dicts with any of ``mem_clock`` (MHz),
   ``sm_clock`` (MHz), ``used`` and ``total`` (bytes), ``temp`` (deg C),
-  ``util`` (%), ``power_mw`` (mW); missing keys get plausible defaults.
+  ``util`` (%), ``power_mw`` (mW), ``power_limit_mw`` (mW), ``throttle`` (the
+  clocks event reasons bitmask, ``nvmlClocksEventReason*`` below), ``uuid``,
+  ``compute`` and ``graphics`` (running processes: lists of
+  ``{"pid": int, "used": bytes or null}``, null when the driver cannot tell),
+  ``mig`` (UUIDs of its MIG devices; absent: not MIG-capable) and
+  ``lost_after`` (the device falls off the bus after that many calls on it:
+  every later call raises ``lost_code``, default NVML_ERROR_GPU_IS_LOST);
+  missing keys get plausible defaults.
 - ``init_error``: NVML return code ``nvmlInit`` fails with (e.g. 9, driver not loaded).
 - ``fail``: {function name: [device indices] or true} calls that raise
-  NVMLError (NVML_ERROR_NOT_SUPPORTED) for those devices (true: always).
+  NVMLError (NVML_ERROR_NOT_SUPPORTED, or the code ``fail_code`` gives that
+  function) for those devices (true: always).
+- ``missing``: function names the driver lacks: NVML_ERROR_FUNCTION_NOT_FOUND,
+  as pynvml raises it; an unversioned process-list call whose ``_v3`` is
+  missing raises ``NVMLLibraryMismatchError``, as pynvml's does.
 - ``segfault``: {function name: [device indices] or true} calls that crash
   the process with a real SIGSEGV, as a driver does when a GPU falls off the bus.
 - ``hang``: {function name: [device indices] or true} calls that never return.
+
+``calls`` counts the calls made on each (function, device index), for tests
+that check what is not called.
 """
 
 from __future__ import annotations
@@ -23,6 +37,7 @@ import ctypes
 import json
 import os
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +45,9 @@ NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_UNKNOWN = 999
 
@@ -39,11 +56,35 @@ NVML_CLOCK_SM = 1
 NVML_CLOCK_MEM = 2
 NVML_TEMPERATURE_GPU = 0
 
+# pynvml's values (NVML's nvml.h); the Throttle names are the older spelling of the same bits.
+nvmlClocksEventReasonGpuIdle = 0x0000000000000001
+nvmlClocksEventReasonApplicationsClocksSetting = 0x0000000000000002
+nvmlClocksEventReasonSwPowerCap = 0x0000000000000004
+nvmlClocksEventReasonHwSlowdown = 0x0000000000000008
+nvmlClocksEventReasonSyncBoost = 0x0000000000000010
+nvmlClocksEventReasonSwThermalSlowdown = 0x0000000000000020
+nvmlClocksEventReasonHwThermalSlowdown = 0x0000000000000040
+nvmlClocksEventReasonHwPowerBrakeSlowdown = 0x0000000000000080
+nvmlClocksEventReasonDisplayClockSetting = 0x0000000000000100
+nvmlClocksEventReasonNone = 0x0000000000000000
+nvmlClocksThrottleReasonGpuIdle = nvmlClocksEventReasonGpuIdle
+nvmlClocksThrottleReasonApplicationsClocksSetting = nvmlClocksEventReasonApplicationsClocksSetting
+nvmlClocksThrottleReasonSwPowerCap = nvmlClocksEventReasonSwPowerCap
+nvmlClocksThrottleReasonHwSlowdown = nvmlClocksEventReasonHwSlowdown
+nvmlClocksThrottleReasonSyncBoost = nvmlClocksEventReasonSyncBoost
+nvmlClocksThrottleReasonSwThermalSlowdown = nvmlClocksEventReasonSwThermalSlowdown
+nvmlClocksThrottleReasonHwThermalSlowdown = nvmlClocksEventReasonHwThermalSlowdown
+nvmlClocksThrottleReasonHwPowerBrakeSlowdown = nvmlClocksEventReasonHwPowerBrakeSlowdown
+nvmlClocksThrottleReasonDisplayClockSetting = nvmlClocksEventReasonDisplayClockSetting
+nvmlClocksThrottleReasonNone = nvmlClocksEventReasonNone
+
 _MESSAGES = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
     NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
     NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+    NVML_ERROR_NOT_FOUND: "Not Found",
     NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+    NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
     NVML_ERROR_GPU_IS_LOST: "GPU is lost",
     NVML_ERROR_UNKNOWN: "Unknown Error",
 }
@@ -56,7 +97,18 @@ DEFAULT_DEVICE = {
     "temp": 45,
     "util": 87,
     "power_mw": 312_500,
+    "power_limit_mw": 700_000,
+    "throttle": nvmlClocksEventReasonNone,
+    "compute": [],
+    "graphics": [],
 }
+MAX_MIG_DEVICES = 7
+"""MIG device slots of a MIG-capable GPU (an A100's or H100's)."""
+
+
+def default_uuid(index: int) -> str:
+    """The UUID of device ``index`` when its config names none."""
+    return f"GPU-{index:08x}-fake-4e56-8d3a-000000000000"
 
 
 class NVMLError(Exception):
@@ -66,6 +118,10 @@ class NVMLError(Exception):
 
     def __str__(self) -> str:
         return nvmlErrorString(self.value)
+
+
+class NVMLLibraryMismatchError(Exception):
+    """pynvml's: an unversioned call whose versioned function the driver lacks."""
 
 
 def nvmlErrorString(result: int) -> str:
@@ -85,12 +141,24 @@ class c_nvmlUtilization_t:
     memory: int
 
 
+@dataclass
+class nvmlProcessInfo:
+    """One entry of a running-process list; ``usedGpuMemory`` is None when the driver cannot tell."""
+
+    pid: int
+    usedGpuMemory: int | None
+    gpuInstanceId: int = 0xFFFFFFFF
+    computeInstanceId: int = 0xFFFFFFFF
+
+
 @dataclass(frozen=True)
 class _Handle:
     index: int
+    mig: int | None = None
+    """Slot of a MIG device on GPU ``index``; None for the GPU itself."""
 
 
-_state: dict[str, Any] = {"initialized": False, "config": {}}
+_state: dict[str, Any] = {"initialized": False, "config": {}, "calls": Counter(), "device_calls": Counter()}
 
 
 def _config() -> dict[str, Any]:
@@ -105,24 +173,33 @@ def _targets(cfg: dict[str, Any], mode: str, function: str, index: int | None) -
 
 
 def _misbehave(cfg: dict[str, Any], function: str, index: int | None = None) -> None:
+    if function in cfg.get("missing", ()):
+        raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
     if _targets(cfg, "segfault", function, index):
         ctypes.string_at(0)  # reads address 0: SIGSEGV
     if _targets(cfg, "hang", function, index):
         threading.Event().wait()  # forever, like a call stuck in the driver
     if _targets(cfg, "fail", function, index):
-        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        raise NVMLError(cfg.get("fail_code", {}).get(function, NVML_ERROR_NOT_SUPPORTED))
 
 
 def _device(handle: _Handle, function: str) -> dict[str, Any]:
     if not _state["initialized"]:
         raise NVMLError(NVML_ERROR_UNINITIALIZED)
     cfg = _config()
+    _state["calls"][function, handle.index] += 1
+    _state["device_calls"][handle.index] += 1
+    dev = {**DEFAULT_DEVICE, "uuid": default_uuid(handle.index), **cfg.get("devices", [])[handle.index]}
+    if "lost_after" in dev and _state["device_calls"][handle.index] > dev["lost_after"]:
+        raise NVMLError(dev.get("lost_code", NVML_ERROR_GPU_IS_LOST))
     _misbehave(cfg, function, handle.index)
-    return {**DEFAULT_DEVICE, **cfg.get("devices", [])[handle.index]}
+    return dev
 
 
 def nvmlInit() -> None:
     cfg = _state["config"] = json.loads(os.environ.get("FAKE_NVML", "{}"))
+    _state["calls"] = Counter()
+    _state["device_calls"] = Counter()
     _misbehave(cfg, "nvmlInit")
     code = cfg.get("init_error")
     if code:
@@ -148,6 +225,26 @@ def nvmlDeviceGetHandleByIndex(index: int) -> _Handle:
     handle = _Handle(index)
     _device(handle, "nvmlDeviceGetHandleByIndex")
     return handle
+
+
+def nvmlDeviceGetUUID(handle: _Handle) -> str:
+    dev = _device(handle, "nvmlDeviceGetUUID")
+    return str(dev["uuid"] if handle.mig is None else dev["mig"][handle.mig])
+
+
+def nvmlDeviceGetMaxMigDeviceCount(handle: _Handle) -> int:
+    if "mig" not in _device(handle, "nvmlDeviceGetMaxMigDeviceCount"):
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return MAX_MIG_DEVICES
+
+
+def nvmlDeviceGetMigDeviceHandleByIndex(handle: _Handle, index: int) -> _Handle:
+    dev = _device(handle, "nvmlDeviceGetMigDeviceHandleByIndex")
+    if "mig" not in dev:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    if not 0 <= index < len(dev["mig"]):
+        raise NVMLError(NVML_ERROR_NOT_FOUND)  # an empty slot
+    return _Handle(handle.index, index)
 
 
 def nvmlDeviceGetClockInfo(handle: _Handle, clock_type: int) -> int:
@@ -178,3 +275,44 @@ def nvmlDeviceGetUtilizationRates(handle: _Handle) -> c_nvmlUtilization_t:
 
 def nvmlDeviceGetPowerUsage(handle: _Handle) -> int:
     return int(_device(handle, "nvmlDeviceGetPowerUsage")["power_mw"])
+
+
+def nvmlDeviceGetEnforcedPowerLimit(handle: _Handle) -> int:
+    return int(_device(handle, "nvmlDeviceGetEnforcedPowerLimit")["power_limit_mw"])
+
+
+def nvmlDeviceGetCurrentClocksEventReasons(handle: _Handle) -> int:
+    return int(_device(handle, "nvmlDeviceGetCurrentClocksEventReasons")["throttle"])
+
+
+def nvmlDeviceGetCurrentClocksThrottleReasons(handle: _Handle) -> int:
+    return int(_device(handle, "nvmlDeviceGetCurrentClocksThrottleReasons")["throttle"])
+
+
+def _processes(handle: _Handle, function: str, kind: str) -> list[nvmlProcessInfo]:
+    dev = _device(handle, function)
+    return [nvmlProcessInfo(p["pid"], p["used"]) for p in dev[kind]]
+
+
+def _unversioned(handle: _Handle, function: str, kind: str) -> list[nvmlProcessInfo]:
+    """pynvml's unversioned call runs ``_v3``, and says so when the driver lacks it."""
+    processes = _processes(handle, function, kind)
+    if function + "_v3" in _config().get("missing", ()):
+        raise NVMLLibraryMismatchError(f"use a versioned function such as {function}_v2")
+    return processes
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list[nvmlProcessInfo]:
+    return _unversioned(handle, "nvmlDeviceGetComputeRunningProcesses", "compute")
+
+
+def nvmlDeviceGetComputeRunningProcesses_v2(handle: _Handle) -> list[nvmlProcessInfo]:
+    return _processes(handle, "nvmlDeviceGetComputeRunningProcesses_v2", "compute")
+
+
+def nvmlDeviceGetGraphicsRunningProcesses(handle: _Handle) -> list[nvmlProcessInfo]:
+    return _unversioned(handle, "nvmlDeviceGetGraphicsRunningProcesses", "graphics")
+
+
+def nvmlDeviceGetGraphicsRunningProcesses_v2(handle: _Handle) -> list[nvmlProcessInfo]:
+    return _processes(handle, "nvmlDeviceGetGraphicsRunningProcesses_v2", "graphics")

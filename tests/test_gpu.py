@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import json
+import logging
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
+import fake_nvml
+import psutil
+import pynvml
 import pytest
 from conftest import run_monitor
 
+from sampler.collectors import gpu as gpu_module
+from sampler.collectors.gpu import GpuCollector
+
+REPO = Path(__file__).resolve().parent.parent
 GIB = 1024**3
 SPEC_GPU = (
     "memory_clock_mhz",
@@ -26,10 +40,72 @@ TWO_DEVICES = [
     },
     {"mem_clock": 1593, "sm_clock": 1410, "used": 60 * GIB, "total": 80 * GIB, "temp": 67, "util": 12},
 ]
+SW_POWER_CAP = fake_nvml.nvmlClocksEventReasonSwPowerCap
+HW_SLOWDOWN = fake_nvml.nvmlClocksEventReasonHwSlowdown
+HW_THERMAL = fake_nvml.nvmlClocksEventReasonHwThermalSlowdown
+HW_POWER_BRAKE = fake_nvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
+UUID_A1 = "GPU-aaaa1111-0000-4000-8000-000000000000"
+UUID_A2 = "GPU-aaaa2222-0000-4000-8000-000000000000"
+UUID_B = "GPU-bbbb3333-0000-4000-8000-000000000000"
+MIG_C = "MIG-cccc4444-0000-4000-8000-000000000000"
+MIG_D = "MIG-dddd5555-0000-4000-8000-000000000000"
+THREE_NAMED = [{"uuid": UUID_A1}, {"uuid": UUID_A2, "mig": [MIG_C, MIG_D]}, {"uuid": UUID_B}]
+"""Device 1 is a GPU split into two MIG devices; two UUIDs share the prefix ``GPU-aaaa``."""
+READ_CALLS_PER_SAMPLE = 10
+"""NVML calls ``sample()`` makes on a healthy device."""
 
 
 def fake(monkeypatch: pytest.MonkeyPatch, **config: object) -> None:
     monkeypatch.setenv("FAKE_NVML", json.dumps(config))
+
+
+Opener = Callable[..., GpuCollector | None]
+
+
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> Iterator[Opener]:
+    """Open a collector in this process, choosing ``choose`` for ``pid``, on the
+    fake configured by the other keyword arguments; closed at the end of the test."""
+    collectors: list[GpuCollector] = []
+
+    def open_(choose: str | tuple[str, ...] = "all", pid: int = 0, **config: object) -> GpuCollector | None:
+        fake(monkeypatch, **config)
+        gpu = GpuCollector.open("fake_nvml", choose, pid)
+        if gpu is not None:
+            collectors.append(gpu)
+        return gpu
+
+    yield open_
+    for gpu in collectors:
+        gpu.close()
+
+
+@pytest.fixture
+def descendant() -> Iterator[subprocess.Popen[bytes]]:
+    """A real child process of this one (a DataLoader worker, say)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def readings(gpu: GpuCollector) -> dict[str, float]:
+    return dict(zip(gpu.names, gpu.sample(), strict=True))
+
+
+def device_indices(gpu: GpuCollector | None) -> list[int]:
+    return [] if gpu is None else sorted({int(name.split("/")[2]) for name in gpu.names})
+
+
+def calls(function: str, index: int) -> int:
+    return int(fake_nvml._state["calls"][function, index])
+
+
+def device_calls(index: int) -> int:
+    return int(fake_nvml._state["device_calls"][index])
+
+
+# --- through a real monitor --------------------------------------------------------------------
 
 
 def test_two_devices_give_two_full_sets_with_units(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,7 +142,8 @@ def test_no_nvml_means_no_gpu_signals_and_nothing_else_changes(
 ) -> None:
     fake(monkeypatch, **setup["config"])
     sink, stats = run_monitor(categories=["gpu", "cpu", "memory"], nvml_module=setup["nvml_module"])
-    assert sink.names() == {"resource/cpu/utilization_percent", "resource/memory/system_utilization_percent"}
+    assert not {name for name in sink.names() if name.startswith("resource/gpu/")}
+    assert {"resource/cpu/utilization_percent", "resource/memory/system_utilization_percent"} <= sink.names()
     assert stats["sink_errors"] == 0
 
 
@@ -77,3 +154,550 @@ def test_a_failing_call_skips_only_that_reading(monkeypatch: pytest.MonkeyPatch)
     assert "resource/gpu/0/temperature_celsius" in sink.names()
     assert {f"resource/gpu/1/{s}" for s in SPEC_GPU if s != "temperature_celsius"} <= sink.names()
     assert stats["records_lost"] == 0
+
+
+def test_new_signals_and_their_peaks_arrive_through_a_real_monitor(
+    monkeypatch: pytest.MonkeyPatch, descendant: subprocess.Popen[bytes]
+) -> None:
+    me = os.getpid()
+    fake(
+        monkeypatch,
+        devices=[
+            {
+                "used": 30 * GIB,
+                "util": 64,
+                "throttle": SW_POWER_CAP | HW_THERMAL,
+                "power_limit_mw": 450_000,
+                "compute": [{"pid": me, "used": 3 * GIB}, {"pid": descendant.pid, "used": GIB}],
+            },
+            {"throttle": HW_SLOWDOWN},
+        ],
+    )
+    sink, stats = run_monitor(categories=["gpu"], nvml_module="fake_nvml")
+    last = {name: value for name, value, _ in sink.calls}
+    assert last["resource/gpu/0/process_memory_bytes"] == 3 * GIB  # the backend: this process
+    assert last["resource/gpu/0/tree_memory_bytes"] == 4 * GIB
+    assert last["resource/gpu/1/process_memory_bytes"] == 0
+    assert last["resource/gpu/0/clock_throttle_reasons"] == 0x44
+    assert last["resource/gpu/0/throttle_power"] == 1
+    assert last["resource/gpu/0/throttle_thermal"] == 1
+    assert last["resource/gpu/0/throttle_hw_slowdown"] == 0
+    assert last["resource/gpu/1/throttle_hw_slowdown"] == 1
+    assert last["resource/gpu/0/power_limit_watts"] == 450
+    assert last["resource/gpu/0/memory_allocated_bytes_peak"] == 30 * GIB
+    assert last["resource/gpu/0/process_memory_bytes_peak"] == 3 * GIB
+    assert last["resource/gpu/0/utilization_percent_mean"] == 64
+    assert "resource/gpu/0/temperature_celsius_peak" not in sink.names()
+    assert stats["restarts"] == 0
+
+
+def test_a_device_lost_mid_run_stops_alone_and_the_child_lives_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake(monkeypatch, devices=[{}, {"lost_after": 40}])  # a record costs at least 13 calls on it
+    sink, stats = run_monitor(records=8, categories=["gpu"], nvml_module="fake_nvml")
+    assert len(sink.values("resource/gpu/0/temperature_celsius")) >= 8
+    assert 1 <= len(sink.values("resource/gpu/1/temperature_celsius")) <= 3
+    assert stats["restarts"] == 0 and stats["quarantined"] == []
+
+
+def test_visible_devices_reach_the_child_through_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", UUID_B)
+    fake(monkeypatch, devices=THREE_NAMED)
+    sink, _ = run_monitor(categories=["gpu"], nvml_module="fake_nvml", gpu_devices="visible")
+    assert {name.split("/")[2] for name in sink.names()} == {"2"}
+
+
+def test_listed_devices_reach_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake(monkeypatch, devices=THREE_NAMED)
+    sink, _ = run_monitor(categories=["gpu"], nvml_module="fake_nvml", gpu_devices=[MIG_D, "0"])
+    assert {name.split("/")[2] for name in sink.names()} == {"0", "1"}
+
+
+# --- the collector, in this process ------------------------------------------------------------
+
+
+def test_own_and_tree_memory_come_from_both_process_lists(
+    opened: Opener, descendant: subprocess.Popen[bytes]
+) -> None:
+    me = os.getpid()
+    gpu = opened(
+        pid=me,
+        devices=[
+            {
+                "compute": [
+                    {"pid": me, "used": 3 * GIB},
+                    {"pid": descendant.pid, "used": GIB},
+                    {"pid": 1, "used": 5 * GIB},  # not ours
+                ],
+                "graphics": [
+                    {"pid": me, "used": 3 * GIB}
+                ],  # the same allocation, seen from a graphics context
+            },
+            {
+                "compute": [{"pid": 1, "used": 5 * GIB}],
+                "graphics": [{"pid": descendant.pid, "used": 2 * GIB}],
+            },
+        ],
+    )
+    assert gpu is not None
+    values = readings(gpu)
+    assert values["resource/gpu/0/process_memory_bytes"] == 3 * GIB
+    assert values["resource/gpu/0/tree_memory_bytes"] == 4 * GIB
+    assert values["resource/gpu/1/process_memory_bytes"] == 0  # no context there
+    assert values["resource/gpu/1/tree_memory_bytes"] == 2 * GIB
+
+
+def test_memory_the_driver_cannot_tell_is_nan_not_zero(
+    opened: Opener, descendant: subprocess.Popen[bytes]
+) -> None:
+    me = os.getpid()
+    gpu = opened(
+        pid=me,
+        devices=[
+            {"compute": [{"pid": me, "used": None}]},
+            {"compute": [{"pid": me, "used": GIB}, {"pid": descendant.pid, "used": None}]},
+            {"compute": [{"pid": 1, "used": None}]},  # someone else's unknown: ours is still known
+        ],
+    )
+    assert gpu is not None
+    values = readings(gpu)
+    assert math.isnan(values["resource/gpu/0/process_memory_bytes"])
+    assert math.isnan(values["resource/gpu/0/tree_memory_bytes"])
+    assert values["resource/gpu/1/process_memory_bytes"] == GIB
+    assert math.isnan(values["resource/gpu/1/tree_memory_bytes"])
+    assert values["resource/gpu/2/process_memory_bytes"] == 0
+    assert math.isnan(gpu.sample_tracked()[2])
+
+
+def test_without_a_process_its_memory_is_nan(opened: Opener) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    for pid in (0, gone.pid):
+        gpu = opened(pid=pid, devices=[{"compute": [{"pid": gone.pid, "used": GIB}]}])
+        assert gpu is not None
+        values = readings(gpu)
+        assert math.isnan(values["resource/gpu/0/process_memory_bytes"])
+        assert math.isnan(values["resource/gpu/0/tree_memory_bytes"])
+        assert values["resource/gpu/0/temperature_celsius"] == fake_nvml.DEFAULT_DEVICE["temp"]
+
+
+def test_the_tree_is_rescanned_by_each_sample_and_only_there(
+    opened: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    me = os.getpid()
+    scans: list[int] = []
+    children = psutil.Process.children
+
+    def counted(self: psutil.Process, recursive: bool = False) -> list[psutil.Process]:
+        scans.append(self.pid)
+        return children(self, recursive=recursive)
+
+    monkeypatch.setattr(psutil.Process, "children", counted)
+    gpu = opened(pid=me, devices=[{"compute": [{"pid": me, "used": GIB}]}])
+    assert gpu is not None
+    assert readings(gpu)["resource/gpu/0/tree_memory_bytes"] == GIB
+    later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        fake_nvml._config()["devices"][0]["compute"].append({"pid": later.pid, "used": GIB})
+        for _ in range(5):
+            gpu.sample_tracked()
+        assert scans == [me]
+        assert readings(gpu)["resource/gpu/0/tree_memory_bytes"] == 2 * GIB  # a worker started since
+        assert scans == [me, me]
+    finally:
+        later.kill()
+        later.wait()
+
+
+def test_throttle_reasons_give_the_bitmask_and_three_flags(opened: Opener) -> None:
+    masks = [
+        SW_POWER_CAP | HW_THERMAL,
+        HW_SLOWDOWN | HW_POWER_BRAKE,
+        fake_nvml.nvmlClocksEventReasonSwThermalSlowdown,
+        0,
+    ]
+    gpu = opened(devices=[{"throttle": mask} for mask in masks])
+    assert gpu is not None
+    values = readings(gpu)
+    flags = [
+        tuple(
+            values[f"resource/gpu/{i}/{s}"]
+            for s in ("throttle_power", "throttle_thermal", "throttle_hw_slowdown")
+        )
+        for i in range(4)
+    ]
+    assert [values[f"resource/gpu/{i}/clock_throttle_reasons"] for i in range(4)] == [0x44, 0x88, 0x20, 0]
+    assert flags == [(1, 1, 0), (1, 0, 1), (0, 1, 0), (0, 0, 0)]
+
+
+def test_the_reason_bits_are_nvmls() -> None:
+    for ours, name in [
+        (gpu_module.REASON_SW_POWER_CAP, "SwPowerCap"),
+        (gpu_module.REASON_HW_SLOWDOWN, "HwSlowdown"),
+        (gpu_module.REASON_SW_THERMAL, "SwThermalSlowdown"),
+        (gpu_module.REASON_HW_THERMAL, "HwThermalSlowdown"),
+        (gpu_module.REASON_HW_POWER_BRAKE, "HwPowerBrakeSlowdown"),
+    ]:
+        for module in (pynvml, fake_nvml):
+            assert getattr(module, f"nvmlClocksEventReason{name}") == ours
+            assert getattr(module, f"nvmlClocksThrottleReason{name}") == ours
+    for code in ("NOT_SUPPORTED", "NOT_FOUND", "FUNCTION_NOT_FOUND", "GPU_IS_LOST"):
+        assert getattr(gpu_module, f"NVML_ERROR_{code}") == getattr(pynvml, f"NVML_ERROR_{code}")
+        assert getattr(fake_nvml, f"NVML_ERROR_{code}") == getattr(pynvml, f"NVML_ERROR_{code}")
+    assert gpu_module.NVML_ERROR_RESET_REQUIRED == pynvml.NVML_ERROR_RESET_REQUIRED
+
+
+def test_power_limit_is_in_watts(opened: Opener) -> None:
+    gpu = opened(devices=[{"power_limit_mw": 450_000}, {}])
+    assert gpu is not None
+    values = readings(gpu)
+    assert values["resource/gpu/0/power_limit_watts"] == 450.0
+    assert values["resource/gpu/1/power_limit_watts"] == fake_nvml.DEFAULT_DEVICE["power_limit_mw"] / 1000
+
+
+def test_tracked_readings_are_few_and_cheap(opened: Opener) -> None:
+    me = os.getpid()
+    gpu = opened(pid=me, devices=[{"used": 7 * GIB, "util": 55, "compute": [{"pid": me, "used": GIB}]}, {}])
+    assert gpu is not None
+    suffixes = ("memory_allocated_bytes", "utilization_percent", "process_memory_bytes")
+    assert gpu.tracked == tuple(f"resource/gpu/{i}/{s}" for i in (0, 1) for s in suffixes)
+    assert gpu.averaged == ("resource/gpu/0/utilization_percent", "resource/gpu/1/utilization_percent")
+    assert set(gpu.tracked) <= set(gpu.names)
+    gpu.sample()
+    before = dict(fake_nvml._state["calls"])
+    assert gpu.sample_tracked()[:3] == [7 * GIB, 55, GIB]
+    made = {key for key, count in fake_nvml._state["calls"].items() if count != before.get(key)}
+    assert {function for function, _ in made} == {
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetComputeRunningProcesses",
+    }
+
+
+@pytest.mark.parametrize(
+    ("function", "signals"),
+    [
+        ("nvmlDeviceGetPowerUsage", ["power_watts"]),
+        ("nvmlDeviceGetEnforcedPowerLimit", ["power_limit_watts"]),
+        ("nvmlDeviceGetCurrentClocksEventReasons", ["clock_throttle_reasons", "throttle_power"]),
+        ("nvmlDeviceGetComputeRunningProcesses", ["process_memory_bytes", "tree_memory_bytes"]),
+    ],
+)
+def test_a_reading_not_supported_is_nan_and_not_asked_again(
+    opened: Opener, function: str, signals: list[str]
+) -> None:
+    gpu = opened(pid=os.getpid(), devices=[{}, {}], fail={function: [1]})
+    assert gpu is not None
+    for _ in range(5):
+        values = readings(gpu)
+        gpu.sample_tracked()
+    for signal in signals:
+        assert math.isnan(values[f"resource/gpu/1/{signal}"])
+        assert not math.isnan(values[f"resource/gpu/0/{signal}"])
+    assert calls(function, 1) == 1
+    assert calls(function, 0) >= 5
+    assert not math.isnan(values["resource/gpu/1/temperature_celsius"])
+
+
+def test_a_device_without_graphics_lists_still_reads_compute_memory(opened: Opener) -> None:
+    me = os.getpid()
+    gpu = opened(
+        pid=me,
+        devices=[{"compute": [{"pid": me, "used": GIB}]}],
+        fail={"nvmlDeviceGetGraphicsRunningProcesses": True},
+    )
+    assert gpu is not None
+    assert readings(gpu)["resource/gpu/0/process_memory_bytes"] == GIB
+    assert readings(gpu)["resource/gpu/0/process_memory_bytes"] == GIB
+    assert calls("nvmlDeviceGetGraphicsRunningProcesses", 0) == 1
+
+
+def test_a_reading_failing_this_time_is_nan_and_asked_again(opened: Opener) -> None:
+    me = os.getpid()
+    gpu = opened(
+        pid=me,
+        devices=[{"compute": [{"pid": me, "used": GIB}]}],
+        fail={"nvmlDeviceGetGraphicsRunningProcesses": True, "nvmlDeviceGetTemperature": True},
+        fail_code={
+            "nvmlDeviceGetGraphicsRunningProcesses": fake_nvml.NVML_ERROR_UNKNOWN,
+            "nvmlDeviceGetTemperature": fake_nvml.NVML_ERROR_UNKNOWN,
+        },
+    )
+    assert gpu is not None
+    for _ in range(3):
+        values = readings(gpu)
+    assert math.isnan(
+        values["resource/gpu/0/process_memory_bytes"]
+    )  # graphics unknown: who holds what is too
+    assert math.isnan(values["resource/gpu/0/temperature_celsius"])
+    assert calls("nvmlDeviceGetGraphicsRunningProcesses", 0) == 3
+    assert calls("nvmlDeviceGetTemperature", 0) == 3
+
+
+@pytest.mark.parametrize("error", [OSError("ioctl failed"), KeyError("a bug in the binding")])
+def test_a_reading_raising_something_else_is_nan_and_asked_again(
+    opened: Opener, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, error: Exception
+) -> None:
+    tries: list[object] = []
+
+    def broken(handle: object) -> int:
+        tries.append(handle)
+        raise error
+
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetPowerUsage", broken)
+    gpu = opened(devices=[{}])
+    assert gpu is not None
+    for _ in range(3):
+        values = readings(gpu)
+    assert math.isnan(values["resource/gpu/0/power_watts"]) and len(tries) == 3
+    assert values["resource/gpu/0/temperature_celsius"] == fake_nvml.DEFAULT_DEVICE["temp"]
+    bugs = [r for r in caplog.records if "KeyError" in r.getMessage()]
+    assert len(bugs) == (1 if isinstance(error, KeyError) else 0)  # a bug is reported, once
+
+
+@pytest.mark.parametrize(
+    ("missing", "used_instead"),
+    [
+        ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+        ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"),
+        ("nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
+    ],
+)
+def test_a_driver_older_than_the_binding_gets_the_older_call(
+    opened: Opener, missing: str, used_instead: str
+) -> None:
+    me = os.getpid()
+    processes = [{"pid": me, "used": GIB}]
+    gpu = opened(
+        pid=me,
+        devices=[{"throttle": HW_SLOWDOWN, "compute": processes, "graphics": processes}] * 2,
+        missing=[missing],
+    )
+    assert gpu is not None
+    for _ in range(3):
+        values = readings(gpu)
+    for i in (0, 1):
+        assert values[f"resource/gpu/{i}/clock_throttle_reasons"] == HW_SLOWDOWN
+        assert values[f"resource/gpu/{i}/process_memory_bytes"] == GIB
+    newer = missing.removesuffix("_v3")
+    assert sum(count for (function, _), count in fake_nvml._state["calls"].items() if function == newer) == 1
+    assert calls(used_instead, 0) == calls(used_instead, 1) == 3
+
+
+def test_a_binding_without_the_newer_name_uses_the_older(
+    opened: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delattr(fake_nvml, "nvmlDeviceGetCurrentClocksEventReasons")
+    gpu = opened(devices=[{"throttle": SW_POWER_CAP}])
+    assert gpu is not None
+    assert readings(gpu)["resource/gpu/0/throttle_power"] == 1
+
+
+@pytest.mark.parametrize("code", [fake_nvml.NVML_ERROR_GPU_IS_LOST, fake_nvml.NVML_ERROR_NOT_FOUND])
+def test_a_lost_device_is_nan_the_others_flow_and_it_is_probed_with_backoff(
+    opened: Opener, code: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    healthy_samples = 2
+    lost = {"lost_after": 1 + healthy_samples * READ_CALLS_PER_SAMPLE, "lost_code": code}
+    gpu = opened(pid=os.getpid(), devices=[{}, lost, {}])
+    assert gpu is not None
+    for _ in range(healthy_samples):
+        assert readings(gpu)["resource/gpu/1/temperature_celsius"] == fake_nvml.DEFAULT_DEVICE["temp"]
+    at_loss = device_calls(1)
+    for _ in range(100):
+        values = readings(gpu)
+        tracked = gpu.sample_tracked()
+        assert all(math.isnan(v) for name, v in values.items() if name.startswith("resource/gpu/1/"))
+        assert values["resource/gpu/0/temperature_celsius"] == 45
+        assert values["resource/gpu/2/temperature_celsius"] == 45
+        assert all(math.isnan(v) for v in tracked[3:6])
+        assert not any(math.isnan(v) for v in tracked[:3] + tracked[6:])
+    # One call per probe (the first reading fails, the rest are skipped), at samples
+    # 1, 3, 6, 11, 20, 37 and 70 as the backoff doubles: 7 calls where 1,300 would be made.
+    assert device_calls(1) - at_loss == 7
+    (warning,) = [r for r in caplog.records if "stopped answering" in r.getMessage()]
+    assert "GPU 1" in warning.getMessage()
+
+
+def test_a_lost_device_that_answers_again_resumes(opened: Opener, caplog: pytest.LogCaptureFixture) -> None:
+    gpu = opened(devices=[{"lost_after": 1 + READ_CALLS_PER_SAMPLE}])
+    assert gpu is not None
+    readings(gpu)
+    assert math.isnan(readings(gpu)["resource/gpu/0/temperature_celsius"])
+    fake_nvml._state["device_calls"][0] = -1000  # back on the bus
+    values = [readings(gpu)["resource/gpu/0/temperature_celsius"] for _ in range(3)]
+    assert math.isnan(values[0]) and values[1:] == [45, 45]  # one sample skipped, then the probe answers
+    assert gpu.sample_tracked()[0] == fake_nvml.DEFAULT_DEVICE["used"]
+    assert any("GPU 0 answers again" in r.getMessage() for r in caplog.records)
+
+
+# --- choosing devices ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("devices", "chosen"),
+    [
+        ("all", [0, 1, 2]),
+        (("1",), [1]),
+        (("2", "0"), [0, 2]),
+        ((UUID_B,), [2]),
+        ((UUID_A2.upper(),), [1]),
+        (("GPU-bbbb",), [2]),  # a prefix of exactly one UUID, as CUDA accepts
+        ((MIG_D,), [1]),  # a MIG device: its parent GPU
+        ((f"MIG-{UUID_A1}/1/0",), [0]),  # the legacy MIG form
+        (("MIG-cccc", "1"), [1]),
+    ],
+)
+def test_listed_devices_by_index_uuid_prefix_or_mig(
+    opened: Opener, devices: str | tuple[str, ...], chosen: list[int], caplog: pytest.LogCaptureFixture
+) -> None:
+    assert device_indices(opened(devices, devices=THREE_NAMED)) == chosen
+    assert caplog.records == []
+
+
+def test_unmatched_entries_get_one_warning_naming_them(
+    opened: Opener, caplog: pytest.LogCaptureFixture
+) -> None:
+    gpu = opened(("0", "7", "GPU-aaaa", "GPU-ffff", "MIG-eeee"), devices=THREE_NAMED)
+    assert device_indices(gpu) == [0]
+    (warning,) = caplog.records
+    message = warning.getMessage()
+    assert warning.name == "sampler" and warning.levelno == logging.WARNING
+    for entry in ("'7'", "'GPU-aaaa'", "'GPU-ffff'", "'MIG-eeee'"):  # GPU-aaaa: a prefix of two
+        assert entry in message
+    assert "gpu_devices" in message and "indices 0-2" in message and "no GPU is sampled" not in message
+
+
+def test_no_device_left_means_no_gpu_signals(opened: Opener, caplog: pytest.LogCaptureFixture) -> None:
+    assert opened(("5",), devices=THREE_NAMED) is None
+    (warning,) = caplog.records
+    assert "'5'" in warning.getMessage() and "no GPU is sampled" in warning.getMessage()
+    assert not fake_nvml._state["initialized"]  # NVML was shut down again
+
+
+@pytest.mark.parametrize(
+    ("visible", "chosen", "warned"),
+    [
+        (None, [0, 1, 2], None),
+        ("", [], None),  # hides every GPU on purpose
+        ("2,0", [0, 2], None),
+        (" 1 ", [1], None),
+        ("0,-1,2", [0], "'-1' matches no GPU"),  # CUDA ignores -1 and everything after it
+        ("0,9", [0], "'9' matches no GPU"),
+        (f"{UUID_B},GPU-aaaa1", [0, 2], None),
+        ("MIG-dddd", [1], None),
+        (f"MIG-{UUID_B}/0/0", [2], None),
+        ("GPU-aaaa,1", [], "'GPU-aaaa' matches no GPU"),
+    ],
+)
+def test_visible_reads_cuda_visible_devices_as_cuda_does(
+    opened: Opener,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    visible: str | None,
+    chosen: list[int],
+    warned: str | None,
+) -> None:
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert device_indices(opened("visible", devices=THREE_NAMED)) == chosen
+    if warned is None:
+        assert caplog.records == []
+    else:
+        (warning,) = caplog.records
+        assert "CUDA_VISIBLE_DEVICES" in warning.getMessage() and warned in warning.getMessage()
+
+
+def test_a_binding_that_returns_uuids_as_bytes(opened: Opener, monkeypatch: pytest.MonkeyPatch) -> None:
+    as_text = fake_nvml.nvmlDeviceGetUUID
+    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetUUID", lambda handle: as_text(handle).encode())
+    assert device_indices(opened((UUID_B, MIG_C), devices=THREE_NAMED)) == [1, 2]
+
+
+def test_a_binding_without_mig_calls_finds_no_mig_device(
+    opened: Opener, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delattr(fake_nvml, "nvmlDeviceGetMaxMigDeviceCount")
+    assert device_indices(opened((MIG_C, "2"), devices=THREE_NAMED)) == [2]
+    assert MIG_C in caplog.records[0].getMessage()
+
+
+def test_a_uuid_that_cannot_be_read_matches_nothing(opened: Opener, caplog: pytest.LogCaptureFixture) -> None:
+    gpu = opened((UUID_A1, "1"), devices=THREE_NAMED, fail={"nvmlDeviceGetUUID": [0]})
+    assert device_indices(gpu) == [1]
+    assert UUID_A1 in caplog.records[0].getMessage()
+
+
+# --- bench/gpu_check.py -------------------------------------------------------------------------
+
+
+def gpu_check(
+    monkeypatch: pytest.MonkeyPatch, *args: str, **config: object
+) -> subprocess.CompletedProcess[str]:
+    fake(monkeypatch, **config)
+    return subprocess.run(
+        [sys.executable, "-m", "bench.gpu_check", "--calls", "5", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+
+
+def test_gpu_check_passes_a_plausible_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    done = gpu_check(monkeypatch, "--nvml-module", "fake_nvml", devices=[{}, {"throttle": SW_POWER_CAP}])
+    assert done.returncode == 0, done.stdout + done.stderr
+    for line in (
+        "GPU 0",
+        "GPU 1",
+        "temperature_celsius",
+        "power_limit_watts",
+        "sample():",
+        "sample_tracked():",
+    ):
+        assert line in done.stdout
+    assert "through a real monitor: 36 of 36 gpu signals arrived" in done.stdout
+    assert done.stdout.rstrip().endswith("all plausible")
+
+
+@pytest.mark.parametrize(
+    ("device", "problem"),
+    [
+        ({"temp": 150}, "temperature_celsius"),
+        ({"power_mw": 900_000}, "power_watts"),  # beyond 1.2 x the 700 W limit
+        ({"used": 90 * GIB}, "memory_allocated_bytes"),
+    ],
+)
+def test_gpu_check_fails_an_implausible_reading(
+    monkeypatch: pytest.MonkeyPatch, device: dict, problem: str
+) -> None:
+    done = gpu_check(monkeypatch, "--nvml-module", "fake_nvml", devices=[device])
+    assert done.returncode == 1, done.stdout + done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if problem in line and "outside" in line]
+    assert line.split()[0] == problem
+
+
+def test_gpu_check_fails_a_missing_spec_reading_and_accepts_an_unsupported_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    unsupported = {"nvmlDeviceGetPowerUsage": True, "nvmlDeviceGetTemperature": True}
+    done = gpu_check(monkeypatch, "--nvml-module", "fake_nvml", devices=[{}], fail=unsupported)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "n/a (not supported here)" in next(
+        line for line in done.stdout.splitlines() if "power_watts" in line
+    )
+    assert "missing" in next(line for line in done.stdout.splitlines() if "temperature_celsius" in line)
+
+
+@pytest.mark.parametrize(
+    ("module", "config"),
+    [("pynvml", {}), ("fake_nvml", {"devices": []}), ("fake_nvml", {"devices": [{}], "init_error": 9})],
+    ids=["real-pynvml-no-driver", "no-devices", "driver-not-loaded"],
+)
+def test_gpu_check_without_a_gpu_says_so_and_exits_2(
+    monkeypatch: pytest.MonkeyPatch, module: str, config: dict
+) -> None:
+    done = gpu_check(monkeypatch, "--nvml-module", module, **config)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "no NVIDIA GPU here: nothing to check" in done.stdout

@@ -7,21 +7,38 @@ those of several, in the fixed order of ``DEFAULT_CATEGORIES``.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from sampler.collectors.base import Collector
+from sampler.collectors.container import ContainerCollector
 from sampler.collectors.gpu import GpuCollector
 from sampler.collectors.host import CpuCollector, DiskCollector, MemoryCollector, NetworkCollector
 from sampler.collectors.process import ProcessCollector
+from sampler.collectors.tree import ProcessTreeCollector
 from sampler.config import DEFAULT_CATEGORIES
 
-__all__ = ["Collector", "build_collector", "build_collectors"]
+__all__ = ["Collector", "Sources", "build_collector", "build_collectors"]
 
 
-def build_collector(category: str, *, disk_path: str, pid: int, nvml_module: str) -> Collector | None:
-    """The collector for ``category``; None for gpu when NVML is unavailable.
+@dataclass(frozen=True)
+class Sources:
+    """What the collectors read: the settings that say which disk, process and GPUs."""
 
-    ``pid`` is the process the process category describes (the backend).
-    """
+    disk_path: str
+    """Filesystem the disk usage signals report."""
+    pid: int
+    """The process the process, process_tree and container categories describe (the backend)."""
+    nvml_module: str
+    """Dotted name of the NVML binding."""
+    gpu_devices: str | tuple[str, ...] = "all"
+    """``all``, ``visible`` (``CUDA_VISIBLE_DEVICES``) or the devices listed (indices or UUIDs)."""
+
+
+def build_collector(category: str, sources: Sources) -> Collector | None:
+    """The collector for ``category``; None for gpu when NVML is unavailable,
+    and for container when the process runs under no cgroup limit.
+    May raise ``psutil.NoSuchProcess`` when the described process is gone."""
+    disk_path, pid, nvml_module = sources.disk_path, sources.pid, sources.nvml_module
     if category == "cpu":
         return CpuCollector()
     if category == "memory":
@@ -33,18 +50,16 @@ def build_collector(category: str, *, disk_path: str, pid: int, nvml_module: str
     if category == "process":
         return ProcessCollector(pid)
     if category == "gpu":
-        return GpuCollector.open(nvml_module)
+        return GpuCollector.open(nvml_module, sources.gpu_devices, pid)
+    if category == "process_tree":
+        return ProcessTreeCollector(pid)
+    if category == "container":
+        return ContainerCollector.open(pid)
     raise ValueError(f"unknown category {category!r}")
 
 
-def build_collectors(
-    categories: Iterable[str], *, disk_path: str, pid: int, nvml_module: str
-) -> list[Collector]:
+def build_collectors(categories: Iterable[str], sources: Sources) -> list[Collector]:
     """Collectors for ``categories``, leaving out gpu when NVML is unavailable."""
     wanted = set(categories)
-    built = (
-        build_collector(c, disk_path=disk_path, pid=pid, nvml_module=nvml_module)
-        for c in DEFAULT_CATEGORIES
-        if c in wanted
-    )
+    built = (build_collector(c, sources) for c in DEFAULT_CATEGORIES if c in wanted)
     return [collector for collector in built if collector is not None]

@@ -57,13 +57,27 @@ def attempt(read: Callable[[], T], errors: tuple[type[BaseException], ...] = REA
 
 class Collector:
     """Reads one category. ``sample()`` returns one float per name in ``names``,
-    ``MISSING`` (NaN) where a reading failed."""
+    ``MISSING`` (NaN) where a reading failed.
+
+    Fast-moving readings are also read between records, at the child's inner
+    rate, for their peak (and mean) since the last logged record: ``tracked``
+    names them (a subset of ``names``), ``averaged`` those of them whose mean
+    means something, and ``sample_tracked()`` reads them, one float per
+    ``tracked`` name. It must not disturb ``sample()``: a rate such as CPU %
+    keeps its own window since the previous record.
+    """
 
     category: ClassVar[str]
     names: tuple[str, ...]
+    tracked: tuple[str, ...] = ()
+    averaged: tuple[str, ...] = ()
 
     def sample(self) -> list[float]:
         raise NotImplementedError
+
+    def sample_tracked(self) -> list[float]:
+        """The ``tracked`` readings now (the child calls it at its inner rate)."""
+        return []
 
     def close(self) -> None:
         """Release what the collector holds (NVML handles); idempotent."""

@@ -9,15 +9,21 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+import psutil
+
 from sampler.collectors.base import MISSING, Collector, attempt
+from sampler.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
 
-# Per-device signal suffixes, in record order. The first five are SPEC 2's; the
-# last two are extras users of GPU dashboards expect.
+# Per-device signal suffixes, in record order. The first five are SPEC 2's, the
+# next two extras users of GPU dashboards expect, then the training-specific ones.
 GPU_SIGNALS = (
     "memory_clock_mhz",
     "sm_clock_mhz",
@@ -26,25 +32,135 @@ GPU_SIGNALS = (
     "temperature_celsius",
     "utilization_percent",
     "power_watts",
+    "process_memory_bytes",
+    "tree_memory_bytes",
+    "clock_throttle_reasons",
+    "throttle_power",
+    "throttle_thermal",
+    "throttle_hw_slowdown",
+    "power_limit_watts",
 )
+TRACKED_SIGNALS = ("memory_allocated_bytes", "utilization_percent", "process_memory_bytes")
+"""Per-device suffixes also read between records, at the inner rate, for their peaks."""
+AVERAGED_SIGNALS = ("utilization_percent",)
+"""Per-device tracked suffixes whose mean between records is published too."""
+
+# NVML's clocks event (formerly "throttle") reason bits, nvml.h's
+# nvmlClocksEventReason* (same values under the older nvmlClocksThrottleReason* names).
+REASON_SW_POWER_CAP = 0x04
+REASON_HW_SLOWDOWN = 0x08
+REASON_SW_THERMAL = 0x20
+REASON_HW_THERMAL = 0x40
+REASON_HW_POWER_BRAKE = 0x80
+THROTTLE_POWER = REASON_SW_POWER_CAP | REASON_HW_POWER_BRAKE
+THROTTLE_THERMAL = REASON_SW_THERMAL | REASON_HW_THERMAL
+
+# NVML return codes (nvml.h), the ones a reading's failure is sorted by.
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_RESET_REQUIRED = 16
+NVML_ERROR_UNKNOWN = 999
+LOST_CODES = {
+    NVML_ERROR_NOT_FOUND: "Not Found",
+    NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    NVML_ERROR_RESET_REQUIRED: "GPU requires restart",
+}
+"""Codes (and NVML's words for them) that mean the device itself is gone:
+off the bus, or needing a reset."""
+
+MAX_LOST_BACKOFF_SAMPLES = 64
+"""A lost device is probed again after 1, 2, 4 ... samples, at most this many."""
+
+# Each reading, with the binding's functions that make it, preferred first: a
+# driver too old for the newer name raises FUNCTION_NOT_FOUND (pynvml's
+# unversioned process lists raise NVMLLibraryMismatchError), and the next one is used.
+_CALLS: dict[str, tuple[str, ...]] = {
+    "memory": ("nvmlDeviceGetMemoryInfo",),
+    "mem_clock": ("nvmlDeviceGetClockInfo",),
+    "sm_clock": ("nvmlDeviceGetClockInfo",),
+    "temperature": ("nvmlDeviceGetTemperature",),
+    "utilization": ("nvmlDeviceGetUtilizationRates",),
+    "power": ("nvmlDeviceGetPowerUsage",),
+    "power_limit": ("nvmlDeviceGetEnforcedPowerLimit",),
+    "throttle": ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+    "compute": ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"),
+    "graphics": ("nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
+}
+
+
+class _DeviceLost(Exception):
+    """A reading found the device gone; the rest of its readings are skipped."""
+
+
+@dataclass
+class _Device:
+    index: int
+    handle: Any
+    unsupported: set[str] = field(default_factory=set)
+    """Readings the device answered NOT_SUPPORTED: never asked again."""
+    lost: bool = False
+    backoff: int = 0
+    """Samples skipped after the latest failed probe of a lost device."""
+    skip: int = 0
+    """Samples still skipped before the next probe."""
 
 
 class GpuCollector(Collector):
-    """Clocks (MHz), memory (bytes and %), temperature (deg C), utilization (%)
-    and power (W) of every device NVML reports, named by NVML index."""
+    """Readings of the chosen NVIDIA devices, named by NVML index ``i``:
+
+    - ``memory_clock_mhz``, ``sm_clock_mhz``; ``memory_allocated_bytes`` and
+      ``_percent`` (all processes); ``temperature_celsius``;
+      ``utilization_percent``; ``power_watts`` and ``power_limit_watts`` (the
+      enforced limit);
+    - ``process_memory_bytes``: what the backend (``pid``) holds on the device,
+      ``tree_memory_bytes``: the backend's and its descendants' (DataLoader
+      workers, ...), both from NVML's running-process lists: 0 without a context
+      there, NaN when the driver cannot tell (MIG, some containers);
+    - ``clock_throttle_reasons``: NVML's clocks event reasons bitmask as a
+      number (``nvmlClocksEventReason*``: 0x4 software power cap, 0x8 hardware
+      slowdown, 0x20 software thermal, 0x40 hardware thermal, 0x80 power brake,
+      0x1 idle, ...), and read from it, 1 or 0: ``throttle_power`` (software power
+      cap or hardware power brake), ``throttle_thermal`` (software or hardware
+      thermal slowdown), ``throttle_hw_slowdown``.
+
+    ``memory_allocated_bytes``, ``utilization_percent`` and
+    ``process_memory_bytes`` are tracked between records (utilization also
+    averaged). A reading the device does not support is NaN and not asked
+    again; a device that is lost (off the bus) reads NaN while the others keep
+    flowing, and is probed again after 1, 2, 4 ... up to
+    ``MAX_LOST_BACKOFF_SAMPLES`` samples.
+    """
 
     category = "gpu"
 
-    def __init__(self, nvml: ModuleType, handles: dict[int, Any]) -> None:
+    def __init__(self, nvml: ModuleType, handles: dict[int, Any], pid: int = 0) -> None:
         self._nvml = nvml
-        self._handles = handles
+        self._devices = [_Device(index, handle) for index, handle in handles.items()]
         self._errors = _nvml_errors(nvml)
-        self.names = tuple(f"resource/gpu/{i}/{suffix}" for i in handles for suffix in GPU_SIGNALS)
+        self._mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
+        self._functions = {
+            reading: [getattr(nvml, name) for name in names if hasattr(nvml, name)]
+            for reading, names in _CALLS.items()
+        }
+        self.names = _per_device(handles, GPU_SIGNALS)
+        self.tracked = _per_device(handles, TRACKED_SIGNALS)
+        self.averaged = _per_device(handles, AVERAGED_SIGNALS)
+        self._process = attempt(functools.partial(psutil.Process, pid)) if pid > 0 else None
+        self._own = None if self._process is None else frozenset({self._process.pid})
+        self._tree: frozenset[int] | None = None
 
     @classmethod
-    def open(cls, module_name: str) -> GpuCollector | None:
-        """Import the binding and initialise NVML; None when either fails or no
-        device is found (no driver, no GPU, no ``pynvml``): gpu is then a no-op."""
+    def open(
+        cls, module_name: str, devices: str | tuple[str, ...] = "all", pid: int = 0
+    ) -> GpuCollector | None:
+        """Import the binding, initialise NVML and choose the devices: ``all``,
+        ``visible`` (``CUDA_VISIBLE_DEVICES``, read as CUDA reads it) or those
+        listed (NVML indices or GPU/MIG UUIDs); ``pid`` is the process whose own
+        and whose tree's GPU memory is read (0: none). None when NVML is
+        unavailable (no driver, no GPU, no ``pynvml``: gpu is then a no-op) or no
+        device is chosen."""
         try:
             nvml = importlib.import_module(module_name)
             nvml.nvmlInit()
@@ -58,27 +174,56 @@ class GpuCollector(Collector):
             handle = attempt(functools.partial(nvml.nvmlDeviceGetHandleByIndex, index), errors)
             if handle is not None:
                 handles[index] = handle
-        if not handles:
+        chosen = _choose(nvml, handles, devices, errors) if handles else []
+        if not chosen:
             attempt(nvml.nvmlShutdown, errors)
             return None
-        return cls(nvml, handles)
+        return cls(nvml, {index: handles[index] for index in chosen}, pid)
 
     def sample(self) -> list[float]:
+        self._tree = self._scan_tree()
         values: list[float] = []
-        for handle in self._handles.values():
-            values += self._device(handle)
+        for dev in self._devices:
+            if dev.lost and dev.skip:
+                dev.skip -= 1
+                values += [MISSING] * len(GPU_SIGNALS)
+                continue
+            try:
+                values += self._readings(dev)
+            except _DeviceLost:
+                values += [MISSING] * len(GPU_SIGNALS)
         return values
 
-    def _device(self, handle: Any) -> list[float]:
-        nvml, errors = self._nvml, self._errors
-        mem_clock = attempt(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM), errors)
-        sm_clock = attempt(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM), errors)
-        memory = attempt(lambda: nvml.nvmlDeviceGetMemoryInfo(handle), errors)
-        temperature = attempt(
-            lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU), errors
-        )
-        utilization = attempt(lambda: nvml.nvmlDeviceGetUtilizationRates(handle), errors)
-        power_mw = attempt(lambda: nvml.nvmlDeviceGetPowerUsage(handle), errors)
+    def sample_tracked(self) -> list[float]:
+        values: list[float] = []
+        for dev in self._devices:
+            try:
+                if dev.lost:  # probed by sample() only, on its backoff
+                    raise _DeviceLost
+                memory = self._read(dev, "memory")
+                utilization = self._read(dev, "utilization")
+                compute = self._read(dev, "compute")
+            except _DeviceLost:
+                values += [MISSING] * len(TRACKED_SIGNALS)
+                continue
+            values += [
+                MISSING if memory is None else float(memory.used),
+                MISSING if utilization is None else float(utilization.gpu),
+                _held(compute, self._own),
+            ]
+        return values
+
+    def _readings(self, dev: _Device) -> list[float]:
+        nvml = self._nvml
+        memory = self._read(dev, "memory")  # first: a lost device costs one call, not ten
+        mem_clock = self._read(dev, "mem_clock", nvml.NVML_CLOCK_MEM)
+        sm_clock = self._read(dev, "sm_clock", nvml.NVML_CLOCK_SM)
+        temperature = self._read(dev, "temperature", nvml.NVML_TEMPERATURE_GPU)
+        utilization = self._read(dev, "utilization")
+        power_mw = self._read(dev, "power")
+        processes = self._processes(dev)
+        reasons = self._read(dev, "throttle")
+        limit_mw = self._read(dev, "power_limit")
         used_percent = MISSING
         if memory is not None and memory.total:
             used_percent = 100.0 * memory.used / memory.total
@@ -90,21 +235,245 @@ class GpuCollector(Collector):
             _number(temperature),
             MISSING if utilization is None else float(utilization.gpu),
             MISSING if power_mw is None else power_mw / 1000.0,
+            _held(processes, self._own),
+            _held(processes, self._tree),
+            _number(reasons),
+            _flag(reasons, THROTTLE_POWER),
+            _flag(reasons, THROTTLE_THERMAL),
+            _flag(reasons, REASON_HW_SLOWDOWN),
+            MISSING if limit_mw is None else limit_mw / 1000.0,
         ]
 
+    def _processes(self, dev: _Device) -> list[Any] | None:
+        """Both running-process lists of ``dev`` in one, or None when they cannot
+        say who holds what: the compute list (where training lives) failed, or
+        the graphics list failed this time. A graphics list the device does not
+        support (compute-only boards) holds nothing."""
+        compute = self._read(dev, "compute")
+        graphics = self._read(dev, "graphics")
+        if compute is None or (graphics is None and "graphics" not in dev.unsupported):
+            return None
+        return [*compute, *(graphics or ())]
+
+    def _read(self, dev: _Device, reading: str, *args: Any) -> Any:
+        """One reading of ``dev``, or None when it failed. Raises ``_DeviceLost``
+        when the device is gone (and schedules its next probe)."""
+        if reading in dev.unsupported:
+            return None
+        functions = self._functions[reading]
+        while functions:
+            outcome = attempt(functools.partial(self._call, functions[0], dev.handle, args))
+            if outcome is None:  # not an NVML error: a bug, reported once by attempt()
+                return None
+            value, code = outcome
+            if code is None:
+                if dev.lost:
+                    self._found(dev)
+                return value
+            if code == NVML_ERROR_FUNCTION_NOT_FOUND:
+                functions.pop(0)
+                continue
+            if code == NVML_ERROR_NOT_SUPPORTED:
+                dev.unsupported.add(reading)
+            elif code in LOST_CODES:
+                self._lose(dev, code)
+                raise _DeviceLost
+            return None
+        return None
+
+    def _call(self, function: Callable[..., Any], handle: Any, args: Sequence[Any]) -> tuple[Any, int | None]:
+        """``function(handle, *args)`` and None, or None and the NVML error code it failed with."""
+        try:
+            return function(handle, *args), None
+        except self._errors as exc:
+            if self._mismatch is not None and isinstance(exc, self._mismatch):
+                return None, NVML_ERROR_FUNCTION_NOT_FOUND
+            code = getattr(exc, "value", None)
+            return None, code if isinstance(code, int) else NVML_ERROR_UNKNOWN
+
+    def _lose(self, dev: _Device, code: int) -> None:
+        if not dev.lost:
+            dev.lost = True
+            log.warning(
+                "resource monitor: GPU %d stopped answering (NVML error %d: %s); its readings are "
+                "skipped, the other GPUs' go on, and it is probed again after 1, 2, 4 ... %d samples",
+                dev.index,
+                code,
+                LOST_CODES[code],
+                MAX_LOST_BACKOFF_SAMPLES,
+            )
+        dev.backoff = min(max(1, 2 * dev.backoff), MAX_LOST_BACKOFF_SAMPLES)
+        dev.skip = dev.backoff
+
+    def _found(self, dev: _Device) -> None:
+        dev.lost, dev.backoff, dev.skip = False, 0, 0
+        log.warning("resource monitor: GPU %d answers again; its readings resume", dev.index)
+
+    def _scan_tree(self) -> frozenset[int] | None:
+        """The backend and its descendants now (processes come and go), None if unreadable."""
+        process = self._process
+        if process is None:
+            return None
+        children = attempt(functools.partial(process.children, recursive=True))
+        return None if children is None else frozenset([process.pid, *(c.pid for c in children)])
+
     def close(self) -> None:
-        if self._handles:
-            self._handles = {}
+        if self._devices:
+            self._devices = []
             attempt(self._nvml.nvmlShutdown, self._errors)
+
+
+def _per_device(handles: Iterable[int], suffixes: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(f"resource/gpu/{i}/{suffix}" for i in handles for suffix in suffixes)
+
+
+def _held(processes: list[Any] | None, pids: frozenset[int] | None) -> float:
+    """Bytes that ``pids`` hold according to a device's process ``processes``;
+    NaN when either is unknown or the driver cannot tell one's memory. A process
+    listed more than once (a compute and a graphics context) holds one
+    allocation: its largest figure counts."""
+    if processes is None or pids is None:
+        return MISSING
+    held: dict[int, int] = {}
+    for process in processes:
+        if process.pid in pids:
+            used = process.usedGpuMemory
+            if used is None:
+                return MISSING
+            held[process.pid] = max(used, held.get(process.pid, 0))
+    return float(sum(held.values()))
+
+
+def _flag(reasons: object, bits: int) -> float:
+    if reasons is None:
+        return MISSING
+    return 1.0 if int(reasons) & bits else 0.0  # type: ignore[call-overload]
+
+
+def _choose(
+    nvml: ModuleType,
+    handles: dict[int, Any],
+    devices: str | tuple[str, ...],
+    errors: tuple[type[BaseException], ...],
+) -> list[int]:
+    """NVML indices of the devices ``devices`` names, ascending; one warning
+    names the entries that match none."""
+    if devices == "all":
+        return list(handles)
+    uuids = _Uuids(nvml, handles, errors)
+    if devices == "visible":
+        raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if raw is None:  # unset: CUDA sees every device
+            return list(handles)
+        chosen, ignored = _visible(raw, uuids)
+        if ignored:
+            _warn_unmatched(
+                f"CUDA_VISIBLE_DEVICES={bounded_repr(raw)}: {bounded_repr(ignored[0].strip(), 50)} matches "
+                f"no GPU here; as CUDA does, it and the {len(ignored) - 1} entries after it are ignored",
+                handles,
+                chosen,
+            )
+    else:
+        found = {entry: uuids.index(entry) for entry in devices}
+        chosen = [index for index in found.values() if index is not None]
+        unmatched = [bounded_repr(entry.strip(), 50) for entry, index in found.items() if index is None]
+        if unmatched:
+            shown = ", ".join(unmatched[:8]) + (", ..." if len(unmatched) > 8 else "")
+            _warn_unmatched(f"gpu_devices: {shown} match no GPU here and are skipped", handles, chosen)
+    return sorted(set(chosen))
+
+
+def _warn_unmatched(problem: str, handles: dict[int, Any], chosen: list[int]) -> None:
+    log.warning(
+        "resource monitor: %s (NVML reports indices 0-%d; an entry is an NVML index, or a GPU-, MIG- or "
+        "MIG-GPU- UUID, or a prefix of exactly one)%s",
+        problem,
+        max(handles),
+        "" if chosen else "; no GPU is sampled",
+    )
+
+
+def _visible(raw: str, uuids: _Uuids) -> tuple[list[int], list[str]]:
+    """The devices ``CUDA_VISIBLE_DEVICES=raw`` leaves visible, and the entries
+    ignored from the first that matches no device on (CUDA stops there; an
+    empty value hides every device on purpose: nothing is unmatched)."""
+    chosen: list[int] = []
+    entries = raw.split(",")
+    for position, entry in enumerate(entries):
+        index = uuids.index(entry)
+        if index is None:
+            return chosen, entries[position:] if raw.strip() else []
+        chosen.append(index)
+    return chosen, []
+
+
+class _Uuids:
+    """Finds the NVML index a device entry names: an index, a GPU UUID, a MIG
+    device's UUID (its parent GPU), the legacy ``MIG-GPU-<uuid>/<gi>/<ci>``, or
+    a prefix of exactly one UUID, as CUDA accepts them. Numeric entries are
+    taken as NVML indices, which are CUDA's when ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
+    or the GPUs are all of one model."""
+
+    def __init__(
+        self, nvml: ModuleType, handles: dict[int, Any], errors: tuple[type[BaseException], ...]
+    ) -> None:
+        self._nvml = nvml
+        self._handles = handles
+        self._errors = errors
+
+    def index(self, entry: str) -> int | None:
+        text = entry.strip().lower()
+        if text.isascii() and text.isdigit():
+            return int(text) if int(text) in self._handles else None
+        if text.startswith("mig-gpu-"):
+            text = text[len("mig-") :].split("/", 1)[0]
+        if text.startswith("gpu-"):
+            table = self._gpus
+        elif text.startswith("mig-"):
+            table = self._migs
+        else:
+            return None
+        matches = [index for uuid, index in table.items() if uuid.startswith(text)]
+        return matches[0] if len(matches) == 1 else None
+
+    @functools.cached_property
+    def _gpus(self) -> dict[str, int]:
+        """UUID (lower case) of each GPU -> its index."""
+        found = ((self._uuid(handle), index) for index, handle in self._handles.items())
+        return {uuid: index for uuid, index in found if uuid is not None}
+
+    @functools.cached_property
+    def _migs(self) -> dict[str, int]:
+        """UUID (lower case) of each MIG device -> its parent GPU's index (a
+        scan: a GPU without MIG answers NOT_SUPPORTED, an empty slot NOT_FOUND)."""
+        found: dict[str, int] = {}
+        for index, handle in self._handles.items():
+            for slot in range(self._call("nvmlDeviceGetMaxMigDeviceCount", handle) or 0):
+                mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
+                uuid = None if mig is None else self._uuid(mig)
+                if uuid is not None:
+                    found[uuid] = index
+        return found
+
+    def _uuid(self, handle: Any) -> str | None:
+        uuid = self._call("nvmlDeviceGetUUID", handle)
+        if isinstance(uuid, bytes):  # older pynvml releases return bytes
+            uuid = uuid.decode("ascii", "replace")
+        return uuid.lower() if isinstance(uuid, str) else None
+
+    def _call(self, name: str, *args: Any) -> Any:
+        """``nvml.<name>(*args)``, or None when it fails or the binding lacks it
+        (then it finds nothing, as a GPU without MIG does)."""
+        function = getattr(self._nvml, name, None)
+        return None if function is None else attempt(functools.partial(function, *args), self._errors)
 
 
 def _nvml_errors(nvml: ModuleType) -> tuple[type[BaseException], ...]:
     """What an NVML call may legitimately raise: the binding's ``NVMLError``
-    (driver, device or support problems) and ``OSError``."""
-    error = getattr(nvml, "NVMLError", None)
-    if isinstance(error, type) and issubclass(error, BaseException):
-        return (error, OSError)
-    return (OSError,)
+    (driver, device or support problems), its ``NVMLLibraryMismatchError``
+    (a driver older than the binding) and ``OSError``."""
+    found = (getattr(nvml, "NVMLError", None), getattr(nvml, "NVMLLibraryMismatchError", None))
+    return (*(e for e in found if isinstance(e, type) and issubclass(e, BaseException)), OSError)
 
 
 def _number(value: object) -> float:

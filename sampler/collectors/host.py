@@ -2,39 +2,92 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+
 import psutil
 
 from sampler.collectors.base import GB, MB, MISSING, Collector, attempt
 
+PER_SECOND = "_per_second"
+"""Suffix of a counter's rate: the counter's unit per second between consecutive samples."""
+
+
+class Rates:
+    """Per-second rates of cumulative counters between consecutive readings.
+
+    The first reading has no rate, and neither has a counter that went
+    backwards (a NIC reset, a device removed) or failed now or last time: NaN,
+    never a negative or invented rate.
+    """
+
+    def __init__(self, width: int) -> None:
+        self._last: list[float] = [MISSING] * width
+        self._at = 0.0
+
+    def update(self, counters: Sequence[float], now: float) -> list[float]:
+        """Rates since the previous update; ``now`` is when ``counters`` were read (monotonic s)."""
+        elapsed = now - self._at
+        rates = [
+            (value - last) / elapsed if self._at and value >= last else MISSING
+            for value, last in zip(counters, self._last, strict=True)
+        ]
+        self._last, self._at = list(counters), now
+        return rates
+
 
 class CpuCollector(Collector):
-    """System-wide CPU utilization (%) since the previous sample."""
+    """System-wide CPU utilization (%) since the previous sample; tracked
+    between records over the inner window (from ``cpu_times`` deltas, so
+    ``psutil.cpu_percent``'s own window stays the whole interval)."""
 
     category = "cpu"
     names = ("resource/cpu/utilization_percent",)
+    tracked = names
+    averaged = names
 
     def __init__(self) -> None:
         psutil.cpu_percent(interval=None)  # prime: the first call has no window
+        self._times = attempt(psutil.cpu_times)
 
     def sample(self) -> list[float]:
         value = attempt(lambda: psutil.cpu_percent(interval=None))
         return [MISSING if value is None else float(value)]
 
+    def sample_tracked(self) -> list[float]:
+        times, before = attempt(psutil.cpu_times), self._times
+        self._times = times
+        if times is None or before is None:
+            return [MISSING]
+        busy = _busy(times) - _busy(before)
+        total = sum(times) - sum(before)
+        return [100.0 * busy / total if total > 0 and busy >= 0 else MISSING]
+
+
+def _busy(times: psutil._common.scputimes) -> float:  # type: ignore[name-defined]
+    """CPU seconds spent not idle (idle and iowait count as idle, as psutil does)."""
+    return float(sum(times) - times.idle - getattr(times, "iowait", 0.0))
+
 
 class MemoryCollector(Collector):
-    """System-wide memory utilization (%)."""
+    """System-wide memory utilization (%); tracked between records."""
 
     category = "memory"
     names = ("resource/memory/system_utilization_percent",)
+    tracked = names
 
     def sample(self) -> list[float]:
         memory = attempt(psutil.virtual_memory)
         return [MISSING if memory is None else float(memory.percent)]
 
+    def sample_tracked(self) -> list[float]:
+        return self.sample()
+
 
 class DiskCollector(Collector):
-    """Usage of the filesystem holding ``path`` (% and GB used) and cumulative
-    disk I/O of the whole machine (MB read and written since boot)."""
+    """Usage of the filesystem holding ``path`` (% and GB used), cumulative
+    disk I/O of the whole machine (MB read and written since boot), and its
+    rates (MB/s) between consecutive samples."""
 
     category = "disk"
     names = (
@@ -42,30 +95,42 @@ class DiskCollector(Collector):
         "resource/disk/utilization_gb",
         "resource/disk/read_mb",
         "resource/disk/written_mb",
+        "resource/disk/read_mb" + PER_SECOND,
+        "resource/disk/written_mb" + PER_SECOND,
     )
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self._rates = Rates(2)
 
     def sample(self) -> list[float]:
         usage = attempt(lambda: psutil.disk_usage(self.path))
         io = attempt(psutil.disk_io_counters)  # None on machines without disks to count
+        counters = [MISSING, MISSING] if io is None else [io.read_bytes / MB, io.write_bytes / MB]
         return [
             MISSING if usage is None else float(usage.percent),
             MISSING if usage is None else usage.used / GB,
-            MISSING if io is None else io.read_bytes / MB,
-            MISSING if io is None else io.write_bytes / MB,
+            *counters,
+            *self._rates.update(counters, time.monotonic()),
         ]
 
 
 class NetworkCollector(Collector):
-    """Cumulative bytes sent and received over all interfaces since boot."""
+    """Cumulative bytes sent and received over all interfaces since boot, and
+    their rates (bytes/s) between consecutive samples."""
 
     category = "network"
-    names = ("resource/network/bytes_sent", "resource/network/bytes_received")
+    names = (
+        "resource/network/bytes_sent",
+        "resource/network/bytes_received",
+        "resource/network/bytes_sent" + PER_SECOND,
+        "resource/network/bytes_received" + PER_SECOND,
+    )
+
+    def __init__(self) -> None:
+        self._rates = Rates(2)
 
     def sample(self) -> list[float]:
         net = attempt(psutil.net_io_counters)
-        if net is None:
-            return [MISSING, MISSING]
-        return [float(net.bytes_sent), float(net.bytes_recv)]
+        counters = [MISSING, MISSING] if net is None else [float(net.bytes_sent), float(net.bytes_recv)]
+        return [*counters, *self._rates.update(counters, time.monotonic())]

@@ -1,0 +1,254 @@
+"""Cgroup limits of the backend: its memory limit and usage, its CPU quota and throttling.
+
+Only what has a limit is reported; a process under no limit at all has no container collector.
+The cgroup files are found once, in ``open()``: cgroup v2 (the unified ``0::`` hierarchy,
+mounted at the cgroup root or at ``unified`` under it) first, then cgroup v1 (one mount per
+controller, ``memory``, ``cpu`` or a joined ``cpu,cpuacct``). The limit that applies is the
+smallest over the process's cgroup and its ancestors up to the mount root.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sampler.collectors.base import MB, MISSING, Collector, attempt, log
+
+ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError)
+"""What a cgroup reading may meet: the file gone with its cgroup, or text that is not a number."""
+
+V1_UNLIMITED_BYTES = 1 << 62
+"""cgroup v1 writes "no memory limit" as the largest page-aligned counter (about 2**63 bytes)."""
+
+MEMORY_NAMES = (
+    "resource/container/memory_limit_mb",
+    "resource/container/memory_used_mb",
+    "resource/container/memory_used_percent",
+)
+CPU_NAMES = (
+    "resource/container/cpu_quota_cores",
+    "resource/container/cpu_throttled_seconds",
+    "resource/container/cpu_throttled_seconds_per_second",
+)
+
+
+def _read(path: Path) -> str:
+    return path.read_text().strip()
+
+
+def _v2_memory_limit_bytes(level: Path) -> float:
+    text = _read(level / "memory.max")
+    return math.inf if text == "max" else int(text)
+
+
+def _v1_memory_limit_bytes(level: Path) -> float:
+    value = int(_read(level / "memory.limit_in_bytes"))
+    return math.inf if value >= V1_UNLIMITED_BYTES else value
+
+
+def _v2_quota_cores(level: Path) -> float:
+    quota, period = _read(level / "cpu.max").split()
+    return math.inf if quota == "max" else int(quota) / int(period)
+
+
+def _v1_quota_cores(level: Path) -> float:
+    quota = int(_read(level / "cpu.cfs_quota_us"))
+    return math.inf if quota < 0 else quota / int(_read(level / "cpu.cfs_period_us"))
+
+
+@dataclass(frozen=True)
+class _Limit:
+    """One limit along a cgroup's ancestry: ``levels`` are the cgroups that can set it, the
+    process's own first; ``read`` gives one level's limit (inf: none there)."""
+
+    levels: tuple[Path, ...]
+    read: Callable[[Path], float]
+
+    def value(self) -> float:
+        """The smallest limit over the levels, inf when none is set; raises if any level is unreadable."""
+        return min((self.read(level) for level in self.levels), default=math.inf)
+
+    def binding(self) -> Path | None:
+        """The level whose limit is the smallest now; None when no level sets one or one is unreadable."""
+        limits = attempt(lambda: [self.read(level) for level in self.levels], ERRORS)
+        if not limits or not math.isfinite(min(limits)):
+            return None
+        return self.levels[limits.index(min(limits))]
+
+
+@dataclass(frozen=True)
+class _Memory:
+    limit_bytes: _Limit
+    usage_file: Path
+
+
+@dataclass(frozen=True)
+class _Cpu:
+    quota_cores: _Limit
+    stat_file: Path
+    """cpu.stat of the cgroup whose quota binds: the kernel counts throttling where the quota is."""
+    throttled_key: str
+    throttled_units_per_second: float
+
+
+def _parse_cgroup_file(text: str) -> tuple[str | None, dict[str, tuple[str, str]]]:
+    """The v2 path, and per v1 controller (its joined controller list, its path), of one
+    /proc/<pid>/cgroup ("hierarchy-id:controllers:path" per line)."""
+    v2_path = None
+    v1: dict[str, tuple[str, str]] = {}
+    for line in text.splitlines():
+        hierarchy_id, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy_id == "0":
+            v2_path = path
+        else:
+            for controller in controllers.split(","):
+                v1[controller] = (controllers, path)
+    return v2_path, v1
+
+
+def _ancestry(mount: Path, path: str) -> list[Path]:
+    """The cgroup directory of ``path`` under ``mount`` and its ancestors up to ``mount``.
+
+    A container that sees only its own cgroup mounted (no cgroup namespace) still reads the
+    host's path (/docker/<id>): then the longest tail of the path that exists is its cgroup.
+    """
+    parts = [part for part in path.split("/") if part]
+    if ".." in parts:  # a cgroup outside this namespace's root: not under the mount
+        return []
+    for start in range(len(parts) + 1):
+        tail = parts[start:]
+        if mount.joinpath(*tail).is_dir():
+            return [mount.joinpath(*tail[:end]) for end in range(len(tail), -1, -1)]
+    return []
+
+
+def _v2_ancestry(cgroup_root: Path, path: str | None) -> list[Path]:
+    if path is None:
+        return []
+    for mount in (cgroup_root, cgroup_root / "unified"):
+        if (mount / "cgroup.controllers").is_file():
+            return _ancestry(mount, path)
+    return []
+
+
+def _v1_ancestry(cgroup_root: Path, v1: dict[str, tuple[str, str]], controller: str) -> list[Path]:
+    if controller not in v1:
+        return []
+    joined, path = v1[controller]
+    for mount in (cgroup_root / joined, cgroup_root / controller):
+        if mount.is_dir():
+            return _ancestry(mount, path)
+    return []
+
+
+def _with_file(ancestry: list[Path], name: str) -> tuple[Path, ...]:
+    return tuple(level for level in ancestry if (level / name).is_file())
+
+
+def _find_memory(v2: list[Path], v1: list[Path]) -> _Memory | None:
+    for ancestry, limit_file, usage_file, read in (
+        (v2, "memory.max", "memory.current", _v2_memory_limit_bytes),
+        (v1, "memory.limit_in_bytes", "memory.usage_in_bytes", _v1_memory_limit_bytes),
+    ):
+        levels = _with_file(ancestry, limit_file)
+        if levels:
+            limit = _Limit(levels, read)
+            return _Memory(limit, levels[0] / usage_file) if limit.binding() else None
+    return None
+
+
+def _find_cpu(v2: list[Path], v1: list[Path]) -> _Cpu | None:
+    for ancestry, limit_file, read, key, per_second in (
+        (v2, "cpu.max", _v2_quota_cores, "throttled_usec", 1e6),
+        (v1, "cpu.cfs_quota_us", _v1_quota_cores, "throttled_time", 1e9),
+    ):
+        levels = _with_file(ancestry, limit_file)
+        if levels:
+            limit = _Limit(levels, read)
+            binding = limit.binding()
+            return _Cpu(limit, binding / "cpu.stat", key, per_second) if binding else None
+    return None
+
+
+def _finite(value: float | None) -> float:
+    return value if value is not None and math.isfinite(value) else MISSING
+
+
+class ContainerCollector(Collector):
+    """The cgroup limits that hold one process: memory limit and usage when a memory limit is
+    set, CPU quota and throttled time when a CPU quota is set."""
+
+    category = "container"
+
+    def __init__(self, memory: _Memory | None, cpu: _Cpu | None) -> None:
+        self._memory = memory
+        self._cpu = cpu
+        self.names = (MEMORY_NAMES if memory else ()) + (CPU_NAMES if cpu else ())
+        self.tracked = ("resource/container/memory_used_mb",) if memory else ()
+        self._last_throttled: tuple[float, float] | None = None
+        """(monotonic seconds, throttled seconds) at the previous ``sample()``."""
+
+    @classmethod
+    def open(
+        cls, pid: int, *, proc_root: str = "/proc", cgroup_root: str = "/sys/fs/cgroup"
+    ) -> ContainerCollector | None:
+        """The collector of process ``pid``; None when it runs under no memory or CPU limit, or
+        its cgroups cannot be read (it is gone, or they are out of reach)."""
+        cgroup_file = Path(proc_root, str(pid), "cgroup")
+        root = Path(cgroup_root)
+        try:
+            v2_path, v1 = _parse_cgroup_file(cgroup_file.read_text())
+            v2 = _v2_ancestry(root, v2_path)
+            memory = _find_memory(v2, _v1_ancestry(root, v1, "memory"))
+            cpu = _find_cpu(v2, _v1_ancestry(root, v1, "cpu"))
+        except OSError as exc:  # is_dir() and is_file() raise for denied access, too long a name
+            log.debug("resource monitor: no container signals for process %d: %s", pid, exc)
+            return None
+        if memory is None and cpu is None:
+            return None
+        return cls(memory, cpu)
+
+    def _used_bytes(self, memory: _Memory) -> float | None:
+        return attempt(lambda: int(_read(memory.usage_file)), ERRORS)
+
+    def _throttled_seconds(self, cpu: _Cpu) -> float | None:
+        def read() -> float:
+            for line in _read(cpu.stat_file).splitlines():
+                key, _, value = line.partition(" ")
+                if key == cpu.throttled_key:
+                    return int(value) / cpu.throttled_units_per_second
+            raise ValueError(f"no {cpu.throttled_key} in {cpu.stat_file}")
+
+        return attempt(read, ERRORS)
+
+    def _throttled_rate(self, throttled: float | None) -> float:
+        """Throttled seconds per second since the previous ``sample()``; NaN without one, or
+        when the counter went backwards (the cgroup was replaced)."""
+        now = time.monotonic()
+        last = self._last_throttled
+        self._last_throttled = None if throttled is None else (now, throttled)
+        if throttled is None or last is None or throttled < last[1] or now <= last[0]:
+            return MISSING
+        return (throttled - last[1]) / (now - last[0])
+
+    def sample(self) -> list[float]:
+        values: list[float] = []
+        if self._memory:
+            limit = _finite(attempt(self._memory.limit_bytes.value, ERRORS))
+            used = _finite(self._used_bytes(self._memory))
+            values += [limit / MB, used / MB, used / limit * 100 if limit > 0 else MISSING]
+        if self._cpu:
+            quota = _finite(attempt(self._cpu.quota_cores.value, ERRORS))
+            throttled = self._throttled_seconds(self._cpu)
+            values += [quota, _finite(throttled), self._throttled_rate(throttled)]
+        return values
+
+    def sample_tracked(self) -> list[float]:
+        """The memory usage (MB), reading only the usage file."""
+        if not self._memory:
+            return []
+        return [_finite(self._used_bytes(self._memory)) / MB]

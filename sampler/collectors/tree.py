@@ -1,0 +1,221 @@
+"""The backend's process tree: the backend and all its descendants, read as one."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from sampler.collectors.base import MB, MISSING, Collector, attempt
+
+COUNT = "resource/process_tree/process_count"
+CPU = "resource/process_tree/cpu_utilization_percent"
+MEMORY = "resource/process_tree/memory_in_use_mb"
+
+PSS_CPU_SHARE = 0.02
+"""Share of one core that PSS passes may take on average: a pass that cost C CPU seconds
+is followed by the next no sooner than C / PSS_CPU_SHARE seconds later."""
+
+
+def _smaps_rollup(path: Path) -> tuple[int, int] | None:
+    """(PSS, USS) bytes from an smaps_rollup file (which gives kB), or None where the file is
+    missing (not Linux, kernel < 4.14, process gone), unreadable or malformed."""
+    data = attempt(path.read_bytes)
+    if data is None:
+        return None
+    pss = None
+    uss = 0
+    for line in data.splitlines():
+        key, _, rest = line.partition(b":")
+        if key == b"Pss" or key.startswith(b"Private_"):
+            fields = rest.split()
+            if not fields or not fields[0].isdigit():
+                return None
+            if key == b"Pss":
+                pss = int(fields[0]) * 1024
+            else:
+                uss += int(fields[0]) * 1024
+    return None if pss is None else (pss, uss)
+
+
+def _read(proc: psutil.Process) -> tuple[float, int] | None:
+    """CPU seconds (user + system) and RSS bytes of a live process; None once it has
+    exited (a zombie included) or cannot be read."""
+
+    def read() -> tuple[float, int] | None:
+        with proc.oneshot():  # on Linux status and cpu_times share one read of /proc/<pid>/stat
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            times = proc.cpu_times()
+            return times.user + times.system, proc.memory_info().rss
+
+    return attempt(read)
+
+
+@dataclass
+class _Member:
+    """One process of the tree and its readings at the start of each window."""
+
+    proc: psutil.Process
+    record_cpu_seconds: float
+    """CPU time at the previous ``sample()``; 0 for a process born since, so all its CPU counts."""
+    tracked_cpu_seconds: float
+    tracked_at: float
+    """``time.monotonic()`` when ``tracked_cpu_seconds`` was read."""
+    rss_bytes: int
+    memory_bytes: int = 0
+    private_bytes: int = 0
+    """RSS, memory in use (PSS, or its fallback RSS) and USS at the last PSS pass; for a
+    process found since, its RSS when found, 0 and 0."""
+
+    def memory_estimate(self, rss: int) -> int:
+        """Memory in use now (bytes), from its RSS now: private growth raises PSS and RSS alike."""
+        return max(0, self.memory_bytes + rss - self.rss_bytes)
+
+    def shared_bytes(self) -> int:
+        """Its share of the pages it shared at the last pass: on its exit, the other sharers'."""
+        return max(0, self.memory_bytes - self.private_bytes)
+
+
+class ProcessTreeCollector(Collector):
+    """Process ``pid`` (the backend) and its live descendants (DataLoader and compile workers).
+
+    - ``process_count``: the backend plus its live descendants (zombies left out).
+    - ``cpu_utilization_percent``: summed CPU of the tree since the previous ``sample()``,
+      100 per fully busy core as psutil's ``cpu_percent``. A process born during the window
+      counts from its birth; one that exits during it loses its CPU since the window began.
+    - ``memory_in_use_mb``: the sum of each process's PSS (proportional set size: a page
+      shared by n processes counts 1/n in each), so shared pages, such as a parent's memory
+      inherited by forked workers, count once. PSS is read from ``/proc/<pid>/smaps_rollup``
+      (Linux >= 4.14). Where that file is missing or unreadable (not Linux, permission
+      denied) that one process contributes its RSS instead: an upper bound, as its shared
+      pages then count in full.
+
+    Cost. Reading PSS walks the page tables of the process in the kernel, about 10 ms of CPU
+    per GiB resident in 4 KiB pages, and a forked worker inherits its parent's page tables:
+    a 10 GiB backend with 8 workers costs near a second of CPU per full read. So a PSS pass
+    (every process's smaps_rollup) runs at a ``sample()`` only when the CPU it took last
+    time allows it within ``pss_cpu_share`` of one core: at every record for trees of up to
+    a few GiB, less often for larger ones. Between passes, and in ``sample_tracked()``, each
+    process's memory is estimated as its memory at the last pass plus the change of its RSS
+    since (memory it allocates and touches raises both alike), never below 0;
+    a process found since counts only its growth since it was found (a forked worker's
+    inherited pages are in its parent's reading); a process that exits takes its private
+    memory (USS) with it but leaves its share of the pages it shared, which now count in the
+    other sharers' PSS. Until the next pass corrects it, this is short by the size at birth
+    of a process that exec'd, and long by memory newly shared, or shared only by processes
+    that all exited.
+
+    The process running the collector (the sampling child) is left out.
+    Descendants are found (``children(recursive=True)``, which reads the parent of every
+    process on the machine) only in ``sample()``. ``sample_tracked()`` reads only the CPU
+    times and RSS (``/proc/<pid>/stat`` and ``statm``) of the processes found then, through
+    cached handles: a process started since is seen from the next record on. Its CPU % has
+    its own window per process, since that process's previous ``sample_tracked()``.
+
+    A process that exits is dropped from the sums, never a reason for NaN; the readings are
+    NaN only when the backend itself is gone.
+    """
+
+    category = "process_tree"
+    names = (COUNT, CPU, MEMORY)
+    tracked = (CPU, MEMORY)
+    averaged = (CPU, MEMORY)
+
+    def __init__(self, pid: int, procfs: str = "/proc", pss_cpu_share: float = PSS_CPU_SHARE) -> None:
+        """``procfs``: where ``<pid>/smaps_rollup`` is read (tests point it elsewhere);
+        ``pss_cpu_share``: the share of one core PSS passes may take (``math.inf``: a pass at
+        every ``sample()``). Raises ``psutil.NoSuchProcess`` when ``pid`` is gone (or cannot
+        be read)."""
+        self.pid = pid
+        # The sampling child is the backend's child too: the tree is the backend's, without it.
+        self._sampler = os.getpid() if os.getpid() != pid else None
+        self._procfs = Path(procfs)
+        self._pss_cpu_share = pss_cpu_share
+        self._root = psutil.Process(pid)
+        self._members: dict[int, _Member] = {}
+        """After the first scan, always holds the backend: every reading notices when it is gone."""
+        self._exited_shared_bytes = 0
+        """Pages shared by the processes that exited since the last pass, their share of them."""
+        self._sampled_at = time.monotonic()
+        self._next_pass_at = self._sampled_at
+        if self._scan(self._sampled_at, born_in_window=False) is None:
+            raise psutil.NoSuchProcess(pid)
+
+    def sample(self) -> list[float]:
+        now = time.monotonic()
+        totals = self._scan(now, born_in_window=True)
+        if totals is None:
+            return [MISSING, MISSING, MISSING]
+        count, cpu_seconds, memory_bytes = totals
+        elapsed = now - self._sampled_at
+        self._sampled_at = now
+        return [float(count), cpu_seconds / elapsed * 100, memory_bytes / MB]
+
+    def _scan(self, now: float, born_in_window: bool) -> tuple[int, float, int] | None:
+        """Find the tree anew and read it: (processes, CPU seconds since the previous scan,
+        memory bytes); None when the backend is gone. ``born_in_window``: the processes new
+        since the previous scan were born after it (false only for the first scan)."""
+        descendants = attempt(lambda: self._root.children(recursive=True))
+        if descendants is None:
+            return None
+        found: list[tuple[_Member, int]] = []  # with its RSS now
+        cpu_seconds = 0.0
+        for proc in [self._root, *descendants]:
+            if proc.pid == self._sampler:
+                continue
+            reading = _read(proc)
+            if reading is None:
+                continue  # exited since it was listed
+            cpu, rss = reading
+            member = self._members.get(proc.pid)
+            if member is None or member.proc != proc:  # new, or its pid reused (create time differs)
+                member = _Member(proc, 0.0 if born_in_window else cpu, cpu, now, rss)
+            cpu_seconds += max(0.0, cpu - member.record_cpu_seconds)
+            member.record_cpu_seconds = cpu
+            found.append((member, rss))
+        members = {member.proc.pid: member for member, _ in found}
+        if self.pid not in members:
+            return None  # the backend exited, or turned zombie, since it was listed
+        full_pass = now >= self._next_pass_at
+        pass_cpu_seconds = 0.0
+        memory_bytes = 0
+        for member, rss in found:  # after every CPU reading, so that those are taken close together
+            if full_pass:
+                began = time.thread_time()
+                rollup = _smaps_rollup(self._procfs / str(member.proc.pid) / "smaps_rollup")
+                pass_cpu_seconds += time.thread_time() - began
+                member.rss_bytes = rss
+                member.memory_bytes, member.private_bytes = (rss, rss) if rollup is None else rollup
+                memory_bytes += member.memory_bytes
+            else:
+                memory_bytes += member.memory_estimate(rss)
+        if full_pass:
+            self._next_pass_at = now + pass_cpu_seconds / self._pss_cpu_share
+            self._exited_shared_bytes = 0
+        else:
+            exited = (m for pid, m in self._members.items() if members.get(pid) is not m)
+            self._exited_shared_bytes += sum(m.shared_bytes() for m in exited)
+        self._members = members
+        return len(members), cpu_seconds, memory_bytes + self._exited_shared_bytes
+
+    def sample_tracked(self) -> list[float]:
+        now = time.monotonic()
+        cpu_percent = 0.0
+        memory_bytes = 0
+        for pid, member in list(self._members.items()):
+            reading = _read(member.proc)
+            if reading is None:
+                if pid == self.pid:
+                    return [MISSING, MISSING]
+                self._exited_shared_bytes += self._members.pop(pid).shared_bytes()
+                continue
+            cpu, rss = reading
+            # max(): a pid reused since the last record reads a smaller, unrelated CPU time
+            cpu_percent += max(0.0, cpu - member.tracked_cpu_seconds) / (now - member.tracked_at) * 100
+            member.tracked_cpu_seconds, member.tracked_at = cpu, now
+            memory_bytes += member.memory_estimate(rss)
+        return [cpu_percent, (memory_bytes + self._exited_shared_bytes) / MB]

@@ -1,0 +1,401 @@
+"""The process_tree category: a real backend process and real workers it forks, read through
+/proc as the sampling child reads them."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import FAST, Recorder, wait_for
+
+import sampler
+from sampler.collectors.base import MB
+from sampler.collectors.tree import COUNT, ProcessTreeCollector
+
+ALWAYS = math.inf
+"""``pss_cpu_share`` that makes every ``sample()`` a PSS pass."""
+NEVER = 1e-12
+"""``pss_cpu_share`` that leaves the first pass (at construction) the only one."""
+
+BACKEND = r"""
+import os, sys, time
+
+held = []  # buffers touched: resident for good
+workers = {}  # pid -> (commands to it, its replies)
+
+
+def touch(mb):
+    buf = bytearray(mb * 1024**2)
+    buf[::4096] = b"\x01" * len(range(0, len(buf), 4096))  # one write per page: all resident
+    held.append(buf)
+
+
+def fork(depth):
+    cmd_r, cmd_w = os.pipe()
+    ack_r, ack_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(cmd_w)
+        os.close(ack_r)
+        workers.clear()
+        try:
+            if depth > 1:
+                fork(depth - 1)
+            replies = os.fdopen(ack_w, "w")
+            replies.write("ready\n")  # with all its own workers
+            replies.flush()
+            serve(os.fdopen(cmd_r), replies)
+        finally:
+            os._exit(0)
+    os.close(cmd_r)
+    os.close(ack_w)
+    workers[pid] = (os.fdopen(cmd_w, "w"), os.fdopen(ack_r))
+    workers[pid][1].readline()
+    return pid
+
+
+def act(words):
+    command, args = words[0], words[1:]
+    if command == "to":  # to PID COMMAND...: forwarded to a worker of this process
+        commands, replies = workers[int(args[0])]
+        commands.write(" ".join(args[1:]) + "\n")
+        commands.flush()
+        return replies.readline().strip()
+    if command == "touch":  # touch MB
+        touch(int(args[0]))
+    elif command == "free":  # every buffer touched, inherited ones included
+        held.clear()
+    elif command == "spin":  # spin SECONDS of CPU
+        end = time.process_time() + float(args[0])
+        while time.process_time() < end:
+            pass
+    elif command == "fork":  # fork DEPTH: a worker (with a worker of its own, ..., DEPTH deep)
+        return str(fork(int(args[0])))
+    elif command == "kill":  # kill PID REAP
+        pid = int(args[0])
+        os.kill(pid, 9)
+        if args[1] == "1":
+            os.waitpid(pid, 0)
+    return "ok"
+
+
+def serve(commands, replies):
+    for line in commands:
+        words = line.split()
+        replies.write(act(words) + "\n")
+        replies.flush()
+        if words[0] == "busy":
+            while True:
+                pass
+
+
+serve(sys.stdin, sys.stdout)
+"""
+
+
+class Backend:
+    """A backend process, in a session of its own, that forks workers and makes them (or itself)
+    touch memory and burn CPU on command."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", BACKEND],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.pid = self.proc.pid
+        self.ask("touch", 0)  # answered once it has started and serves
+
+    def ask(self, *words: object, worker: int | None = None) -> str:
+        """Have the backend (or its ``worker``) run one command; its reply."""
+        line = " ".join(map(str, words if worker is None else ("to", worker, *words)))
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        reply = self.proc.stdout.readline().strip()
+        assert reply, f"the backend died on {line!r}"
+        return reply
+
+    def fork(self, depth: int = 1) -> int:
+        return int(self.ask("fork", depth))
+
+    def close(self) -> None:
+        """The backend and every process it started, whatever state they are in."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.fixture
+def backend() -> Iterator[Backend]:
+    started = Backend()
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def rss_mb(procs: list[psutil.Process]) -> float:
+    return sum(p.memory_info().rss for p in procs) / MB
+
+
+def pss_mb(procs: list[psutil.Process]) -> float:
+    return sum(p.memory_full_info().pss for p in procs) / MB
+
+
+def test_names_and_what_is_tracked() -> None:
+    assert ProcessTreeCollector.names == (
+        "resource/process_tree/process_count",
+        "resource/process_tree/cpu_utilization_percent",
+        "resource/process_tree/memory_in_use_mb",
+    )
+    assert ProcessTreeCollector.tracked == ProcessTreeCollector.names[1:]
+    assert ProcessTreeCollector.averaged == ProcessTreeCollector.tracked
+
+
+def test_counts_the_backend_and_every_live_descendant(backend: Backend) -> None:
+    collector = ProcessTreeCollector(backend.pid)
+    assert collector.sample()[0] == 1
+    backend.fork()
+    backend.fork()
+    backend.fork(depth=3)  # a worker, its worker and that one's
+    assert collector.sample()[0] == 1 + 2 + 3
+
+
+def test_a_worker_that_touches_150_mb_counts_in_memory(backend: Backend) -> None:
+    collector = ProcessTreeCollector(backend.pid, pss_cpu_share=ALWAYS)
+    before = collector.sample()[2]
+    worker = backend.fork()
+    backend.ask("touch", 150, worker=worker)
+    after = collector.sample()[2]
+    assert after - before == pytest.approx(150, abs=15)
+    assert after == pytest.approx(pss_mb(tree(backend.pid)), abs=5)
+
+
+def test_memory_touched_between_records_shows_in_the_tracked_reading(backend: Backend) -> None:
+    worker = backend.fork()
+    collector = ProcessTreeCollector(backend.pid, pss_cpu_share=ALWAYS)
+    recorded = collector.sample()[2]
+    assert collector.sample_tracked()[1] == pytest.approx(recorded, abs=2)
+    backend.ask("touch", 150, worker=worker)
+    assert collector.sample_tracked()[1] - recorded == pytest.approx(150, abs=10)
+    backend.ask("touch", 100)
+    assert collector.sample_tracked()[1] - recorded == pytest.approx(250, abs=15)
+    assert collector.sample()[2] - recorded == pytest.approx(250, abs=15)
+
+
+def test_pages_a_parent_shares_with_its_forked_workers_count_once(backend: Backend) -> None:
+    backend.ask("touch", 200)
+    for _ in range(4):
+        backend.fork()
+    collector = ProcessTreeCollector(backend.pid, pss_cpu_share=ALWAYS)
+    memory = collector.sample()[2]
+    procs = tree(backend.pid)
+    assert rss_mb(procs) > 5 * 200  # what summing RSS would say: a copy per process
+    assert 200 < memory < 200 + 60  # one copy, and five interpreters' own pages
+    assert collector.sample_tracked()[1] == pytest.approx(memory, abs=5)
+
+
+def test_between_passes_forked_workers_count_only_their_growth_and_exits_keep_shared_pages(
+    backend: Backend,
+) -> None:
+    backend.ask("touch", 200)
+    collector = ProcessTreeCollector(backend.pid, pss_cpu_share=NEVER)  # the pass at start, no more
+    alone = collector.sample()[2]
+    workers = [backend.fork() for _ in range(3)]
+    assert collector.sample()[2] == pytest.approx(alone, abs=10)  # not 3 more copies of 200 MB
+    backend.ask("touch", 100, worker=workers[0])
+    assert collector.sample()[2] - alone == pytest.approx(100, abs=15)
+    for worker in workers:
+        collector.sample()
+        backend.ask("kill", worker, 1)
+    assert collector.sample()[2] == pytest.approx(alone, abs=10)
+
+
+def test_a_worker_freeing_its_inherited_pages_between_passes_takes_nothing_off(backend: Backend) -> None:
+    backend.ask("touch", 200)
+    collector = ProcessTreeCollector(backend.pid, pss_cpu_share=NEVER)
+    alone = collector.sample()[2]
+    worker = backend.fork()
+    collector.sample()  # found with the 200 MB it inherited resident
+    backend.ask("free", worker=worker)  # its RSS falls by 200 MB, which the backend still holds
+    assert collector.sample_tracked()[1] == pytest.approx(alone, abs=10)
+    assert collector.sample()[2] == pytest.approx(alone, abs=10)
+
+
+def test_an_exited_workers_shared_pages_stay_counted_in_the_tracked_reading(backend: Backend) -> None:
+    backend.ask("touch", 200)
+    worker = backend.fork()
+    collector = ProcessTreeCollector(backend.pid, pss_cpu_share=NEVER)
+    both = collector.sample_tracked()[1]
+    backend.ask("kill", worker, 1)
+    # each held half of the 200 MB: the backend's PSS, read before, is now short of the worker's half
+    assert collector.sample_tracked()[1] == pytest.approx(both, abs=10)
+
+
+def test_cpu_rises_with_a_busy_worker_in_both_readings(backend: Backend) -> None:
+    worker = backend.fork()
+    collector = ProcessTreeCollector(backend.pid)
+    backend.ask("busy", worker=worker)
+    wait_for(lambda: collector.sample()[1] > 50, what="a busy worker in the record's CPU %")
+    wait_for(lambda: collector.sample_tracked()[0] > 50, what="a busy worker in the tracked CPU %")
+
+
+def test_tracked_reads_do_not_shorten_the_records_cpu_window(backend: Backend) -> None:
+    collector = ProcessTreeCollector(backend.pid)
+    began = time.monotonic()
+    collector.sample()
+    backend.ask("spin", 0.3)  # 0.3 s of CPU, however long the machine takes to give it
+    busy = collector.sample_tracked()[0]
+    time.sleep(0.3)
+    idle = collector.sample_tracked()[0]
+    recorded = collector.sample()[1]
+    window = time.monotonic() - began  # at least the record's window
+    assert recorded >= 0.9 * 100 * 0.3 / window
+    assert idle < busy
+
+
+def test_a_worker_born_between_records_counts_its_cpu_from_birth(backend: Backend) -> None:
+    collector = ProcessTreeCollector(backend.pid)
+    began = time.monotonic()
+    collector.sample()
+    worker = backend.fork()
+    backend.ask("spin", 0.3, worker=worker)
+    recorded = collector.sample()[1]
+    assert recorded >= 0.9 * 100 * 0.3 / (time.monotonic() - began)
+
+
+def test_a_reused_pid_is_a_new_process(backend: Backend) -> None:
+    last_pid = Path("/proc/sys/kernel/ns_last_pid")  # the pid before the next one the kernel gives
+    old = backend.fork()
+    backend.ask("spin", 0.5, worker=old)
+    began = time.monotonic()
+    collector = ProcessTreeCollector(backend.pid)  # knows the old worker, 0.5 s of CPU used
+    backend.ask("kill", old, 1)
+    for _ in range(20):
+        try:
+            last_pid.write_text(str(old - 1))
+        except OSError:
+            pytest.skip("needs to write /proc/sys/kernel/ns_last_pid (root)")
+        new = backend.fork()
+        if new == old:
+            break
+        backend.ask("kill", new, 1)  # another process took the pid first
+    else:
+        pytest.skip("could not have the pid given again")
+    backend.ask("spin", 0.3, worker=new)
+    assert collector.sample_tracked()[0] >= 0  # the old worker's handle now reads the new one
+    recorded = collector.sample()[1]
+    # counted from its birth, not from the 0.5 s its namesake had used
+    assert recorded >= 0.9 * 100 * 0.3 / (time.monotonic() - began)
+
+
+def test_a_worker_that_exits_between_scans_is_dropped_not_nan(backend: Backend) -> None:
+    stays, goes = backend.fork(), backend.fork()
+    backend.ask("touch", 100, worker=goes)
+    collector = ProcessTreeCollector(backend.pid, pss_cpu_share=ALWAYS)
+    count, _, memory = collector.sample()
+    assert count == 3
+    backend.ask("kill", goes, 1)
+    tracked = collector.sample_tracked()
+    assert not any(math.isnan(v) for v in tracked)
+    assert memory - tracked[1] == pytest.approx(100, abs=15)
+    count, cpu, memory = collector.sample()
+    assert count == 2 and not math.isnan(cpu)
+    assert memory == pytest.approx(pss_mb(tree(backend.pid)), abs=5)
+    assert stays in {p.pid for p in tree(backend.pid)}
+
+
+def test_a_dead_worker_not_yet_reaped_is_not_counted(backend: Backend) -> None:
+    worker = backend.fork()
+    collector = ProcessTreeCollector(backend.pid)
+    assert collector.sample()[0] == 2
+    backend.ask("kill", worker, 0)  # a zombie until the backend waits for it
+    wait_for(lambda: psutil.Process(worker).status() == psutil.STATUS_ZOMBIE, what="a zombie")
+    assert not any(math.isnan(v) for v in collector.sample_tracked())
+    assert collector.sample()[0] == 1
+
+
+def test_readings_are_nan_once_the_backend_is_gone(backend: Backend) -> None:
+    backend.fork()  # a worker that outlives it
+    collector = ProcessTreeCollector(backend.pid)
+    collector.sample()
+    backend.proc.kill()
+    wait_for(lambda: psutil.Process(backend.pid).status() == psutil.STATUS_ZOMBIE, what="a zombie")
+    assert all(math.isnan(v) for v in collector.sample())
+    assert all(math.isnan(v) for v in collector.sample_tracked())
+    with pytest.raises(psutil.NoSuchProcess):
+        ProcessTreeCollector(backend.pid)  # a zombie: gone
+    backend.proc.wait()
+    assert all(math.isnan(v) for v in collector.sample())
+    assert all(math.isnan(v) for v in collector.sample_tracked())
+    with pytest.raises(psutil.NoSuchProcess):
+        ProcessTreeCollector(backend.pid)
+
+
+def test_a_process_without_readable_pss_counts_its_rss(backend: Backend, tmp_path: Path) -> None:
+    backend.ask("touch", 200)
+    missing, malformed = backend.fork(), backend.fork()
+    (tmp_path / str(backend.pid)).mkdir()
+    (tmp_path / str(backend.pid) / "smaps_rollup").symlink_to(f"/proc/{backend.pid}/smaps_rollup")
+    (tmp_path / str(malformed)).mkdir()
+    (tmp_path / str(malformed) / "smaps_rollup").write_text("Pss: lots\n")
+    collector = ProcessTreeCollector(backend.pid, procfs=str(tmp_path), pss_cpu_share=ALWAYS)
+    memory = collector.sample()[2]
+    root, *workers = tree(backend.pid)
+    assert {p.pid for p in workers} == {missing, malformed}
+    assert memory == pytest.approx(pss_mb([root]) + rss_mb(workers), abs=5)
+    assert memory > 2 * 200  # the shared pages count in full in each worker's RSS
+
+
+def test_no_smaps_rollup_anywhere_gives_the_rss_sum(backend: Backend, tmp_path: Path) -> None:
+    backend.ask("touch", 100)
+    backend.fork()
+    collector = ProcessTreeCollector(backend.pid, procfs=str(tmp_path), pss_cpu_share=ALWAYS)
+    assert collector.sample()[2] == pytest.approx(rss_mb(tree(backend.pid)), abs=5)
+
+
+def test_pss_is_read_again_when_the_last_reads_cost_allows(backend: Backend, tmp_path: Path) -> None:
+    rollup = tmp_path / str(backend.pid) / "smaps_rollup"
+    rollup.parent.mkdir()
+    rollup.write_text("Pss: 10240 kB\n")
+    frugal = ProcessTreeCollector(backend.pid, procfs=str(tmp_path), pss_cpu_share=NEVER)
+    cheap = ProcessTreeCollector(backend.pid, procfs=str(tmp_path))  # a read of microseconds
+    rollup.write_text("Pss: 20480 kB\n")
+    time.sleep(0.1)  # far more than 50 times what reading that file cost
+    assert frugal.sample()[2] == pytest.approx(10, abs=2)  # the reading at start, RSS unchanged since
+    assert cheap.sample()[2] == 20
+
+
+def test_the_sampling_child_is_not_part_of_the_tree() -> None:
+    """The child is the backend's child too; the tree it reports is the backend's without it."""
+    sink = Recorder()
+    with sampler.ResourceMonitor(
+        **FAST, sink=sink, step_source="seconds", categories=["process_tree"], postmortem_dir=None
+    ) as monitor:
+        wait_for(lambda: monitor.stats()["records_logged"] >= 2, what="two records")
+        descendants = {p.pid for p in psutil.Process().children(recursive=True)}
+        assert monitor.child_pid in descendants
+        # Other long-lived children of this test process (a resource tracker, say) do count.
+        others = len(descendants - {monitor.child_pid})
+        wait_for(lambda: monitor.stats()["records_logged"] >= 4, what="two more records")
+    assert sink.values(COUNT)[-1] == 1 + others
