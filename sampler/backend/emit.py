@@ -60,22 +60,23 @@ class Emitter:
         self._health: tuple[object, ...] = ()
         self._first = True
 
-    def emit(self, fields: Sequence[str], values: Sequence[float], timestamp_ns: int) -> None:
+    def emit(self, fields: Sequence[str], values: Sequence[float], timestamp_ns: int) -> int | None:
+        """Log one record; returns the step it was logged at, None if it was dropped."""
         stats = self.stats
         stats.last_record_monotonic = stats.in_sink_since = time.monotonic()
         wl_adapter.warn_if_weightslab_monitor_running()
         try:
-            self._emit(fields, values, timestamp_ns)
+            return self._emit(fields, values, timestamp_ns)
         finally:
             stats.in_sink_since = None
 
-    def _emit(self, fields: Sequence[str], values: Sequence[float], timestamp_ns: int) -> None:
+    def _emit(self, fields: Sequence[str], values: Sequence[float], timestamp_ns: int) -> int | None:
         stats = self.stats
         step = self.stamper.stamp(timestamp_ns)
         if step is None:
             stats.records_dropped += 1
             self._record(None, 0, timestamp_ns)
-            return
+            return None
         sink = self.sink
         sample: dict[str, float] = {}
         for name, value in zip(fields, values, strict=True):
@@ -101,6 +102,7 @@ class Emitter:
             self._first = False
             self._warn_if_unheard()
         self._record(sample, step, timestamp_ns)
+        return step
 
     def _record(self, values: dict[str, float] | None, step: int, timestamp_ns: int) -> None:
         """Hand the sample to the run store, with the monitor's stats when they changed."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -28,11 +29,14 @@ from typing import Any
 import psutil
 
 from sampler import config, signals
+from sampler.backend import postmortems
 from sampler.backend.emit import Emitter, SampleHook, Sink
 from sampler.backend.spawn import STOP_TIMEOUT_SECONDS
 from sampler.backend.stats import MonitorStats
 from sampler.backend.steps import AgeSource, StepStamper
 from sampler.backend.supervisor import Settings, Supervisor
+from sampler.collectors import Sources
+from sampler.ipc.channel import PostmortemTarget
 from sampler.quoting import bounded_repr
 from sampler.store.writer import RunInfo, RunWriter
 
@@ -133,6 +137,9 @@ class ResourceMonitor:
         on_sample: SampleHook | None = None,
         store: str | os.PathLike[str] | None = None,
         pid: int | None = None,
+        inner_rate_hz: float = config.DEFAULT_INNER_RATE_HZ,
+        gpu_devices: str | Iterable[int | str] = "all",
+        postmortem_dir: str | os.PathLike[str] | None = config.DEFAULT_POSTMORTEM_DIR,
         _min_interval_seconds: float = config.MIN_INTERVAL_SECONDS,
         _ring_capacity: int = RING_CAPACITY,
         _restart_backoff: tuple[float, float] = RESTART_BACKOFF_SECONDS,
@@ -144,6 +151,9 @@ class ResourceMonitor:
             step_source=step_source,
             store=store,
             min_interval_seconds=_min_interval_seconds,
+            inner_rate_hz=inner_rate_hz,
+            gpu_devices=gpu_devices if isinstance(gpu_devices, (str, int)) else list(gpu_devices),
+            postmortem_dir=postmortem_dir,
         )
         if isolation not in ISOLATION_MODES:
             raise ValueError(f"isolation must be one of {ISOLATION_MODES}, got {isolation!r}")
@@ -153,15 +163,20 @@ class ResourceMonitor:
         self._settings = Settings(
             interval=api.interval_seconds,
             categories=api.categories,
-            disk_path=api.disk_path,
-            nvml_module=nvml_module,
+            sources=Sources(
+                disk_path=api.disk_path,
+                pid=os.getpid() if pid is None else _pid(pid),
+                nvml_module=nvml_module,
+                gpu_devices=api.gpu_devices,
+            ),
+            inner_rate_hz=api.inner_rate_hz,
             isolation=isolation,
             hang_deadline=_hang_deadline(hang_deadline_seconds),
             ring_capacity=_ring_capacity,
             backoff_base=_restart_backoff[0],
             backoff_cap=_restart_backoff[1],
-            pid=os.getpid() if pid is None else _pid(pid),
         )
+        self._postmortem_dir = api.postmortem_dir
         self._store = api.store
         self._step_source = api.step_source
         self._sink: Sink = signals.log_signal if sink is None else sink
@@ -187,7 +202,7 @@ class ResourceMonitor:
     @property
     def disk_path(self) -> str:
         """The filesystem the disk usage signals describe (absolute)."""
-        return self._settings.disk_path
+        return self._settings.sources.disk_path
 
     @property
     def step_source(self) -> str:
@@ -207,7 +222,7 @@ class ResourceMonitor:
     @property
     def nvml_module(self) -> str:
         """The NVML binding the child imports."""
-        return self._settings.nvml_module
+        return self._settings.sources.nvml_module
 
     @property
     def store(self) -> str | None:
@@ -215,9 +230,24 @@ class ResourceMonitor:
         return self._store
 
     @property
+    def inner_rate_hz(self) -> float:
+        """How often the child reads the tracked signals between records, for their peaks."""
+        return self._settings.inner_rate_hz
+
+    @property
+    def gpu_devices(self) -> str | tuple[str, ...]:
+        """``all``, ``visible``, or the devices listed (indices or UUIDs, as text)."""
+        return self._settings.sources.gpu_devices
+
+    @property
+    def postmortem_dir(self) -> str | None:
+        """Where a postmortem goes without a store (absolute), or None."""
+        return self._postmortem_dir
+
+    @property
     def pid(self) -> int:
         """The process the ``process`` category describes."""
-        return self._settings.pid
+        return self._settings.sources.pid
 
     @property
     def sink(self) -> Sink:
@@ -260,11 +290,17 @@ class ResourceMonitor:
             if self.running:
                 return self
             self._stop_run(self._current())  # a thread that died: release what it left
+            postmortems.announce(self._postmortem_dir, self._store)  # once per process and place
             stats = self._stats = MonitorStats(isolation=self.isolation, store_path=self._store)
-            run = _Run(RunWriter(self._store, self._run_info()) if self._store is not None else None)
+            info = self._run_info()
+            run = _Run(RunWriter(self._store, info) if self._store is not None else None)
             stamper = StepStamper(self._step_source, self._age_source, time.monotonic_ns())
             emitter = Emitter(stamper, self._sink, stats, self._on_sample, run.writer)
-            run.supervisor = Supervisor(self._settings, emitter, stats, run.stop_r, lambda: run.finish(stats))
+            settings = self._settings
+            if self._store is not None or self._postmortem_dir is not None:
+                target = PostmortemTarget(self._postmortem_dir, self._store, info.started_at)
+                settings = dataclasses.replace(settings, postmortem=target)
+            run.supervisor = Supervisor(settings, emitter, stats, run.stop_r, lambda: run.finish(stats))
             run.thread = threading.Thread(target=run.supervisor.run, name="WL-ResourceMonitor", daemon=True)
             self._run = run
             run.thread.start()
@@ -320,24 +356,28 @@ class ResourceMonitor:
     def _run_info(self) -> RunInfo:
         """What the run store records about this run."""
         s = self._settings
-        if s.pid == os.getpid():
+        pid = s.sources.pid
+        if pid == os.getpid():
             command = list(sys.orig_argv)
         else:
             try:
-                command = psutil.Process(s.pid).cmdline()
+                command = psutil.Process(pid).cmdline()
             except psutil.Error:
                 command = []
         settings = {
             "interval_seconds": s.interval,
             "categories": list(s.categories),
-            "disk_path": s.disk_path,
+            "disk_path": s.sources.disk_path,
             "step_source": self._step_source,
             "isolation": s.isolation,
             "hang_deadline_seconds": s.hang_deadline,
-            "nvml_module": s.nvml_module,
+            "nvml_module": s.sources.nvml_module,
+            "gpu_devices": s.sources.gpu_devices,
+            "inner_rate_hz": s.inner_rate_hz,
             "store": self._store,
+            "postmortem_dir": self._postmortem_dir,
         }
-        return RunInfo(pid=s.pid, command=command, config=settings, started_at=time.time())
+        return RunInfo(pid=pid, command=command, config=settings, started_at=time.time())
 
     def _forget_after_fork(self) -> None:
         """In a forked copy: drop the parent's run without touching it."""
@@ -406,6 +446,9 @@ def start_resource_monitor_from_config() -> ResourceMonitor | None:
             disk_path=cfg["disk_path"],
             step_source=cfg["step_source"],
             store=cfg["store"],
+            inner_rate_hz=cfg["inner_rate_hz"],
+            gpu_devices=cfg["gpu_devices"],
+            postmortem_dir=cfg["postmortem_dir"],
         )
         _singleton, _singleton_pid = monitor.start(), os.getpid()
         return _singleton

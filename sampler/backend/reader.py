@@ -198,9 +198,11 @@ class ChildReader:
         stats = self.stats
         stats.records_read += count
         stats.records_lost += rows.lost
-        fields = ring.fields
-        for values, timestamp_ns in zip(rows.values, rows.timestamps_ns, strict=True):
-            self.emitter.emit(fields, values, timestamp_ns)
+        fields, status = ring.fields, self.status
+        for index, values, timestamp_ns in zip(rows.indices, rows.values, rows.timestamps_ns, strict=True):
+            step = self.emitter.emit(fields, values, timestamp_ns)
+            if step is not None:  # the child carries peaks over the records after this one
+                status.publish_logged(index, step)
         if count and self.records % CPU_STAT_EVERY == 0:
             stats.child_cpu_seconds_per_sample = self.status.read().cpu_seconds_per_sample
         self.records += count

@@ -21,9 +21,9 @@ from sampler.backend.emit import Emitter
 from sampler.backend.reader import ChildReader, Outcome
 from sampler.backend.spawn import SamplingChild
 from sampler.backend.stats import Death, MonitorStats
-from sampler.collectors import build_collectors
+from sampler.collectors import Sources, build_collectors
 from sampler.collectors.cadence import Cadence
-from sampler.ipc.channel import ChildParams
+from sampler.ipc.channel import ChildParams, PostmortemTarget
 from sampler.ipc.status import (
     EXIT_NO_SHARED_MEMORY,
     EXIT_UNDECLARED,
@@ -47,15 +47,14 @@ MAX_START_FAILURES = 3
 class Settings:
     interval: float
     categories: tuple[str, ...]
-    disk_path: str
-    nvml_module: str
+    sources: Sources
+    inner_rate_hz: float
     isolation: str
     hang_deadline: float
     ring_capacity: int
     backoff_base: float
     backoff_cap: float
-    pid: int
-    """The process the ``process`` category describes."""
+    postmortem: PostmortemTarget | None = None
 
 
 @dataclass(frozen=True)
@@ -161,11 +160,11 @@ class Supervisor:
         params = ChildParams(
             categories=tuple(self._categories()),
             interval=s.interval,
-            disk_path=s.disk_path,
+            sources=s.sources,
             backend_pid=os.getpid(),
-            target_pid=s.pid,
-            nvml_module=s.nvml_module,
             capacity=s.ring_capacity,
+            inner_rate_hz=s.inner_rate_hz,
+            postmortem=s.postmortem,
         )
         child = SamplingChild(params, status_fd)
         reader = ChildReader(
@@ -230,9 +229,7 @@ class Supervisor:
 
     def _sample_in_thread(self) -> None:
         s = self.settings
-        collectors = build_collectors(
-            self._categories(), disk_path=s.disk_path, pid=s.pid, nvml_module=s.nvml_module
-        )
+        collectors = build_collectors(self._categories(), s.sources)
         fields = [name for c in collectors for name in c.names]
         cadence = Cadence(s.interval)
         try:

@@ -30,6 +30,8 @@ import time
 import psutil
 
 from ringbuf import Ring
+from sampler.child import postmortem
+from sampler.child.peaks import PeakTracker
 from sampler.collectors import Collector, build_collector
 from sampler.collectors.cadence import Cadence
 from sampler.ipc.channel import (
@@ -73,11 +75,19 @@ class Child:
         self.stop = threading.Event()
         self.finished = threading.Event()
         self.collectors: list[Collector] = []
+        self._tracking: list[tuple[Collector, int]] = []
+        """Collectors with tracked readings, each with its phase."""
+        self.ring: Ring | None = None
+        """The ring while the child writes it (the watchdog reads it for a postmortem)."""
+        self.ring_lock = threading.Lock()
+        """Guards ``ring`` between the postmortem's copy and the main thread's close."""
 
     def watch(self, backend: BackendWatch) -> None:
-        """Until STOP, EOF or the backend's death, then make sure the child ends."""
+        """Until STOP, EOF or the backend's death, then make sure the child ends;
+        after a death, first leave a postmortem (bounded: ``postmortem.leave``)."""
         fds = [self.sock.fileno()] + ([backend.pidfd] if backend.pidfd is not None else [])
         timeout = None if backend.pidfd is not None else FALLBACK_POLL_SECONDS
+        died = True  # unless the loop ends on STOP or on EOF from a backend that lives
         while not backend.gone():
             ready, _, _ = select.select(fds, [], [], timeout)
             if backend.pidfd in ready:
@@ -86,9 +96,20 @@ class Child:
                 try:
                     data = self.sock.recv(4096)
                 except OSError:
+                    data = b""
+                if not data:
+                    died = postmortem.backend_died(backend.backend_pid, backend.pidfd)
                     break
-                if not data or STOP in data:
+                if STOP in data:
+                    died = False
                     break
+        if died:
+            # Held while the ring is copied: the main thread, failing to wake the dead backend,
+            # would otherwise close the ring under the copy.
+            with self.ring_lock:
+                if not postmortem.leave(self.params, self.ring, self.status, time.time()):
+                    self.status.declare_exit(EXIT_CLEAN)
+                    os._exit(EXIT_CLEAN)  # a write still stuck: its thread must not keep the child alive
         self.stop.set()
         if self.finished.wait(_EXIT_GRACE_SECONDS):
             return
@@ -100,47 +121,80 @@ class Child:
         for category in p.categories:
             self.status.enter(phase_of(category))
             try:
-                collector = build_collector(
-                    category, disk_path=p.disk_path, pid=p.target_pid, nvml_module=p.nvml_module
-                )
+                collector = build_collector(category, p.sources)
             except psutil.NoSuchProcess:
                 return EXIT_CLEAN  # the process it describes died while the child was starting
             if collector is not None:
                 self.collectors.append(collector)
         self.status.enter(PHASE_IDLE)
-        fields = [name for c in self.collectors for name in c.names]
+        peaks = PeakTracker(self.collectors, p.capacity)
+        fields = [name for c in self.collectors for name in c.names] + list(peaks.names)
         try:
             ring, ring_fd = Ring.create_anonymous(fields, p.capacity)
         except OSError as exc:
             print(f"resource monitor child: cannot create the ring: {exc}", file=sys.stderr)
             return EXIT_NO_SHARED_MEMORY
+        self.ring = ring
         try:
             try:
                 socket.send_fds(self.sock, [RING], [ring_fd])
             finally:
                 os.close(ring_fd)
-            self._loop(ring, p.interval)
+            self._loop(ring, peaks)
         finally:
-            ring.close()
+            with self.ring_lock:
+                self.ring = None
+                ring.close()
         return EXIT_CLEAN
 
-    def _loop(self, ring: Ring, interval: float) -> None:
-        cadence = Cadence(interval)
+    def _read_tracked(self, peaks: PeakTracker) -> None:
+        """One inner reading of every tracked signal, folded into the current window."""
+        readings: list[float] = []
+        for collector, phase in self._tracking:
+            self.status.enter(phase)
+            readings += collector.sample_tracked()
+        self.status.enter(PHASE_IDLE)
+        peaks.add(readings)
+
+    def _loop(self, ring: Ring, peaks: PeakTracker) -> None:
+        """Records every interval; between them, tracked readings at the inner rate."""
+        p = self.params
+        records = Cadence(p.interval)
+        inner = Cadence(1.0 / p.inner_rate_hz)
         phases = [phase_of(c.category) for c in self.collectors]
-        while not self.stop.wait(cadence.seconds_left()):
-            cpu_before = time.process_time_ns()
+        self._tracking = [(c, phase) for c, phase in zip(self.collectors, phases, strict=True) if c.tracked]
+        cpu_ns = 0  # CPU spent since the last record: its inner readings count towards its cost
+        while True:
+            due_record = records.seconds_left()
+            if self._tracking and inner.seconds_left() < due_record:
+                if self.stop.wait(inner.seconds_left()):
+                    return
+                before = time.process_time_ns()
+                self._read_tracked(peaks)
+                cpu_ns += time.process_time_ns() - before
+                inner.advance()
+                continue
+            if self.stop.wait(due_record):
+                return
+            before = time.process_time_ns()
             timestamp_ns = time.monotonic_ns()
+            if self._tracking:
+                self._read_tracked(peaks)
             values: list[float] = []
             for collector, phase in zip(self.collectors, phases, strict=True):
                 self.status.enter(phase)
                 values += collector.sample()
             self.status.enter(PHASE_IDLE)
+            logged_through, _ = self.status.logged()
+            values += peaks.close(ring.head, logged_through)
             ring.write(values, timestamp_ns)
-            self.status.count_sample(time.process_time_ns() - cpu_before)
+            self.status.count_sample(cpu_ns + time.process_time_ns() - before)
+            cpu_ns = 0
             # A full socket means the reader is behind; it finds the record in the ring anyway.
             with contextlib.suppress(BlockingIOError):
                 self.sock.send(RECORD, socket.MSG_DONTWAIT)
-            cadence.advance()
+            records.advance()
+            inner.advance()
 
     def close(self) -> None:
         for collector in self.collectors:

@@ -30,6 +30,8 @@ import socket
 import struct
 from dataclasses import asdict, dataclass
 
+from sampler.collectors import Sources
+
 RING = b"R"
 RECORD = b"."
 STOP = b"q"
@@ -42,20 +44,35 @@ _MAX_HELLO = 1 << 20
 
 
 @dataclass(frozen=True)
+class PostmortemTarget:
+    """Where the child writes what its ring holds if the backend dies under it."""
+
+    directory: str | None
+    """Directory for a JSONL postmortem (used when there is no store), or None."""
+    store: str | None
+    """The run store's SQLite file, or None."""
+    started_at: float
+    """When the monitor started, s since the epoch: with the backend's pid, names the run in the store."""
+
+
+@dataclass(frozen=True)
 class ChildParams:
     """Everything the child needs to know, sent once in the hello."""
 
     categories: tuple[str, ...]
     interval: float
-    """Seconds between samples."""
-    disk_path: str
+    """Seconds between records."""
+    sources: Sources
+    """Which disk, process and GPUs the collectors read (``sources.pid`` is the
+    process the process categories describe: the backend, or one it watches)."""
     backend_pid: int
     """The backend, whose death ends the child."""
-    target_pid: int
-    """The process the ``process`` category describes: the backend, or another one it watches."""
-    nvml_module: str
     capacity: int
     """Records the ring holds."""
+    inner_rate_hz: float
+    """How often the tracked readings are read between records, for their peaks and means."""
+    postmortem: PostmortemTarget | None = None
+    """Where to leave a postmortem if the backend dies; None for nowhere."""
 
     def encode(self) -> bytes:
         body = json.dumps(asdict(self)).encode("utf-8")
@@ -65,6 +82,12 @@ class ChildParams:
     def decode(cls, body: bytes) -> ChildParams:
         fields = json.loads(body)
         fields["categories"] = tuple(fields["categories"])
+        sources = fields["sources"]
+        if isinstance(sources["gpu_devices"], list):
+            sources["gpu_devices"] = tuple(sources["gpu_devices"])
+        fields["sources"] = Sources(**sources)
+        if fields["postmortem"] is not None:
+            fields["postmortem"] = PostmortemTarget(**fields["postmortem"])
         return cls(**fields)
 
 

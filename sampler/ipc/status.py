@@ -1,6 +1,6 @@
 """What the sampling child is doing right now, in a small shared-memory block.
 
-The child writes, the backend reads. The backend uses it to attribute a crash
+The child writes the first four words, the backend reads them. The backend uses it to attribute a crash
 to the collector that was running, to notice a call that overruns its
 deadline, to report the child's own CPU cost per sample, and to tell a clean
 exit from a crash without trusting the exit status (which reads as 0 when the
@@ -20,6 +20,15 @@ reader ever sees a half-written or transiently zeroed word:
 1. samples written;
 2. CPU ns spent sampling;
 3. the exit status the child declared before leaving, ``EXIT_UNDECLARED`` until then.
+
+The backend writes the last two, the child reads them:
+
+4. the step the backend last logged a record at, ``NOT_LOGGED`` before the first;
+5. how many records the backend has handled up to and including the last one
+   it logged (that record's number + 1; 0 before the first). The child carries
+   peaks over every record after it, so a record the backend drops (the step
+   stood still) hands its peak on to the next one logged. Written after word 4,
+   so a reader that sees the count also sees at least that step.
 """
 
 from __future__ import annotations
@@ -46,11 +55,15 @@ EXIT_NO_SHARED_MEMORY = 3
 retrying and samples in-thread."""
 EXIT_UNDECLARED = -1
 """The child has not declared an exit: if it is gone, something killed it."""
+NOT_LOGGED = -1
+"""The logged step before the backend has logged any record."""
 
 _PHASE_BIAS = 16
-_WORDS = 4
+_WORDS = 6
+_CHILD_WORDS = 4
 _SIZE = _WORDS * 8
-_READ = struct.Struct(f"@{_WORDS}q")
+_READ = struct.Struct(f"@{_CHILD_WORDS}q")
+_LOGGED = struct.Struct("@2q")
 """The reader's side: numpy would be cheaper to write with, but the backend reads
 once per wake-up, cache-cold, and struct touches far less code than numpy."""
 
@@ -95,7 +108,7 @@ class ChildStatus:
         """A new block and the descriptor to hand the child (the caller closes it)."""
         seg, fd = segment.Segment.create_anonymous(_SIZE)
         status = cls(seg)
-        status._words[1:] = (0, 0, EXIT_UNDECLARED)
+        status._words[1:] = (0, 0, EXIT_UNDECLARED, NOT_LOGGED, 0)
         status._words[0] = _pack(PHASE_STARTING, time.monotonic_ns())
         return status, fd
 
@@ -116,6 +129,17 @@ class ChildStatus:
     def declare_exit(self, code: int) -> None:
         """Record the status the child is about to exit with."""
         self._words[3] = code
+
+    def publish_logged(self, record: int, step: int) -> None:
+        """Backend side: record number ``record`` was logged at ``step``."""
+        words = self._words
+        words[4] = step
+        words[5] = record + 1
+
+    def logged(self) -> tuple[int, int]:
+        """Child side: (records handled through the last one logged, its step)."""
+        step, through = _LOGGED.unpack_from(self._seg.buf, 32)
+        return through, step
 
     def read(self) -> Snapshot:
         packed, samples, cpu_ns, exit_declared = _READ.unpack_from(self._seg.buf, 0)

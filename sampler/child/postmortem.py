@@ -1,0 +1,286 @@
+"""The postmortem: what the sampling child leaves behind when the backend dies under it.
+
+A backend that is SIGKILLed, taken by the OOM killer or crashes never stops its
+monitor, and the records it had not logged yet would die with it. The child
+outlives it by a moment (its watchdog sees the death within a second); before
+leaving, it writes down everything its ring still holds, so the readings that led
+up to the death (memory climbing to a limit, say) can still be read.
+
+Format: JSON lines (no NaN: a reading that failed is left out).
+
+- a header object: ``format`` (``FORMAT``), ``version``, ``backend_pid``,
+  ``monitored_pid`` (the process the ``process`` readings describe), ``host``,
+  ``vanished_at`` (when the child saw the backend gone) and ``written_at`` and
+  ``monitor_started_at`` (s since the epoch), ``interval_seconds``,
+  ``ring_capacity``, ``fields`` (the ring's field names; peaks and means end in
+  ``_peak``/``_mean``), ``records`` (how many follow), ``last_logged_record`` and
+  ``last_logged_step`` (the last record the backend logged and its step; null
+  before any);
+- then one object per record, oldest first: ``record`` (its number), ``wall_time``
+  (s since the epoch), ``logged`` (the backend had logged it or a later record)
+  and ``values`` (field -> reading).
+
+Where: with a run store, a row of its ``postmortems`` table (``sampler.store.schema``);
+otherwise a file ``postmortem-<UTC time>-pid<N>.jsonl`` in the postmortem
+directory, written under a temporary name and then renamed, so a reader never
+sees half of one. What cannot be written falls back, said on stderr: a store to
+the directory (or the temporary one), a directory to ``fallback_directory()``.
+Writing is capped at ``WRITE_CAP_SECONDS``: a stuck filesystem never keeps the
+child alive.
+"""
+
+from __future__ import annotations
+
+import calendar
+import contextlib
+import json
+import math
+import os
+import re
+import select
+import socket
+import sqlite3
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ringbuf import Ring
+from sampler.ipc.channel import ChildParams, PostmortemTarget
+from sampler.ipc.status import ChildStatus
+from sampler.store import schema
+
+FORMAT = "wl-resource-monitor postmortem"
+VERSION = 1
+FILE_NAME = re.compile(r"postmortem-(\d{8}T\d{6})\.(\d{3})Z-pid(\d+)(?:-\d+)?(\.read)?\.jsonl")
+"""A postmortem file's name: UTC time of the death (s, ms), backend pid, then
+``.read`` once someone has read it (``python -m sampler postmortem``)."""
+READ_MARK = ".read"
+_TIME_FORMAT = "%Y%m%dT%H%M%S"
+FALLBACK_DIR_NAME = "resource_monitor_postmortems"
+WRITE_CAP_SECONDS = 2.0
+"""The longest the child spends writing a postmortem before it leaves without one."""
+STORE_TIMEOUT_SECONDS = 0.5
+"""How long the store write waits for a lock: with the WAL switch's own wait
+(up to 1 s), the directory still gets its turn within ``WRITE_CAP_SECONDS``."""
+_STDERR = 2
+EOF_DEATH_WAIT_SECONDS = 0.25
+"""After EOF on the channel, how long to wait for the backend's death to show: its
+socket closes while it exits, a moment before its pidfd signals."""
+
+
+def backend_died(backend_pid: int, pidfd: int | None) -> bool:
+    """After EOF on the channel: whether the backend is gone (or goes within
+    ``EOF_DEATH_WAIT_SECONDS``), rather than alive and done with us."""
+    deadline = time.monotonic() + EOF_DEATH_WAIT_SECONDS
+    while os.getppid() == backend_pid:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if pidfd is not None:
+            return bool(select.select([pidfd], [], [], left)[0])
+        time.sleep(min(left, 0.01))
+    return True
+
+
+def fallback_directory() -> str:
+    """Where a postmortem goes when its own place cannot be written."""
+    return os.path.join(tempfile.gettempdir(), FALLBACK_DIR_NAME)
+
+
+def file_name(vanished_at: float, backend_pid: int) -> str:
+    """The postmortem file's name: sorts by time, names the pid."""
+    seconds = math.floor(vanished_at)
+    millis = min(999, round((vanished_at - seconds) * 1000))
+    utc = time.strftime(_TIME_FORMAT, time.gmtime(seconds))
+    return f"postmortem-{utc}.{millis:03d}Z-pid{backend_pid}.jsonl"
+
+
+def parse_file_name(name: str) -> tuple[float, int, bool] | None:
+    """(death time in s since the epoch, backend pid, read) of a postmortem file's
+    name, None for any other name."""
+    match = FILE_NAME.fullmatch(name)
+    if match is None:
+        return None
+    utc, millis, pid, read = match.groups()
+    try:
+        seconds = calendar.timegm(time.strptime(utc, _TIME_FORMAT))
+    except ValueError:  # digits in the right places, but no date ("20251399T...")
+        return None
+    return seconds + int(millis) / 1000, int(pid), read is not None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the child knew the moment the backend vanished."""
+
+    params: ChildParams
+    host: str
+    vanished_at: float
+    fields: tuple[str, ...]
+    capacity: int
+    logged_through: int
+    """Records the backend had handled through the last one it logged (0: none)."""
+    logged_step: int
+    indices: list[int]
+    timestamps_ns: list[int]
+    """``time.monotonic_ns`` of each record."""
+    values: npt.NDArray[np.float64]
+    clock: tuple[float, int]
+    """(``time.time()``, ``time.monotonic_ns()``) read together, to date the records."""
+
+
+def take(params: ChildParams, ring: Ring | None, status: ChildStatus, vanished_at: float) -> Snapshot:
+    """Copy what the ring holds, at once: the main thread closes it when it next
+    finds the channel broken."""
+    through, step = status.logged()
+    fields: tuple[str, ...] = ()
+    capacity = 0
+    indices: list[int] = []
+    stamps: list[int] = []
+    values = np.empty((0, 0))
+    if ring is not None:
+        fields, capacity = ring.fields, ring.capacity
+        try:
+            result = ring.read(max(0, ring.head - ring.capacity))
+        except (ValueError, AttributeError):  # closed meanwhile: its records are gone
+            values = np.empty((0, len(fields)))
+        else:
+            indices, stamps, values = result.indices.tolist(), result.timestamps_ns.tolist(), result.values
+    clock = (time.time(), time.monotonic_ns())
+    return Snapshot(params, socket.gethostname(), vanished_at, fields, capacity, through, step, indices,
+                    stamps, values, clock)  # fmt: skip
+
+
+def lines(snap: Snapshot, target: PostmortemTarget, written_at: float) -> list[str]:
+    """The postmortem as JSON lines (without line ends): the header, then the records."""
+    p = snap.params
+    logged = snap.logged_through > 0
+    header: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "backend_pid": p.backend_pid,
+        "monitored_pid": p.sources.pid,
+        "host": snap.host,
+        "vanished_at": snap.vanished_at,
+        "written_at": written_at,
+        "monitor_started_at": target.started_at,
+        "interval_seconds": p.interval,
+        "ring_capacity": snap.capacity,
+        "fields": list(snap.fields),
+        "records": len(snap.indices),
+        "last_logged_record": snap.logged_through - 1 if logged else None,
+        "last_logged_step": snap.logged_step if logged else None,
+    }
+    out = [json.dumps(header, allow_nan=False)]
+    now_wall, now_ns = snap.clock
+    for index, stamp, row in zip(snap.indices, snap.timestamps_ns, snap.values.tolist(), strict=True):
+        record = {
+            "record": index,
+            "wall_time": round(now_wall - (now_ns - stamp) / 1e9, 6),
+            "logged": index < snap.logged_through,
+            "values": {f: v for f, v in zip(snap.fields, row, strict=True) if math.isfinite(v)},
+        }
+        out.append(json.dumps(record, allow_nan=False))
+    return out
+
+
+def _say(message: str) -> None:
+    """One line on stderr, the backend's: with the backend gone, whoever reads its
+    log reads this. Skipped, never waited for, when nobody drains a full pipe."""
+    line = f"resource monitor child: {message}".encode(errors="replace")[: select.PIPE_BUF - 1] + b"\n"
+    with contextlib.suppress(OSError):
+        if select.select([], [_STDERR], [], 0)[1]:  # writable: room for PIPE_BUF bytes, written at once
+            os.write(_STDERR, line)
+
+
+def _to_store(path: str, started_at: float, snap: Snapshot, body: str, written_at: float) -> int:
+    """Insert the postmortem into the store, linked to its run (the one that
+    started at ``started_at``); returns its id."""
+    p = snap.params
+    db = schema.connect(path, timeout=STORE_TIMEOUT_SECONDS)
+    try:
+        row = db.execute(
+            "SELECT id FROM runs WHERE started_at = ? AND host = ? AND pid IN (?, ?)"
+            " ORDER BY id DESC LIMIT 1",
+            (started_at, snap.host, p.backend_pid, p.sources.pid),
+        ).fetchone()
+        cursor = db.execute(
+            "INSERT INTO postmortems (run_id, backend_pid, host, vanished_at, written_at, records, body)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (row[0] if row else None, p.backend_pid, snap.host, snap.vanished_at, written_at,
+             len(snap.indices), body),
+        )  # fmt: skip
+        return int(cursor.lastrowid or 0)
+    finally:
+        db.close()
+
+
+def _to_directory(directory: str, snap: Snapshot, body: str) -> str:
+    """Write the postmortem file into ``directory`` (made if missing); returns its path."""
+    os.makedirs(directory, exist_ok=True)
+    name = file_name(snap.vanished_at, snap.params.backend_pid)
+    fd, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(body)
+        path = os.path.join(directory, name)
+        try:
+            os.link(temporary, path)  # unlike a rename, never replaces another monitor's postmortem
+        except FileExistsError:  # two monitors of one backend, dying in the same millisecond
+            path = path.removesuffix(".jsonl") + f"-{os.getpid()}.jsonl"
+            os.replace(temporary, path)
+        return path
+    finally:
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
+
+
+def write(snap: Snapshot, target: PostmortemTarget) -> str | None:
+    """Write the postmortem where ``target`` says, falling back as the module
+    says, and tell stderr where it went; returns that, None if nowhere."""
+    written_at = time.time()
+    body = "".join(line + "\n" for line in lines(snap, target, written_at))
+    what = f"the backend (pid {snap.params.backend_pid}) died; a postmortem of its last"
+    what += f" {len(snap.indices)} records"
+    if target.store is not None:
+        try:
+            row = _to_store(target.store, target.started_at, snap, body, written_at)
+        except (sqlite3.Error, OSError) as exc:
+            _say(f"cannot write a postmortem into the run store {target.store} ({exc}); writing a file")
+        else:
+            where = f"the run store {target.store} (postmortem {row})"
+            _say(f"{what} is in {where}")
+            return where
+    fallback = fallback_directory()
+    for directory in dict.fromkeys(d for d in (target.directory, fallback) if d is not None):
+        try:
+            path = _to_directory(directory, snap, body)
+        except OSError as exc:
+            _say(f"cannot write a postmortem into {directory} ({exc})")
+            continue
+        _say(f"{what} is in {path}")
+        return path
+    return None
+
+
+def leave(params: ChildParams, ring: Ring | None, status: ChildStatus, vanished_at: float) -> bool:
+    """Write the postmortem of the backend that just vanished, within ``WRITE_CAP_SECONDS``;
+    False if it was still being written then (the child should leave anyway)."""
+    target = params.postmortem
+    if target is None:
+        return True
+    snap = take(params, ring, status, vanished_at)
+    # Not a daemon (which it would be by default, made by the watchdog): if the main
+    # thread ends meanwhile, the interpreter waits for it.
+    writer = threading.Thread(target=write, args=(snap, target), name="postmortem", daemon=False)
+    writer.start()
+    writer.join(WRITE_CAP_SECONDS)
+    if writer.is_alive():
+        _say(f"the postmortem could not be written within {WRITE_CAP_SECONDS:g} s; leaving without it")
+        return False
+    return True

@@ -1,0 +1,235 @@
+"""Peaks and means between logged records (the child's inner rate), and counter rates."""
+
+from __future__ import annotations
+
+import math
+import socket
+import time
+
+import numpy as np
+import psutil
+import pytest
+from conftest import FAST, Recorder, wait_for
+
+import sampler
+from sampler.child.peaks import PeakTracker
+from sampler.collectors import process
+from sampler.collectors.base import Collector
+from sampler.collectors.host import CpuCollector, NetworkCollector, Rates
+from sampler.collectors.process import ProcessCollector
+
+PEAK = "resource/process/memory_in_use_mb_peak"
+MEAN = "resource/process/memory_in_use_mb_mean"
+RSS = "resource/process/memory_in_use_mb"
+
+
+class Tracked(Collector):
+    category = "process"
+    names = ("a", "b", "c")
+    tracked = ("a", "b")
+    averaged = ("b",)
+
+
+def test_tracker_names_peaks_then_means() -> None:
+    assert PeakTracker([Tracked()], 8).names == ("a_peak", "b_peak", "b_mean")
+
+
+def test_an_averaged_name_must_be_tracked() -> None:
+    class Wrong(Tracked):
+        averaged = ("c",)
+
+    with pytest.raises(ValueError, match="not tracked"):
+        PeakTracker([Wrong()], 8)
+
+
+def test_peak_and_mean_of_one_window() -> None:
+    tracker = PeakTracker([Tracked()], 8)
+    for a, b in [(1.0, 10.0), (5.0, 20.0), (3.0, 30.0)]:
+        tracker.add([a, b])
+    assert tracker.close(record=0, logged_through=0) == [5.0, 30.0, 20.0]
+
+
+def test_a_dropped_record_hands_its_peak_on() -> None:
+    tracker = PeakTracker([Tracked()], 8)
+    tracker.add([1.0, 1.0])
+    assert tracker.close(0, logged_through=0) == [1.0, 1.0, 1.0]  # logged
+    tracker.add([9.0, 3.0])  # the spike, in a record the backend drops
+    assert tracker.close(1, logged_through=1)[0] == 9.0
+    tracker.add([2.0, 5.0])
+    # Record 0 is still the last logged: record 2 carries record 1's window.
+    assert tracker.close(2, logged_through=1) == [9.0, 5.0, 4.0]
+    tracker.add([2.0, 7.0])
+    # Record 2 was logged: its windows are not carried again.
+    assert tracker.close(3, logged_through=3) == [2.0, 7.0, 7.0]
+
+
+def test_failed_readings_are_skipped_not_counted() -> None:
+    tracker = PeakTracker([Tracked()], 8)
+    tracker.add([math.nan, 4.0])
+    tracker.add([math.nan, math.nan])
+    peak_a, peak_b, mean_b = tracker.close(0, 0)
+    assert math.isnan(peak_a) and peak_b == 4.0 and mean_b == 4.0
+
+
+def test_windows_kept_are_bounded_by_the_ring() -> None:
+    tracker = PeakTracker([Tracked()], 2)
+    tracker.add([100.0, 1.0])
+    tracker.close(0, 0)
+    for record in (1, 2):
+        tracker.add([1.0, 1.0])
+        tracker.close(record, 0)
+    tracker.add([1.0, 1.0])
+    # The backend logged nothing for longer than the ring holds: record 0's window is gone.
+    assert tracker.close(3, 0)[0] == 1.0
+
+
+def test_no_tracked_readings_no_fields() -> None:
+    class Plain(Collector):
+        category = "disk"
+        names = ("x",)
+
+    tracker = PeakTracker([Plain()], 4)
+    tracker.add([])
+    assert tracker.names == () and tracker.close(0, 0) == []
+
+
+# --------------------------------------------------------------------------- rates
+
+
+def test_rates_need_two_readings_and_a_forward_counter() -> None:
+    rates = Rates(2)
+    assert all(math.isnan(r) for r in rates.update([10.0, 10.0], 100.0))  # the first has none
+    assert rates.update([30.0, 14.0], 102.0) == [10.0, 2.0]
+    reset, failed = rates.update([5.0, math.nan], 104.0)  # a NIC reset; a failed reading
+    assert math.isnan(reset) and math.isnan(failed)
+    again, after_failure = rates.update([25.0, 20.0], 106.0)
+    assert again == 10.0 and math.isnan(after_failure)  # from the counter's new base; none yet
+
+
+def test_network_rate_sees_real_loopback_traffic() -> None:
+    collector = NetworkCollector()
+    collector.sample()
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    conn, _ = server.accept()
+    payload = b"x" * 64 * 1024  # fits the loopback buffers: one thread sends, then reads
+    try:
+        client.sendall(payload)
+        received = 0
+        while received < len(payload):
+            received += len(conn.recv(2**20))
+    finally:
+        for s in (client, conn, server):
+            s.close()
+    values = dict(zip(collector.names, collector.sample(), strict=True))
+    assert values["resource/network/bytes_sent_per_second"] > 0
+    assert values["resource/network/bytes_received_per_second"] > 0
+
+
+def test_network_counters_failing_give_no_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    collector = NetworkCollector()
+    collector.sample()
+
+    def broken() -> None:
+        raise OSError("no /proc/net/dev")
+
+    monkeypatch.setattr(psutil, "net_io_counters", broken)
+    assert all(math.isnan(v) for v in collector.sample())
+
+
+# --------------------------------------------------------------------------- tracked readings
+
+
+def _spin(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_tracked_cpu_has_its_own_window() -> None:
+    collector = ProcessCollector(psutil.Process().pid)
+    _spin(0.3)
+    tracked = collector.sample_tracked()[0]
+    time.sleep(0.3)
+    idle = collector.sample_tracked()[0]
+    whole = collector.sample()[0]
+    # The record's CPU % covers both halves, undisturbed by the tracked reads.
+    assert idle < whole < tracked
+
+
+def test_tracked_system_cpu_is_a_percentage() -> None:
+    collector = CpuCollector()
+    _spin(0.2)
+    (value,) = collector.sample_tracked()
+    assert 0 < value <= 100
+
+
+def test_tracked_reading_of_a_vanished_process_is_missing() -> None:
+    proc = psutil.Popen(["sleep", "30"])
+    collector = ProcessCollector(proc.pid)
+    proc.kill()
+    proc.wait()
+    assert all(math.isnan(v) for v in collector.sample_tracked())
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def test_a_spike_while_the_step_stands_still_shows_at_the_next_step() -> None:
+    """An evaluation: the step stands still, memory spikes and falls back; the
+    records taken meanwhile are dropped, and the next logged one carries the peak."""
+    step = [1]
+    sink = Recorder()
+    monitor = sampler.ResourceMonitor(
+        **{**FAST, "interval_seconds": 0.3},
+        inner_rate_hz=50,
+        sink=sink,
+        age_source=lambda: step[0],
+        categories=["process"],
+        postmortem_dir=None,
+    )
+    with monitor:
+        wait_for(lambda: sink.values(PEAK), what="a first record")
+        before = monitor.stats()["records_dropped"]
+        spike = np.ones(256 * 2**20 // 8)  # 256 MiB, touched
+        wait_for(
+            lambda: monitor.stats()["records_dropped"] >= before + 2, what="records dropped in the spike"
+        )
+        del spike
+        dropped = monitor.stats()["records_dropped"]
+        wait_for(lambda: monitor.stats()["records_dropped"] > dropped, what="a record after the spike")
+        step[0] = 2
+        wait_for(lambda: 2 in sink.steps(PEAK), what="the next step")
+        step[0] = 3
+        wait_for(lambda: 3 in sink.steps(PEAK), what="the step after")
+    at = sink.steps(PEAK).index(2)
+    baseline = sink.values(RSS)[0]
+    assert sink.values(PEAK)[at] > baseline + 200
+    # Step 2 was logged with the spike: the backend said so, and step 3 does not carry it again.
+    assert sink.values(PEAK)[sink.steps(PEAK).index(3)] < baseline + 100
+    assert sink.values(RSS)[sink.steps(RSS).index(2)] < baseline + 100  # the instant reading missed it
+    assert baseline < sink.values(MEAN)[sink.steps(MEAN).index(2)] < sink.values(PEAK)[at]
+
+
+def test_peaks_are_logged_with_their_names() -> None:
+    sink = Recorder()
+    with sampler.ResourceMonitor(
+        **FAST, sink=sink, step_source="seconds", categories=["cpu", "memory", "process"], postmortem_dir=None
+    ) as monitor:
+        wait_for(lambda: monitor.stats()["records_logged"] >= 2, what="two records")
+    assert {
+        "resource/cpu/utilization_percent_peak",
+        "resource/cpu/utilization_percent_mean",
+        "resource/memory/system_utilization_percent_peak",
+        "resource/process/cpu_utilization_percent_peak",
+        "resource/process/cpu_utilization_percent_mean",
+        PEAK,
+        MEAN,
+    } <= sink.names()
+    assert "resource/memory/system_utilization_percent_mean" not in sink.names()
+
+
+def test_a_process_being_torn_down_reads_no_memory() -> None:
+    """A killed process's RSS reads 0 while its memory is freed: no reading, not 0 MB."""
+    assert math.isnan(process._memory_mb(0)) and math.isnan(process._memory_mb(None))
+    assert process._memory_mb(3 * 2**20) == 3.0
