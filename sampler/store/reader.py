@@ -1,5 +1,5 @@
 """Reading a run store, for the commands people run (``runs``, ``plot``,
-``top``, ``export``); safe while a backend writes it (WAL readers never block
+``top``, ``export``, ``postmortem``); safe while a backend writes it (WAL readers never block
 the writer and see whole transactions only)."""
 
 from __future__ import annotations
@@ -83,6 +83,22 @@ class Series:
     values: list[float]
 
 
+@dataclass(frozen=True)
+class PostmortemRow:
+    """One row of ``postmortems`` without its body (``StoreReader.postmortem_body``)."""
+
+    id: int
+    run_id: int | None
+    backend_pid: int
+    host: str
+    vanished_at: float
+    """When the backend died, s since the epoch."""
+    written_at: float
+    records: int
+    read_at: float | None
+    """When it was read; None while it waits."""
+
+
 class StoreReader:
     """A read-only view of a store; ``FileNotFoundError`` if there is none at ``path``,
     ``sqlite3.DatabaseError`` if it is not a run store."""
@@ -135,6 +151,22 @@ class StoreReader:
         (last,) = self.db.execute("SELECT MAX(step) FROM points WHERE run_id = ?", (run_id,)).fetchone()
         return int(samples), last
 
+    def postmortems(self, unread_only: bool = False) -> list[PostmortemRow]:
+        """The store's postmortems (all, or those not read yet), oldest death first."""
+        rows = self.db.execute(
+            f"SELECT {_POSTMORTEM_COLUMNS} FROM postmortems"
+            + (" WHERE read_at IS NULL" if unread_only else "")
+            + " ORDER BY vanished_at, id"
+        )
+        return [PostmortemRow(*row) for row in rows]
+
+    def postmortem_body(self, postmortem_id: int) -> str:
+        """A postmortem's JSON lines (``sampler.child.postmortem``); ``LookupError`` if none."""
+        row = self.db.execute("SELECT body FROM postmortems WHERE id = ?", (postmortem_id,)).fetchone()
+        if row is None:
+            raise LookupError(f"{self.path} has no postmortem {postmortem_id}")
+        return str(row[0])
+
     def close(self) -> None:
         self.db.close()
 
@@ -146,6 +178,7 @@ class StoreReader:
 
 
 _RUN_COLUMNS = "id, started_at, ended_at, updated_at, host, pid, command, config, version, stats"
+_POSTMORTEM_COLUMNS = "id, run_id, backend_pid, host, vanished_at, written_at, records, read_at"
 
 
 def _run(row: sqlite3.Row | tuple[Any, ...]) -> Run:

@@ -1,6 +1,6 @@
 """The run store's SQLite schema: a public interface, versioned.
 
-Schema version 1 (``PRAGMA user_version``)::
+Schema version 2 (``PRAGMA user_version``)::
 
     runs          one row per monitor run
       id            INTEGER PRIMARY KEY
@@ -25,6 +25,21 @@ Schema version 1 (``PRAGMA user_version``)::
       value       REAL     NULL where the value logged was NaN (a diverged loss, say)
       index points_by_signal (run_id, name_id, step): one signal of one run by step
     signals       VIEW of points with the name spelled out: run_id, name, step, wall_time, value
+    postmortems   one row per backend that died under its monitor (version 2), written by
+                  the sampling child (``sampler.child.postmortem``)
+      id            INTEGER PRIMARY KEY
+      run_id        INTEGER  -> runs.id: the run of that backend; NULL if it had no row yet
+      backend_pid   INTEGER  the backend that died
+      host          TEXT     host name
+      vanished_at   REAL     when the child saw it die, s since the epoch
+      written_at    REAL     when the postmortem was written, s since the epoch
+      records       INTEGER  records the body holds
+      body          TEXT     the postmortem, JSON lines: a header object, then one object
+                             per record (the format of a postmortem file)
+      read_at       REAL     when someone read it (``python -m sampler postmortem``);
+                             NULL while it waits to be announced and read
+
+Version 1 is version 2 without ``postmortems``.
 
 Migrations: a store opened for writing with a lower ``user_version`` is
 migrated in place, one version at a time (``_MIGRATIONS``), inside one
@@ -38,7 +53,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 _V1 = (
@@ -70,13 +85,33 @@ _V1 = (
 )
 
 
+_V2 = (
+    """CREATE TABLE postmortems (
+        id INTEGER PRIMARY KEY,
+        run_id INTEGER REFERENCES runs(id),
+        backend_pid INTEGER NOT NULL,
+        host TEXT NOT NULL,
+        vanished_at REAL NOT NULL,
+        written_at REAL NOT NULL,
+        records INTEGER NOT NULL,
+        body TEXT NOT NULL,
+        read_at REAL
+    )""",
+)
+
+
 def _create_v1(db: sqlite3.Connection) -> None:
     # One statement at a time: executescript() would commit the migration's transaction.
     for statement in _V1:
         db.execute(statement)
 
 
-_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _create_v1}
+def _add_postmortems(db: sqlite3.Connection) -> None:
+    for statement in _V2:
+        db.execute(statement)
+
+
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _create_v1, 1: _add_postmortems}
 """``_MIGRATIONS[v]`` takes a store from version v to v + 1 (0: an empty file)."""
 
 

@@ -1,0 +1,243 @@
+"""``python -m sampler postmortem``: what the monitor's child wrote down when a
+backend died under it (SIGKILL, the OOM killer, a crash): list the postmortems,
+show one, mark them read.
+
+Postmortems come from a directory (``--dir``) and a run store (``--store``);
+with neither flag, from the monitor's default directory and ``./resource_monitor.sqlite``,
+each where it exists. They are numbered oldest first, read ones included, so a
+number stays put. A monitor announces unread ones when it starts; showing one
+marks it read, and so does ``--mark-read`` for all those listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import sys
+from typing import Any, TextIO
+
+from sampler import config
+from sampler.backend.postmortems import (
+    Found,
+    by_death,
+    in_directory,
+    in_store,
+    load,
+    local_time,
+    mark_read,
+    with_header,
+)
+from sampler.child.peaks import MEAN_SUFFIX, PEAK_SUFFIX
+from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, argument
+
+LATEST = "latest"
+DEFAULT_LAST = 5
+
+
+def _choice(text: str) -> int | str:
+    """``--show``'s value: a postmortem's number (from 1), or ``latest``."""
+    if text == LATEST:
+        return text
+    try:
+        number = int(text)
+    except ValueError:
+        raise config.Invalid(f"expected a postmortem's number or {LATEST}") from None
+    if number < 1:
+        raise config.Invalid("postmortems are numbered from 1")
+    return number
+
+
+def _count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        raise config.Invalid("expected a whole number") from None
+    if count < 1:
+        raise config.Invalid("expected at least 1")
+    return count
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser(
+        "postmortem",
+        help="list and show what was recorded when a backend died under its monitor",
+        description=__doc__.split("\n\n")[0],
+    )
+    parser.add_argument("--dir", help=f"postmortem directory (default ./{config.DEFAULT_POSTMORTEM_DIR})")
+    parser.add_argument("--store", help=f"run store (default ./{DEFAULT_STORE})")
+    parser.add_argument(
+        "--show",
+        type=argument(_choice),
+        metavar=f"N|{LATEST}",
+        help="print postmortem N (or the newest): the last readings and peaks of each signal; marks it read",
+    )
+    parser.add_argument(
+        "--last",
+        type=argument(_count),
+        default=DEFAULT_LAST,
+        metavar="K",
+        help=f"records --show prints for each signal (default {DEFAULT_LAST})",
+    )
+    parser.add_argument("--all", action="store_true", help="list the postmortems already read too")
+    parser.add_argument(
+        "--mark-read",
+        action="store_true",
+        help="mark every postmortem listed read: no monitor announces it again",
+    )
+    parser.set_defaults(handler=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    out: TextIO = args.out
+    explicit = args.dir is not None or args.store is not None
+    places = (
+        [("--dir", args.dir), ("--store", args.store)]
+        if explicit
+        else [("--dir", config.DEFAULT_POSTMORTEM_DIR), ("--store", DEFAULT_STORE)]
+    )
+    found: list[Found] = []
+    for flag, place in places:
+        if place is None:
+            continue
+        try:
+            found += in_directory(place) if flag == "--dir" else in_store(place)
+        except FileNotFoundError:
+            if explicit:
+                print(
+                    f"error: no {'directory' if flag == '--dir' else 'run store'} at {place}", file=sys.stderr
+                )
+                return EXIT_USAGE
+        except (OSError, sqlite3.Error) as exc:
+            print(f"error: cannot read the postmortems in {place}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    found.sort(key=by_death)
+    if args.show is not None:
+        return _show(found, args.show, args.last, out)
+    listed = [(n, with_header(f)) for n, f in enumerate(found, 1) if args.all or not f.read]
+    where = " or ".join(place for _, place in places if place is not None)
+    if not listed:
+        print(f"no postmortems {'' if args.all else 'waiting '}in {where}", file=out)
+        return 0
+    _table([HEADER, *(_row(n, f) for n, f in listed)], out)
+    if args.mark_read:
+        if not _mark([f for _, f in listed]):
+            return EXIT_USAGE
+        print(f"marked {sum(not f.read for _, f in listed)} read", file=out)
+    return 0
+
+
+HEADER = ("#", "died", "pid", "host", "records", "run", "read", "where")
+
+
+def _row(number: int, found: Found) -> tuple[str, ...]:
+    return (
+        str(number),
+        local_time(found.vanished_at),
+        str(found.backend_pid),
+        found.host or "?",
+        "unreadable" if found.records is None else str(found.records),
+        "-" if found.run_id is None else str(found.run_id),
+        "yes" if found.read else "no",
+        found.where,
+    )
+
+
+def _table(rows: list[tuple[str, ...]], out: TextIO) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip(), file=out
+        )
+
+
+def _mark(found: list[Found]) -> bool:
+    try:
+        mark_read(found)
+    except (OSError, sqlite3.Error) as exc:
+        print(f"error: cannot mark postmortems read: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
+def _show(found: list[Found], choice: int | str, last: int, out: TextIO) -> int:
+    if not found:
+        print("error: there are no postmortems to show", file=sys.stderr)
+        return EXIT_USAGE
+    if choice == LATEST:
+        number = len(found)
+    elif isinstance(choice, int) and choice <= len(found):
+        number = choice
+    else:
+        print(f"error: there is no postmortem {choice}; there are {len(found)}", file=sys.stderr)
+        return EXIT_USAGE
+    entry = found[number - 1]
+    try:
+        header, records = load(entry)
+    except (OSError, ValueError, sqlite3.Error) as exc:
+        print(f"error: postmortem {number} ({entry.where}) cannot be read: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    _describe(number, entry, header, records, out)
+    _signals(header, records, last, out)
+    return 0 if _mark([entry]) else EXIT_USAGE
+
+
+def _describe(
+    number: int, entry: Found, header: dict[str, Any], records: list[dict[str, Any]], out: TextIO
+) -> None:
+    print(f"postmortem {number}: {entry.where}", file=out)
+    started = header.get("monitor_started_at")
+    print(
+        f"backend pid {header['backend_pid']} on {header['host']} died at {local_time(header['vanished_at'])}"
+        + (f"; its monitor started at {local_time(started)}" if isinstance(started, (int, float)) else "")
+        + f", sampling every {header.get('interval_seconds')} s",
+        file=out,
+    )
+    if entry.run_id is not None:
+        print(f"run {entry.run_id} of the store", file=out)
+    last_logged = header.get("last_logged_record")
+    unlogged = sum(not r.get("logged") for r in records)
+    print(
+        f"the ring held {len(records)} records (of {header.get('ring_capacity')}); "
+        + (
+            "the backend had logged none"
+            if last_logged is None
+            else f"the backend logged through record {last_logged} (step {header.get('last_logged_step')})"
+        )
+        + f"; {unlogged} never logged",
+        file=out,
+    )
+
+
+def _signals(header: dict[str, Any], records: list[dict[str, Any]], last: int, out: TextIO) -> None:
+    """Per reading: its value in each of the last records (seconds before the
+    death), then its peak over the whole postmortem (the readings and, where the
+    child tracked it between records, ``_peak``)."""
+    if not records:
+        return
+    fields = [f for f in header["fields"] if isinstance(f, str)]
+    derived = {
+        f for f in fields for s in (PEAK_SUFFIX, MEAN_SUFFIX) if f.endswith(s) and f[: -len(s)] in fields
+    }
+    tail = records[-last:]
+    columns = [f"{r['wall_time'] - header['vanished_at']:.2f}s" for r in tail]
+    rows: list[tuple[str, ...]] = [("signal", *columns, "peak")]
+    for name in (f for f in fields if f not in derived):
+        readings = [r["values"].get(n) for r in records for n in (name, name + PEAK_SUFFIX)]
+        numbers = [v for v in readings if isinstance(v, (int, float))]
+        rows.append(
+            (
+                name,
+                *(_number(r["values"].get(name)) for r in tail),
+                _number(max(numbers) if numbers else None),
+            )
+        )
+    print(f"readings of the last {len(tail)} records (s before the death) and the peak over all:", file=out)
+    _table(rows, out)
+
+
+def _number(value: object) -> str:
+    if not isinstance(value, (int, float)):
+        return "-"
+    if float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.1f}" if abs(value) >= 1 else f"{value:.3g}"
