@@ -8,7 +8,7 @@ round by round (off, thread, process, off, ...) so drift in the machine's speed
 hits all three alike, at the 1 s interval floor and at a stress interval below
 it that makes small per-sample costs visible. In the same rounds it measures
 the floor (a bare daemon thread woken through a pipe by another process once
-per sample, making the same 13 sink calls and nothing else) against the
+per sample, making the same 24 sink calls and nothing else) against the
 isolated monitor with and without the run store, and a GIL-bound training loop
 that logs its loss every step through the pipeline (``log_signal``), with the
 isolated monitor and with the store on. Then it measures how the cost grows
@@ -53,8 +53,9 @@ with the isolated monitor running, without and with the run store."""
 ALL_MODES = MODES + FLOOR_MODES + LOG_MODES
 WORKLOADS = ("idle", "gil", "numpy", "latency")
 NON_GPU = ("cpu", "memory", "disk", "network", "process")
-FLOOR_SIGNALS = 13
-"""Sink calls per wake of the floor thread: the signals of one sample with all non-GPU categories."""
+FLOOR_SIGNALS = 24
+"""Sink calls per wake of the floor thread: the signals of one sample with the non-GPU categories
+above (cpu 3, memory 2, disk 6, network 4, process 9, counting peaks, means and rates)."""
 FLOOR = 1.0
 STRESS = 0.01
 """The stress interval: 100 samples/s, below the floor only benchmarks may use, so that

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench import overhead
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -58,7 +60,7 @@ def test_quick_benchmark_produces_every_number(tmp_path: Path) -> None:
     for mode in ("floor", "process", "store"):
         assert floor[f"{mode}_ms"]["median"] > 0 and floor[f"{mode}_samples"] > 0
     assert floor["process_x_floor"]["median"] > 0 and floor["store_x_floor"]["median"] > 0
-    assert 0 < floor["process_signals_per_sample"] <= 13  # the floor makes 13 sink calls per sample
+    assert 0 < floor["process_signals_per_sample"] <= overhead.FLOOR_SIGNALS  # the floor's sink calls
     # The loop that logs its loss every step: with the isolated monitor, without and with the store.
     for mode in ("log", "log+store"):
         assert cells[f"gil@1s/{mode}"]["steps_per_second"]["median"] > 0
@@ -74,3 +76,31 @@ def test_quick_benchmark_produces_every_number(tmp_path: Path) -> None:
     )
     if importlib.util.find_spec("matplotlib") is not None:  # the optional "plot" extra
         assert (tmp_path / "bench.png").stat().st_size > 0
+
+
+def test_inner_rate_benchmark_prints_each_rate_against_1_hz() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.inner_rate", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("|") for line in done.stdout.splitlines() if line.startswith("| ")]
+    rows = [row for row in rows if row[1].strip().endswith(" Hz")]
+    assert [row[1].strip() for row in rows] == ["1 Hz", "10 Hz", "50 Hz"]
+    assert all(float(row[2]) > 0 and float(row[4]) > 0 for row in rows)  # backend and child CPU per record
+
+
+def test_tree_cost_benchmark_covers_0_8_and_64_workers() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.tree_cost", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr
+    firsts = [line.split("|")[1].strip() for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert {"0", "8", "64"} <= set(firsts)

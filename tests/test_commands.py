@@ -93,8 +93,9 @@ def test_export_wide_is_one_row_per_step_with_a_column_per_signal(store: Path, t
     done = sampler_command("export", str(store), "--run", "1", "--wide", "-o", str(out), cwd=store.parent)
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader(out.open()))
-    assert list(rows[0]) == ["run_id", "step", "wall_time", CPU, "resource/memory/system_utilization_percent",
-                             "train/loss"]  # fmt: skip
+    memory = "resource/memory/system_utilization_percent"
+    assert list(rows[0]) == ["run_id", "step", "wall_time", CPU, f"{CPU}_mean", f"{CPU}_peak", memory,
+                             f"{memory}_peak", "train/loss"]  # fmt: skip
     steps = [int(r["step"]) for r in rows]
     assert steps == sorted(set(steps)) and set(range(1, 30)) <= set(steps)
     by_step = {int(r["step"]): r for r in rows}

@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 import sampler
+from sampler.collectors.gpu import GPU_SIGNALS
 from sampler.commands import plot as command
 from sampler.store.reader import Run, StoreReader
 from sampler.store.writer import RunInfo, RunWriter
@@ -36,12 +37,16 @@ LOSS_SCALES = (2.0, 1.0)
 """Run 1's and run 2's loss at step 0."""
 STEP_PER_ITERATION = 10
 """The model age moves 10 per training step: steps and seconds differ by far."""
+GPU_PANELS = len(GPU_SIGNALS)
+"""One panel per GPU reading; peaks and means are drawn in their reading's panel."""
 
 
 def train(store: Path, loss_scale: float) -> None:
-    """A training loop with a real monitor (every category, two fake GPUs) and the store on."""
+    """A training loop with a real monitor (every category but container, which depends on
+    the machine's cgroup limits; two fake GPUs) and the store on."""
     age = [0]
-    options: dict[str, Any] = {**FAST, "nvml_module": "fake_nvml"}
+    categories = [c for c in sampler.DEFAULT_CATEGORIES if c != "container"]
+    options: dict[str, Any] = {**FAST, "nvml_module": "fake_nvml", "categories": categories}
     with sampler.ResourceMonitor(store=store, age_source=lambda: age[0], **options) as mon:
         i = 0
         while i < 20 or mon.stats()["records_logged"] < 6:
@@ -153,7 +158,8 @@ def test_one_run_training_on_top_then_a_panel_per_quantity_by_category(store: Pa
     categories = [key.split("/")[1] for key in keys[2:]]
     assert all(key.startswith("resource/") for key in keys[2:])
     # Grouped: each category's panels together, in the documented order.
-    assert list(dict.fromkeys(categories)) == ["cpu", "memory", "network", "disk", "process", "gpu"]
+    expected = ["cpu", "memory", "network", "disk", "process", "process_tree", "gpu"]
+    assert list(dict.fromkeys(categories)) == expected
     assert categories == sorted(categories, key=list(plot.CATEGORIES).index)
     # One panel per quantity, its unit on the y axis.
     units = {key: ax.get_ylabel() for key, ax in shown.items()}
@@ -200,9 +206,16 @@ def test_nothing_overlaps_and_the_png_is_written(store: Path, tmp_path: Path) ->
 def test_one_line_per_gpu(store: Path) -> None:
     fig, _ = draw(store, [2])
     gpu = {key: ax for key, ax in panels(fig).items() if key.startswith("resource/gpu/")}
-    assert len(gpu) == 7
+    assert len(gpu) == GPU_PANELS
     for ax in gpu.values():
-        assert set(lines(ax)) == {"run2/gpu0", "run2/gpu1"}
+        assert {gid.rsplit("/peak", 1)[0].rsplit("/mean", 1)[0] for gid in lines(ax)} == {
+            "run2/gpu0",
+            "run2/gpu1",
+        }
+    # A reading's peak and mean between steps are drawn in its own panel, beside it.
+    assert set(lines(gpu["resource/gpu/*/utilization_percent"])) == {
+        f"run2/gpu{i}{kind}" for i in (0, 1) for kind in ("", "/peak", "/mean")
+    }
     temperature = lines(gpu["resource/gpu/*/temperature_celsius"])
     assert set(finite(ys(temperature["run2/gpu0"]))) == {TEMPERATURES[0]}
     assert set(finite(ys(temperature["run2/gpu1"]))) == {TEMPERATURES[1]}
@@ -227,7 +240,7 @@ def test_two_runs_overlaid_one_colour_per_run(store: Path) -> None:
     cpu = lines(shown["resource/cpu/utilization_percent"])
     assert cpu["run1"].get_color() == loss["run1"].get_color()
     assert cpu["run2"].get_color() == loss["run2"].get_color()
-    gpu = lines(shown["resource/gpu/*/utilization_percent"])
+    gpu = lines(shown["resource/gpu/*/temperature_celsius"])
     assert set(gpu) == {"run1/gpu0", "run1/gpu1", "run2/gpu0", "run2/gpu1"}
     assert gpu["run1/gpu1"].get_color() == loss["run1"].get_color()  # colour: the run; dash: the device
     assert gpu["run1/gpu0"].get_linestyle() != gpu["run1/gpu1"].get_linestyle()
@@ -286,7 +299,7 @@ def test_a_pattern_selects_signals(store: Path) -> None:
     assert plot.matches("train/loss", "loss") and not plot.matches("train/loss", "Loss")  # substring
     assert plot.matches("anything", None)
     gpu, _ = draw(store, [2], pattern="resource/gpu/*")
-    assert len(panels(gpu)) == 7 and all(key.startswith("resource/gpu/*/") for key in panels(gpu))
+    assert len(panels(gpu)) == GPU_PANELS and all(key.startswith("resource/gpu/*/") for key in panels(gpu))
     loss, _ = draw(store, [2], pattern="loss")
     assert list(panels(loss)) == ["train/loss"]
     device, _ = draw(store, [2], pattern="gpu/1/temp")

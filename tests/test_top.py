@@ -130,7 +130,7 @@ def test_a_row_per_gpu_with_its_signals_side_by_side() -> None:
             prefix + "memory_allocated_percent": series(15),
             prefix + "temperature_celsius": series(temp),
             prefix + "power_watts": series(300),
-            prefix + "fan_rpm": series(1200),  # one the table does not know: a column of its own
+            prefix + "fan_rpm": series(1200),  # one the table does not know: no column (the store has it)
         }
 
     points = {**gpu(10, 50, 70), **gpu(2, 87, 45), "train/loss": series(1.0)}
@@ -138,10 +138,10 @@ def test_a_row_per_gpu_with_its_signals_side_by_side() -> None:
     lines = top.render(view, NOW, width=120)
     text = text_of(lines)
     header = row(text, "gpu").split()
-    assert header[:6] == ["gpu", "util", "memory", "mem", "%", "temp"] and "fan_rpm" in header
+    assert header[:6] == ["gpu", "util", "memory", "mem", "%", "temp"] and "fan_rpm" not in header
     rows = [line.split() for line in text.splitlines() if line.strip().startswith("gpu/")]
     assert [r[0] for r in rows] == ["gpu/2", "gpu/10"]  # by device index, not as text
-    assert rows[0][1:7] == ["87.0%", "12.0", "GB", "15.0%", "45°C", "300"] and "1200" in rows[0]
+    assert rows[0][1:7] == ["87.0%", "12.0", "GB", "15.0%", "45°C", "300"] and "1200" not in rows[0]
     assert rows[1][1] == "50.0%" and rows[1][-1] == "▁█"  # utilization's sparkline
     assert not any("temperature_celsius" in line for line in text.splitlines())  # not a row of its own
 

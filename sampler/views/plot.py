@@ -6,6 +6,9 @@ disk, process, gpu), one panel per quantity with its unit on the y axis. In
 the gpu panels each device is its own line. Several runs are overlaid, one
 colour per run (and then one line style per GPU device).
 
+A reading's peak and mean between logged steps (``..._peak``, ``..._mean``)
+are drawn in its panel, as thin translucent and dotted lines beside it, and a
+counter's own ``..._per_second`` rate is left out where the counter is drawn.
 Counters since boot (disk reads/writes, network bytes sent/received) are drawn
 as rates in MiB/s (MB = 1024² bytes, as everywhere in this package), from
 consecutive wall times; a counter that goes backwards (a reboot, a wrapped
@@ -49,7 +52,7 @@ DPI = 100
 MIN_WIDTH = 8.0
 """Inches: room for the title and the legend however few panels there are."""
 
-CATEGORIES = ("cpu", "memory", "network", "disk", "process", "gpu")
+CATEGORIES = ("cpu", "memory", "network", "disk", "process", "process_tree", "container", "gpu")
 """Resource categories in drawing order (the small ones first, so that they share a row)."""
 
 MIB = 1024.0**2
@@ -93,6 +96,17 @@ _TITLES = {
     "gpu/temperature_celsius": "GPU temperature",
     "gpu/sm_clock_mhz": "GPU SM clock",
     "gpu/memory_clock_mhz": "GPU memory clock",
+    "gpu/process_memory_bytes": "GPU memory of the backend",
+    "gpu/tree_memory_bytes": "GPU memory of the process tree",
+    "gpu/power_limit_watts": "GPU power limit",
+    "gpu/clock_throttle_reasons": "GPU throttle reasons (NVML bitmask)",
+    "process_tree/process_count": "processes in the tree",
+    "process_tree/cpu_utilization_percent": "tree CPU (100 % per core)",
+    "process_tree/memory_in_use_mb": "tree memory (PSS)",
+    "container/memory_used_mb": "container memory used",
+    "container/memory_limit_mb": "container memory limit",
+    "container/memory_used_percent": "container memory used",
+    "container/cpu_quota_cores": "container CPU quota",
 }
 """Panel titles of the known signals; others get ``<category> <name less its unit>``."""
 
@@ -154,6 +168,13 @@ class Panel:
     """A cumulative counter, drawn as its rate (unit per second)."""
     names: dict[str, str] = field(default_factory=dict)
     """Device (``""`` outside gpu) -> signal name."""
+    variants: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(device, ``peak`` or ``mean``) -> the name of that reading's peak or mean between steps."""
+
+
+VARIANTS = ("peak", "mean")
+"""Suffixes (after ``_``) of the readings drawn in their base reading's panel."""
+RATE_SUFFIX = "_per_second"
 
 
 def panels(names: Sequence[str]) -> list[Panel]:
@@ -161,7 +182,15 @@ def panels(names: Sequence[str]) -> list[Panel]:
     the resource categories (:data:`CATEGORIES`, then any unknown ones)."""
     training: list[Panel] = []
     resources: dict[str, dict[str, Panel]] = {}
-    for name in sorted(set(names)):
+    present = set(names)
+    variants: list[tuple[str, str, str]] = []
+    for name in sorted(present):
+        base, _, kind = name.rpartition("_")
+        if name.startswith("resource/") and kind in VARIANTS and base in present:
+            variants.append((base, kind, name))
+            continue
+        if name.endswith(RATE_SUFFIX) and name[: -len(RATE_SUFFIX)] in present:
+            continue  # the counter is drawn as its rate already
         parts = name.split("/")
         if parts[0] != "resource" or len(parts) < 3:
             training.append(Panel(name, "training", name, _training_unit(name), names={"": name}))
@@ -175,6 +204,12 @@ def panels(names: Sequence[str]) -> list[Panel]:
             panel = _resource_panel(key, category, signal)
             resources[category][key] = panel
         panel.names[device] = name
+    by_name = {name: (panel, device) for group in resources.values() for panel in group.values()
+               for device, name in panel.names.items()}  # fmt: skip
+    for base, kind, name in variants:
+        if base in by_name:
+            panel, device = by_name[base]
+            panel.variants[device, kind] = name
     order = [c for c in CATEGORIES if c in resources] + sorted(set(resources) - set(CATEGORIES))
     result = list(training)
     for category in order:
@@ -246,19 +281,27 @@ def _points(series: Series, run: Run, x: str, panel: Panel) -> tuple[list[float]
     return xs, ys
 
 
+Line = tuple[Run, str, str, list[float], list[float]]
+"""(run, device, variant (``""``, ``peak`` or ``mean``), xs, ys)."""
+
+
 def _lines(
     reader: StoreReader, runs: Sequence[Run], panel: Panel, x: str, available: dict[int, set[str]]
-) -> list[tuple[Run, str, list[float], list[float]]]:
-    """(run, device, xs, ys) of every line with at least one finite point."""
+) -> list[Line]:
+    """Every line of ``panel`` with at least one finite point."""
     lines = []
     for run in runs:
         for device in sorted(panel.names, key=lambda d: (len(d), d)):
-            name = panel.names[device]
-            if name not in available[run.id]:
-                continue
-            xs, ys = _points(reader.series(run.id, name), run, x, panel)
-            if any(math.isfinite(y) for y in ys):
-                lines.append((run, device, xs, ys))
+            names = [("", panel.names[device])]
+            names += [
+                (kind, panel.variants[device, kind]) for kind in VARIANTS if (device, kind) in panel.variants
+            ]
+            for kind, name in names:
+                if name not in available[run.id]:
+                    continue
+                xs, ys = _points(reader.series(run.id, name), run, x, panel)
+                if any(math.isfinite(y) for y in ys):
+                    lines.append((run, device, kind, xs, ys))
     return lines
 
 
@@ -357,7 +400,7 @@ def figure(
     columns = max(column for _, column in cells) + 1
     multi = len(runs) > 1
     devices = sorted(
-        {device for panel, lines in drawn for _, device, _, _ in lines if device},
+        {device for panel, lines in drawn for _, device, _, _, _ in lines if device},
         key=lambda d: (len(d), d),
     )
     legend_row = 1 if multi or len(devices) > 1 else 0
@@ -388,23 +431,26 @@ def figure(
         # Steps run to the hundreds of thousands: a few ticks, written 35k, stay apart.
         ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=x == "step"))
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))
-        for run, device, xs, ys in lines:
+        for run, device, kind, xs, ys in lines:
             colour, style = colours[run.id], "-"
             if device:
                 # Dashed as well as coloured: identical readings of two devices stay visible.
                 style = _DASHES[devices.index(device) % len(_DASHES)]
                 colour = colour if multi else f"C{devices.index(device) % 10}"
-            gid = f"run{run.id}" + (f"/gpu{device}" if device else "")
+            gid = f"run{run.id}" + (f"/gpu{device}" if device else "") + (f"/{kind}" if kind else "")
             # Earlier runs a little wider, so that a later one drawn over the same values leaves them visible.
             width = 1.4 + 0.8 * (len(runs) - 1 - order[run.id]) / max(len(runs) - 1, 1)
-            (line,) = ax.plot(xs, ys, color=colour, linestyle=style, linewidth=width)
+            alpha = 1.0
+            if kind:  # beside the reading, quieter: a peak thin and translucent, a mean dotted
+                width, alpha, style = 0.9, 0.45 if kind == "peak" else 0.8, style if kind == "peak" else ":"
+            (line,) = ax.plot(xs, ys, color=colour, linestyle=style, linewidth=width, alpha=alpha)
             line.set_gid(gid)
             if len([y for y in ys if math.isfinite(y)]) == 1:
                 line.set_marker("o")
                 line.set_markersize(3)
         if panel.unit == "%" or panel.rate:
             # Shares and rates from 0, so that 2 % does not look like a full scale.
-            top = max(y for _, _, _, ys in lines for y in ys if math.isfinite(y))
+            top = max(y for *_, ys in lines for y in ys if math.isfinite(y))
             ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)
         lowest[column] = ax
     for ax in lowest.values():

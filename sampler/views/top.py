@@ -46,14 +46,22 @@ COUNTERS = frozenset(
 """Cumulative counters since boot: shown as rates per second."""
 GPU_COLUMNS = (
     ("util", "utilization_percent"),
+    ("util peak", "utilization_percent_peak"),
     ("memory", "memory_allocated_bytes"),
+    ("mem peak", "memory_allocated_bytes_peak"),
     ("mem %", "memory_allocated_percent"),
+    ("own mem", "process_memory_bytes"),
+    ("tree mem", "tree_memory_bytes"),
     ("temp", "temperature_celsius"),
     ("power", "power_watts"),
+    ("power cap", "power_limit_watts"),
+    ("pwr thr", "throttle_power"),
+    ("heat thr", "throttle_thermal"),
     ("sm clock", "sm_clock_mhz"),
     ("mem clock", "memory_clock_mhz"),
 )
-"""A GPU row's columns, in order (other signals a device logs follow them)."""
+"""A GPU row's columns, in order, those a device logs; its other signals (means, the raw
+throttle bitmask, ...) are in the store, for ``plot`` and ``export``."""
 LABEL_WIDTH = 30
 VALUE_WIDTH = 12
 MIN_SPARK_WIDTH = 8
@@ -282,6 +290,11 @@ def format_value(name: str, value: float, *, rate: bool = False) -> str:
     if not name.startswith(RESOURCE_PREFIX):
         return f"{value:.4g}"
     signal = name.rsplit("/", 1)[-1]
+    for variant in ("_peak", "_mean"):  # a reading's peak or mean has the reading's unit
+        signal = signal.removesuffix(variant)
+    if signal.endswith("_per_second"):
+        signal, per = signal.removesuffix("_per_second"), "/s"
+        rate = True
     if "bytes" in signal:
         return _bytes(value, per)
     if signal.endswith("_mb"):
@@ -405,11 +418,21 @@ def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
+def _shown_elsewhere(name: str, points: Mapping[str, Sequence[Point]]) -> bool:
+    """A reading's peak or mean between steps, or a counter's own rate: a row of
+    their own would double the screen (``plot`` draws them; the counter's row is its rate)."""
+    base, _, kind = name.rpartition("_")
+    if name.startswith(RESOURCE_PREFIX) and kind in ("peak", "mean") and base in points:
+        return True
+    return name.endswith("_per_second") and name.removesuffix("_per_second") in points
+
+
 def signal_lines(
     points: Mapping[str, Sequence[Point]], width: int, window: int = WINDOW_POINTS
 ) -> list[Line]:
     """A row per signal, grouped (see ``group_of``): label, current value, min
-    and max over the window, sparkline; GPUs as one row per device (see ``gpu_lines``)."""
+    and max over the window, sparkline; GPUs as one row per device (see ``gpu_lines``).
+    Peaks, means and counters' own rates have no row (``_shown_elsewhere``)."""
     spark = max(MIN_SPARK_WIDTH, min(MAX_SPARK_WIDTH, width - LABEL_WIDTH - 3 * VALUE_WIDTH - 4))
     lines: list[Line] = []
     if not points:
@@ -420,7 +443,7 @@ def signal_lines(
         key, group, label = group_of(name)
         if group.startswith("gpu/"):
             gpus.setdefault(group, {})[label] = points[name]
-        else:
+        elif not _shown_elsewhere(name, points):
             rows.setdefault((key, group), []).append((label, name))
     columns = (
         f"{'':<{LABEL_WIDTH}}{'now':>{VALUE_WIDTH}}{'min':>{VALUE_WIDTH}}{'max':>{VALUE_WIDTH}}  recent"
@@ -458,10 +481,8 @@ def gpu_lines(gpus: Mapping[str, Mapping[str, Sequence[Point]]], spark: int = 20
     """One row per GPU (``gpu/<i>`` -> signal -> points): the latest value of
     each signal side by side under a column header, then a sparkline of its
     utilization."""
-    known = [signal for _, signal in GPU_COLUMNS]
-    extra = sorted({s for signals in gpus.values() for s in signals} - set(known))
     present = {s for signals in gpus.values() for s in signals}
-    columns = [(label, s) for label, s in GPU_COLUMNS if s in present] + [(s, s) for s in extra]
+    columns = [(label, s) for label, s in GPU_COLUMNS if s in present]
     devices = sorted(gpus, key=lambda g: int(g.split("/")[1]))  # gpu/2 before gpu/10
     table: list[list[str]] = []
     for device in devices:
