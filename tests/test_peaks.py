@@ -233,3 +233,10 @@ def test_a_process_being_torn_down_reads_no_memory() -> None:
     """A killed process's RSS reads 0 while its memory is freed: no reading, not 0 MB."""
     assert math.isnan(process._memory_mb(0)) and math.isnan(process._memory_mb(None))
     assert process._memory_mb(3 * 2**20) == 3.0
+
+
+def test_a_peak_is_never_below_the_record_s_own_reading() -> None:
+    tracker = PeakTracker([Tracked()], 8)
+    tracker.add([1.0, 2.0])
+    tracker.include([5.0, math.nan])  # the record's reading: higher than any inner one for a
+    assert tracker.close(0, 0) == [5.0, 2.0, 2.0]  # the mean stays the inner readings'

@@ -163,6 +163,8 @@ class Child:
         inner = Cadence(1.0 / p.inner_rate_hz)
         phases = [phase_of(c.category) for c in self.collectors]
         self._tracking = [(c, phase) for c, phase in zip(self.collectors, phases, strict=True) if c.tracked]
+        names = [name for c in self.collectors for name in c.names]
+        tracked_at = [names.index(name) for c in self.collectors for name in c.tracked]
         cpu_ns = 0  # CPU spent since the last record: its inner readings count towards its cost
         while True:
             due_record = records.seconds_left()
@@ -185,6 +187,7 @@ class Child:
                 self.status.enter(phase)
                 values += collector.sample()
             self.status.enter(PHASE_IDLE)
+            peaks.include([values[i] for i in tracked_at])
             logged_through, _ = self.status.logged()
             values += peaks.close(ring.head, logged_through)
             ring.write(values, timestamp_ns)

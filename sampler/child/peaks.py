@@ -65,6 +65,12 @@ class PeakTracker:
         self._sum[seen] += values[seen]
         self._count += seen
 
+    def include(self, readings: Sequence[float]) -> None:
+        """The record's own readings of the tracked names: they count for the peak
+        (a peak is never below the reading beside it), not for the mean."""
+        if self._width:
+            np.fmax(self._peak, np.asarray(readings, dtype=np.float64), out=self._peak)
+
     def close(self, record: int, logged_through: int) -> list[float]:
         """End the window of record number ``record`` and return its fields:
         peaks and means over the windows of every record numbered
