@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from sampler.placement import DEFAULT_HOST_SAMPLING, HOST_SAMPLING_MODES
 from sampler.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
@@ -75,6 +76,11 @@ ENV_STORE = "WL_RESOURCE_MONITOR_STORE"
 ENV_INNER_RATE = "WL_RESOURCE_MONITOR_INNER_RATE_HZ"
 ENV_GPU_DEVICES = "WL_RESOURCE_MONITOR_GPU_DEVICES"
 ENV_POSTMORTEM_DIR = "WL_RESOURCE_MONITOR_POSTMORTEM_DIR"
+ENV_PROMETHEUS_PORT = "WL_RESOURCE_MONITOR_PROMETHEUS_PORT"
+ENV_PROMETHEUS_ADDRESS = "WL_RESOURCE_MONITOR_PROMETHEUS_ADDRESS"
+ENV_PROMETHEUS_SD_DIR = "WL_RESOURCE_MONITOR_PROMETHEUS_SD_DIR"
+ENV_HOST_SAMPLING = "WL_RESOURCE_MONITOR_HOST_SAMPLING"
+ENV_RUN_ID = "WL_RESOURCE_MONITOR_RUN_ID"
 
 DEFAULT_INNER_RATE_HZ = 10.0
 MIN_INNER_RATE_HZ = 1.0
@@ -85,6 +91,11 @@ GPU_DEVICE_MODES: tuple[str, ...] = ("all", "visible")
 DEFAULT_POSTMORTEM_DIR = os.path.join(".resource_monitor", "postmortems")
 """Where a postmortem goes when no run store is configured, relative to the
 working directory the monitor was started from."""
+
+DEFAULT_PROMETHEUS_ADDRESS = "127.0.0.1"
+"""Metrics can tell what runs on a host: the endpoint is local unless asked otherwise."""
+MAX_PORT = 65535
+MAX_RUN_ID = 128
 
 DEFAULT_SOURCE = "built-in default"
 """How ``Resolution.sources`` names a value no env var or file set."""
@@ -340,27 +351,34 @@ def _step_source(raw: object, remark: Remark) -> str:
 _STORE_EXPECTED = "expected the path of a SQLite file, or false/null for no store"
 
 
-def _store(raw: object, remark: Remark) -> str | None:
-    """None (no store), or the path of the run store's SQLite file, made
-    absolute, in a directory that exists. None, False or a false word (as the
-    env vars read it) mean no store; a true word is refused (not a path: write
-    ``./true`` for a file of that name)."""
+def _optional_path(raw: object, expected: str) -> str | None:
+    """A path made absolute, or None for None, False or a false word (as the
+    env vars read it). A true word is refused: it is no path (``./true``
+    names a file of that name)."""
     if raw is None or raw is False:
         return None
     if isinstance(raw, os.PathLike):
         raw = os.fspath(raw)
     if not isinstance(raw, str):
-        raise Invalid(f"{_STORE_EXPECTED}, got {type(raw).__name__}", wrong_type=True)
+        raise Invalid(f"{expected}, got {type(raw).__name__}", wrong_type=True)
     word = raw.strip().lower()
     if word in _FALSE_WORDS:
         return None
     if word in _TRUE_WORDS:
-        raise Invalid(f"{_STORE_EXPECTED} (write ./{raw.strip()} for a file of that name)")
+        raise Invalid(f"{expected} (write ./{raw.strip()} for a file of that name)")
     if not word:
-        raise Invalid(f"{_STORE_EXPECTED}; got an empty path")
+        raise Invalid(f"{expected}; got an empty path")
     if "\0" in raw:
         raise Invalid("a path cannot contain a NUL character")
-    path = os.path.abspath(raw)
+    return os.path.abspath(raw)
+
+
+def _store(raw: object, remark: Remark) -> str | None:
+    """None (no store), or the path of the run store's SQLite file, made
+    absolute, in a directory that exists."""
+    path = _optional_path(raw, _STORE_EXPECTED)
+    if path is None:
+        return None
     if os.path.isdir(path):
         raise Invalid("is a directory; expected the path of a SQLite file", soft=True)
     parent = os.path.dirname(path)
@@ -429,26 +447,67 @@ def _show_gpu_devices(value: str | tuple[str, ...]) -> str:
     return value if isinstance(value, str) else ",".join(value)
 
 
-def _postmortem_dir(raw: object, remark: Remark) -> str | None:
-    """The directory postmortems go to (made absolute; created when one is
-    written), or None (false/off) for none."""
-    if raw is None or raw is False:
-        return None
-    if isinstance(raw, os.PathLike):
-        raw = os.fspath(raw)
-    if not isinstance(raw, str):
-        raise Invalid(f"expected a directory, or false for none; got {type(raw).__name__}", wrong_type=True)
-    word = raw.strip().lower()
-    if word in _FALSE_WORDS:
-        return None
-    if not word:
-        raise Invalid("expected a directory, or false for none; got an empty path")
-    if "\0" in raw:
-        raise Invalid("a path cannot contain a NUL character")
-    path = os.path.abspath(raw)
-    if os.path.exists(path) and not os.path.isdir(path):
+def _directory(raw: object, remark: Remark) -> str | None:
+    """A directory (made absolute; created when first written), or None
+    (false/off) for none."""
+    path = _optional_path(raw, "expected a directory, or false for none")
+    if path is not None and os.path.exists(path) and not os.path.isdir(path):
         raise Invalid("exists and is not a directory", soft=True)
     return path
+
+
+def _port(raw: object, remark: Remark) -> int | None:
+    """A TCP port (1..65535), or None (null, false or a false word, blank text) for no endpoint."""
+    if raw is None or raw is False:
+        return None
+    if isinstance(raw, str):
+        word = raw.strip().lower()
+        if not word or word in _FALSE_WORDS:
+            return None
+        if not (word.isascii() and word.isdigit()):
+            raise Invalid(f"expected a port number (1..{MAX_PORT}), or false for none")
+        raw = int(word)
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise Invalid(f"expected a port number, got {type(raw).__name__}", wrong_type=True)
+    if not 1 <= raw <= MAX_PORT:
+        raise Invalid(f"expected a port number in 1..{MAX_PORT}")
+    return raw
+
+
+def _address(raw: object, remark: Remark) -> str:
+    """The address the endpoint binds: a host name or an IP address."""
+    if not isinstance(raw, str):
+        raise Invalid(f"expected a host name or IP address, got {type(raw).__name__}", wrong_type=True)
+    text = raw.strip()
+    if not text or not text.isprintable() or any(c.isspace() for c in text) or len(text) > 255:
+        raise Invalid("expected a host name or IP address such as 127.0.0.1 or 0.0.0.0")
+    return text
+
+
+def _host_sampling(raw: object, remark: Remark) -> str:
+    """One of ``HOST_SAMPLING_MODES``, any case."""
+    if not isinstance(raw, str):
+        raise Invalid(
+            f"expected one of {', '.join(HOST_SAMPLING_MODES)}, got {type(raw).__name__}", wrong_type=True
+        )
+    value = raw.strip().lower()
+    if value not in HOST_SAMPLING_MODES:
+        raise Invalid(f"expected one of {', '.join(HOST_SAMPLING_MODES)}")
+    return value
+
+
+def _run_id(raw: object, remark: Remark) -> str | None:
+    """Printable text of at most ``MAX_RUN_ID`` characters, or None (blank) for the launcher's."""
+    if raw is None:
+        return None
+    if not isinstance(raw, (str, int)) or isinstance(raw, bool):
+        raise Invalid(f"expected text, got {type(raw).__name__}", wrong_type=True)
+    text = str(raw).strip()
+    if not text:
+        return None
+    if len(text) > MAX_RUN_ID or not text.isprintable():
+        raise Invalid(f"expected printable text of at most {MAX_RUN_ID} characters")
+    return text
 
 
 # --------------------------------------------------------------------------- the table
@@ -567,13 +626,71 @@ POSTMORTEM_DIR = Field(
     env=ENV_POSTMORTEM_DIR,
     flag="--postmortem-dir",
     default=DEFAULT_POSTMORTEM_DIR,
-    from_text=_postmortem_dir,
-    from_value=_postmortem_dir,
+    from_text=_directory,
+    from_value=_directory,
     help=(
         "directory a postmortem goes to when the backend dies and no run store is configured "
         "(relative to where the monitor starts); false for none"
     ),
     show=lambda value: "None (no postmortem)" if value is None else bounded_repr(value),
+)
+
+PROMETHEUS_PORT = Field(
+    key="prometheus_port",
+    env=ENV_PROMETHEUS_PORT,
+    flag="--prometheus-port",
+    default=None,
+    from_text=_port,
+    from_value=_port,
+    help=(
+        "serve Prometheus metrics from the sampling child on this port plus the local rank "
+        "(needs the prometheus extra); off by default"
+    ),
+    show=lambda value: "None (no endpoint)" if value is None else str(value),
+)
+PROMETHEUS_ADDRESS = Field(
+    key="prometheus_address",
+    env=ENV_PROMETHEUS_ADDRESS,
+    flag="--prometheus-address",
+    default=DEFAULT_PROMETHEUS_ADDRESS,
+    from_text=_address,
+    from_value=_address,
+    help="address the metrics endpoint binds (0.0.0.0 for every interface)",
+    blank_is_unset=True,
+)
+PROMETHEUS_SD_DIR = Field(
+    key="prometheus_sd_dir",
+    env=ENV_PROMETHEUS_SD_DIR,
+    flag="--prometheus-sd-dir",
+    default=None,
+    from_text=_directory,
+    from_value=_directory,
+    help="directory a Prometheus file_sd_configs entry per monitor is written to (removed at stop)",
+    show=lambda value: "None (no discovery file)" if value is None else bounded_repr(value),
+    blank_is_unset=True,
+)
+HOST_SAMPLING = Field(
+    key="host_sampling",
+    env=ENV_HOST_SAMPLING,
+    flag="--host-sampling",
+    default=DEFAULT_HOST_SAMPLING,
+    from_text=_host_sampling,
+    from_value=_host_sampling,
+    help=(
+        "which ranks of a host sample cpu, memory, disk, network, container and unowned GPUs: "
+        f"{' or '.join(HOST_SAMPLING_MODES)}"
+    ),
+)
+RUN_ID = Field(
+    key="run_id",
+    env=ENV_RUN_ID,
+    flag="--run-id",
+    default=None,
+    from_text=_run_id,
+    from_value=_run_id,
+    help="the run_id label every rank of one launch shares (default: torchrun's, else made up)",
+    show=lambda value: "None (the launcher's)" if value is None else bounded_repr(value),
+    blank_is_unset=True,
 )
 
 FIELDS: tuple[Field, ...] = (
@@ -586,6 +703,11 @@ FIELDS: tuple[Field, ...] = (
     INNER_RATE,
     GPU_DEVICES,
     POSTMORTEM_DIR,
+    PROMETHEUS_PORT,
+    PROMETHEUS_ADDRESS,
+    PROMETHEUS_SD_DIR,
+    HOST_SAMPLING,
+    RUN_ID,
 )
 _BY_KEY = {field.key: field for field in FIELDS}
 
@@ -623,6 +745,14 @@ class ApiSettings:
     """``all``, ``visible``, or the devices listed (indices or UUIDs, as text)."""
     postmortem_dir: str | None = None
     """Absolute directory for postmortems without a store, or None for none."""
+    prometheus_port: int | None = None
+    """The metrics endpoint's port before the local rank is added, or None for no endpoint."""
+    prometheus_address: str = DEFAULT_PROMETHEUS_ADDRESS
+    prometheus_sd_dir: str | None = None
+    """Absolute directory for the file-based service discovery entry, or None."""
+    host_sampling: str = DEFAULT_HOST_SAMPLING
+    run_id: str | None = None
+    """The run id label; None: the launcher's."""
 
 
 def resolve_api_settings(
@@ -636,6 +766,11 @@ def resolve_api_settings(
     inner_rate_hz: object = DEFAULT_INNER_RATE_HZ,
     gpu_devices: object = "all",
     postmortem_dir: object = DEFAULT_POSTMORTEM_DIR,
+    prometheus_port: object = None,
+    prometheus_address: object = DEFAULT_PROMETHEUS_ADDRESS,
+    prometheus_sd_dir: object = None,
+    host_sampling: object = DEFAULT_HOST_SAMPLING,
+    run_id: object = None,
 ) -> ApiSettings:
     """Validate the Python API's settings with the parsers env vars and YAML use.
 
@@ -651,7 +786,10 @@ def resolve_api_settings(
     and no store is used. ``inner_rate_hz``: a number, clamped with a warning
     to [``MIN_INNER_RATE_HZ``, ``MAX_INNER_RATE_HZ``]. ``gpu_devices``: ``all``,
     ``visible`` or a list of indices or UUIDs. ``postmortem_dir``: a directory
-    (made absolute) or None/False for none. Raises ``TypeError`` for a value of the wrong type and
+    (made absolute) or None/False for none. ``prometheus_port``: a port or
+    None; ``prometheus_address``: a host name or IP; ``prometheus_sd_dir``: a
+    directory or None; ``host_sampling``: one of ``HOST_SAMPLING_MODES``;
+    ``run_id``: text or None. Raises ``TypeError`` for a value of the wrong type and
     ``ValueError`` for a bad value.
     """
     if isinstance(interval_seconds, str):
@@ -669,6 +807,11 @@ def resolve_api_settings(
         inner_rate_hz=_from_api(INNER_RATE, inner_rate_hz, INNER_RATE.from_value),
         gpu_devices=_from_api(GPU_DEVICES, gpu_devices, GPU_DEVICES.from_value),
         postmortem_dir=_from_api(POSTMORTEM_DIR, postmortem_dir, POSTMORTEM_DIR.from_value),
+        prometheus_port=_from_api(PROMETHEUS_PORT, prometheus_port, PROMETHEUS_PORT.from_value),
+        prometheus_address=_from_api(PROMETHEUS_ADDRESS, prometheus_address, PROMETHEUS_ADDRESS.from_value),
+        prometheus_sd_dir=_from_api(PROMETHEUS_SD_DIR, prometheus_sd_dir, PROMETHEUS_SD_DIR.from_value),
+        host_sampling=_from_api(HOST_SAMPLING, host_sampling, HOST_SAMPLING.from_value),
+        run_id=_from_api(RUN_ID, run_id, RUN_ID.from_value),
     )
 
 

@@ -11,6 +11,7 @@ from sampler import signals
 from sampler.backend import weightslab as wl_adapter
 from sampler.backend.stats import MonitorStats
 from sampler.backend.steps import StepStamper
+from sampler.placement import Placement
 from sampler.quoting import bounded_repr
 from sampler.ratelimit import RateLimitedWarning
 from sampler.store.writer import RunWriter
@@ -27,6 +28,8 @@ class Sample:
     """``time.monotonic_ns()`` when sampling began (comparable across processes)."""
     values: dict[str, float]
     """Signal name -> value; failed readings are absent."""
+    placement: Placement | None = None
+    """The host and rank of the backend that logged it."""
 
 
 Sink = Callable[[str, float, int], object]
@@ -50,12 +53,14 @@ class Emitter:
         stats: MonitorStats,
         on_sample: SampleHook | None = None,
         recorder: RunWriter | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.stamper = stamper
         self.sink = sink
         self.stats = stats
         self.on_sample = on_sample
         self.recorder = recorder
+        self.placement = placement
         self._failures = RateLimitedWarning()
         self._health: tuple[object, ...] = ()
         self._first = True
@@ -94,7 +99,7 @@ class Emitter:
         stats.records_logged += 1
         if self.on_sample is not None:
             try:
-                self.on_sample(Sample(step, timestamp_ns, sample))
+                self.on_sample(Sample(step, timestamp_ns, sample, self.placement))
             except BaseException as exc:
                 stats.sink_errors += 1
                 self._failures.warn("resource monitor: on_sample hook raised %s", bounded_repr(exc))

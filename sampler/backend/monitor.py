@@ -28,17 +28,20 @@ from typing import Any
 
 import psutil
 
-from sampler import config, signals
+from sampler import config, placement, signals
 from sampler.backend import postmortems
 from sampler.backend.emit import Emitter, SampleHook, Sink
+from sampler.backend.exposition import Exposition
 from sampler.backend.spawn import STOP_TIMEOUT_SECONDS
 from sampler.backend.stats import MonitorStats
 from sampler.backend.steps import AgeSource, StepStamper
 from sampler.backend.supervisor import Settings, Supervisor
 from sampler.collectors import Sources
-from sampler.ipc.channel import PostmortemTarget
+from sampler.exporters import discovery
+from sampler.ipc.channel import PostmortemTarget, PrometheusTarget
+from sampler.placement import HOST_WIDE_CATEGORIES, Placement
 from sampler.quoting import bounded_repr
-from sampler.store.writer import RunInfo, RunWriter
+from sampler.store.writer import RunInfo, RunWriter, package_version
 
 log = logging.getLogger("sampler")
 
@@ -63,6 +66,7 @@ class _Run:
     def __init__(self, writer: RunWriter | None) -> None:
         self.pid = os.getpid()
         self.writer = writer
+        self.exposition: Exposition | None = None
         self._unsubscribe = signals.subscribe(writer.log) if writer is not None else None
         self.stop_r, stop_w = os.pipe()
         self._stop_w: int | None = stop_w
@@ -84,8 +88,10 @@ class _Run:
                     os.write(self._stop_w, b"x")
 
     def finish(self, stats: MonitorStats) -> None:
-        """The thread's last act, however it ends: the run store's last write
-        (all the pipeline queued, the final stats), then the stop pipe."""
+        """The thread's last act, however it ends: the discovery entry goes, the
+        run store's last write (all the pipeline queued, the final stats), then the stop pipe."""
+        if self.exposition is not None:
+            self.exposition.close()
         if self.writer is not None and self._unsubscribe is not None:
             self._unsubscribe()
             final = {**stats.snapshot(), "running": False, "child_pid": None}
@@ -120,6 +126,13 @@ class ResourceMonitor:
     can run. A collector call that takes longer than ``hang_deadline_seconds``
     gets the child killed and restarted. The settings are read-only after
     construction. Use as a context manager or call ``start()``/``stop()``.
+
+    Under a launcher (torchrun sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+    ``LOCAL_WORLD_SIZE``) only local rank 0 samples the host-wide categories
+    and the GPUs no rank owns, unless ``host_sampling="every_rank"``; each rank
+    samples its own process and GPU. ``prometheus_port`` (plus the local rank)
+    has the child serve ``/metrics`` at ``prometheus_address``, listed for
+    Prometheus' file-based discovery in ``prometheus_sd_dir``.
     """
 
     def __init__(
@@ -140,6 +153,11 @@ class ResourceMonitor:
         inner_rate_hz: float = config.DEFAULT_INNER_RATE_HZ,
         gpu_devices: str | Iterable[int | str] = "all",
         postmortem_dir: str | os.PathLike[str] | None = config.DEFAULT_POSTMORTEM_DIR,
+        prometheus_port: int | None = None,
+        prometheus_address: str = config.DEFAULT_PROMETHEUS_ADDRESS,
+        prometheus_sd_dir: str | os.PathLike[str] | None = None,
+        host_sampling: str = placement.DEFAULT_HOST_SAMPLING,
+        run_id: str | None = None,
         _min_interval_seconds: float = config.MIN_INTERVAL_SECONDS,
         _ring_capacity: int = RING_CAPACITY,
         _restart_backoff: tuple[float, float] = RESTART_BACKOFF_SECONDS,
@@ -154,20 +172,32 @@ class ResourceMonitor:
             inner_rate_hz=inner_rate_hz,
             gpu_devices=gpu_devices if isinstance(gpu_devices, (str, int)) else list(gpu_devices),
             postmortem_dir=postmortem_dir,
+            prometheus_port=prometheus_port,
+            prometheus_address=prometheus_address,
+            prometheus_sd_dir=prometheus_sd_dir,
+            host_sampling=host_sampling,
+            run_id=run_id,
         )
         if isolation not in ISOLATION_MODES:
             raise ValueError(f"isolation must be one of {ISOLATION_MODES}, got {isolation!r}")
         for name, fn in (("sink", sink), ("age_source", age_source), ("on_sample", on_sample)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable or None, got {type(fn).__name__}")
+        where = self._placement = placement.from_environment(run_id=api.run_id)
+        self._host_sampling = api.host_sampling
+        categories = api.categories
+        if not where.samples_host(api.host_sampling):
+            categories = tuple(c for c in categories if c not in HOST_WIDE_CATEGORIES)
+        shared = api.host_sampling == "local_rank_0" and where.local_world_size > 1
         self._settings = Settings(
             interval=api.interval_seconds,
-            categories=api.categories,
+            categories=categories,
             sources=Sources(
                 disk_path=api.disk_path,
                 pid=os.getpid() if pid is None else _pid(pid),
                 nvml_module=nvml_module,
                 gpu_devices=api.gpu_devices,
+                gpu_share=(where.local_rank, where.local_world_size) if shared else None,
             ),
             inner_rate_hz=api.inner_rate_hz,
             isolation=isolation,
@@ -177,6 +207,9 @@ class ResourceMonitor:
             backoff_cap=_restart_backoff[1],
         )
         self._postmortem_dir = api.postmortem_dir
+        self._prometheus_port = _rank_port(api.prometheus_port, where)
+        self._prometheus_address = api.prometheus_address
+        self._prometheus_sd_dir = api.prometheus_sd_dir
         self._store = api.store
         self._step_source = api.step_source
         self._sink: Sink = signals.log_signal if sink is None else sink
@@ -196,8 +229,34 @@ class ResourceMonitor:
 
     @property
     def categories(self) -> tuple[str, ...]:
-        """The enabled categories, in ``DEFAULT_CATEGORIES`` order."""
+        """The categories this rank samples, in ``DEFAULT_CATEGORIES`` order: the
+        enabled ones, less the host-wide ones on a rank that leaves them to local rank 0."""
         return self._settings.categories
+
+    @property
+    def placement(self) -> Placement:
+        """This backend's host and rank, as the launcher's environment said at construction."""
+        return self._placement
+
+    @property
+    def host_sampling(self) -> str:
+        """``local_rank_0`` or ``every_rank``: which ranks sample the host-wide categories."""
+        return self._host_sampling
+
+    @property
+    def prometheus_port(self) -> int | None:
+        """The port the child serves metrics on (the configured one plus the local rank), or None."""
+        return self._prometheus_port
+
+    @property
+    def prometheus_address(self) -> str:
+        """The address the metrics endpoint binds."""
+        return self._prometheus_address
+
+    @property
+    def prometheus_sd_dir(self) -> str | None:
+        """Where the file-based discovery entry goes (absolute), or None."""
+        return self._prometheus_sd_dir
 
     @property
     def disk_path(self) -> str:
@@ -295,12 +354,18 @@ class ResourceMonitor:
             info = self._run_info()
             run = _Run(RunWriter(self._store, info) if self._store is not None else None)
             stamper = StepStamper(self._step_source, self._age_source, time.monotonic_ns())
-            emitter = Emitter(stamper, self._sink, stats, self._on_sample, run.writer)
+            emitter = Emitter(stamper, self._sink, stats, self._on_sample, run.writer, self._placement)
             settings = self._settings
             if self._store is not None or self._postmortem_dir is not None:
                 target = PostmortemTarget(self._postmortem_dir, self._store, info.started_at)
                 settings = dataclasses.replace(settings, postmortem=target)
-            run.supervisor = Supervisor(settings, emitter, stats, run.stop_r, lambda: run.finish(stats))
+            if self._prometheus_port is not None:
+                endpoint = self._prometheus_target()
+                settings = dataclasses.replace(settings, prometheus=endpoint)
+                run.exposition = Exposition(endpoint, self._placement, stats)
+            run.supervisor = Supervisor(
+                settings, emitter, stats, run.stop_r, lambda: run.finish(stats), run.exposition
+            )
             run.thread = threading.Thread(target=run.supervisor.run, name="WL-ResourceMonitor", daemon=True)
             self._run = run
             run.thread.start()
@@ -341,6 +406,23 @@ class ResourceMonitor:
                 child.kill()
             log.warning("resource monitor: the monitor thread is busy in a call; it ends after it returns")
 
+    def _prometheus_target(self) -> PrometheusTarget:
+        """The endpoint this run's children serve, and its discovery entry."""
+        assert self._prometheus_port is not None
+        where = self._placement
+        sd_file = None
+        if self._prometheus_sd_dir is not None:
+            sd_file = discovery.entry_path(self._prometheus_sd_dir, where, os.getpid())
+        info = {
+            "version": package_version(),
+            "world_size": str(where.world_size),
+            "local_world_size": str(where.local_world_size),
+            "host_sampling": self._host_sampling,
+        }
+        return PrometheusTarget(
+            self._prometheus_address, self._prometheus_port, where.labels(), info, sd_file
+        )
+
     def stats(self) -> dict[str, Any]:
         """Counters and health: records read/logged/dropped/lost, signals logged,
         sink errors, restarts (total and by cause), recent child deaths with the
@@ -351,6 +433,7 @@ class ResourceMonitor:
         out = self._stats.snapshot()
         out["child_pid"] = self.child_pid
         out["running"] = self.running
+        out["placement"] = dataclasses.asdict(self._placement)
         return out
 
     def _run_info(self) -> RunInfo:
@@ -376,8 +459,12 @@ class ResourceMonitor:
             "inner_rate_hz": s.inner_rate_hz,
             "store": self._store,
             "postmortem_dir": self._postmortem_dir,
+            "prometheus_port": self._prometheus_port,
+            "prometheus_address": self._prometheus_address,
+            "prometheus_sd_dir": self._prometheus_sd_dir,
+            "host_sampling": self._host_sampling,
         }
-        return RunInfo(pid=pid, command=command, config=settings, started_at=time.time())
+        return RunInfo(pid, command, settings, time.time(), self._placement)
 
     def _forget_after_fork(self) -> None:
         """In a forked copy: drop the parent's run without touching it."""
@@ -399,6 +486,20 @@ def _pid(raw: object) -> int:
     if raw <= 0 or not psutil.pid_exists(raw):
         raise ValueError(f"pid={raw}: no such process")
     return raw
+
+
+def _rank_port(port: int | None, where: Placement) -> int | None:
+    """The port of this rank's endpoint: the configured one plus the local rank;
+    None (with a warning) past the last port."""
+    if port is None or port + where.local_rank <= config.MAX_PORT:
+        return None if port is None else port + where.local_rank
+    log.warning(
+        "resource monitor: prometheus_port=%d plus local rank %d is past port %d; no Prometheus endpoint",
+        port,
+        where.local_rank,
+        config.MAX_PORT,
+    )
+    return None
 
 
 def _hang_deadline(raw: object) -> float:
@@ -449,6 +550,11 @@ def start_resource_monitor_from_config() -> ResourceMonitor | None:
             inner_rate_hz=cfg["inner_rate_hz"],
             gpu_devices=cfg["gpu_devices"],
             postmortem_dir=cfg["postmortem_dir"],
+            prometheus_port=cfg["prometheus_port"],
+            prometheus_address=cfg["prometheus_address"],
+            prometheus_sd_dir=cfg["prometheus_sd_dir"],
+            host_sampling=cfg["host_sampling"],
+            run_id=cfg["run_id"],
         )
         _singleton, _singleton_pid = monitor.start(), os.getpid()
         return _singleton

@@ -21,6 +21,7 @@ import time
 
 from ringbuf import Ring
 from sampler.backend.emit import Emitter
+from sampler.backend.exposition import Exposition
 from sampler.backend.spawn import SamplingChild
 from sampler.backend.stats import MonitorStats
 from sampler.ipc.channel import FALLBACK_POLL_SECONDS
@@ -68,6 +69,7 @@ class ChildReader:
         *,
         interval: float,
         hang_deadline: float,
+        exposition: Exposition | None = None,
     ) -> None:
         self.child = child
         self.status = status
@@ -81,6 +83,7 @@ class ChildReader:
         self.cursor = 0
         self.records = 0
         self.hung_phase: int | None = None
+        self.exposition = exposition
 
     def _deadline_ns(self, snap: Snapshot) -> int:
         """When the child's current phase becomes overdue (monotonic ns)."""
@@ -160,6 +163,8 @@ class ChildReader:
             try:
                 if self.ring is None:
                     self.ring = Ring.from_fd(fd)
+                    if self.exposition is not None:  # the child started its endpoint before this
+                        self.exposition.seen(self.status.endpoint())
             finally:
                 os.close(fd)
         return bool(data)
@@ -197,7 +202,9 @@ class ChildReader:
         count = len(rows.indices)
         stats = self.stats
         stats.records_read += count
-        stats.records_lost += rows.lost
+        if rows.lost:
+            stats.records_lost += rows.lost
+            self.status.publish_lost(stats.records_lost)
         fields, status = ring.fields, self.status
         for index, values, timestamp_ns in zip(rows.indices, rows.values, rows.timestamps_ns, strict=True):
             step = self.emitter.emit(fields, values, timestamp_ns)

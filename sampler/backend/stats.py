@@ -86,6 +86,10 @@ class MonitorStats:
     """Points the store could not take for so long that the queue's bound dropped them."""
     store_error: str | None = None
     """Why the store cannot be written right now; None when it can."""
+    prometheus_endpoint: str | None = None
+    """The URL the current child serves metrics at, None when none does."""
+    prometheus_error: str | None = None
+    """Why no endpoint serves (or cannot be found), when one was asked for."""
     last_record_monotonic: float | None = None
     in_sink_since: float | None = None
     """``time.monotonic()`` when the current record's sink calls began, else None."""

@@ -18,12 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sampler.backend.emit import Emitter
+from sampler.backend.exposition import Exposition
 from sampler.backend.reader import ChildReader, Outcome
 from sampler.backend.spawn import SamplingChild
 from sampler.backend.stats import Death, MonitorStats
 from sampler.collectors import Sources, build_collectors
 from sampler.collectors.cadence import Cadence
-from sampler.ipc.channel import ChildParams, PostmortemTarget
+from sampler.ipc.channel import ChildParams, PostmortemTarget, PrometheusTarget
 from sampler.ipc.status import (
     EXIT_NO_SHARED_MEMORY,
     EXIT_UNDECLARED,
@@ -55,6 +56,7 @@ class Settings:
     backoff_base: float
     backoff_cap: float
     postmortem: PostmortemTarget | None = None
+    prometheus: PrometheusTarget | None = None
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,10 @@ class Supervisor:
         stats: MonitorStats,
         stop_fd: int,
         on_exit: Callable[[], None],
+        exposition: Exposition | None = None,
     ) -> None:
         self.settings = settings
+        self.exposition = exposition
         self.emitter = emitter
         self.stats = stats
         self.stop_fd = stop_fd
@@ -90,6 +94,12 @@ class Supervisor:
             if self.settings.isolation == "process" and self._supervise():
                 return
             self.stats.isolation = "thread"
+            if self.settings.prometheus is not None:
+                self.stats.prometheus_error = "sampling in the backend thread: the endpoint needs the child"
+                log.warning(
+                    "resource monitor: no Prometheus endpoint: it is served by the sampling child, and "
+                    "this monitor samples in the backend thread"
+                )
             self._sample_in_thread()
         except BaseException as exc:
             self.stats.error = bounded_repr(exc)
@@ -157,6 +167,8 @@ class Supervisor:
             status, status_fd = ChildStatus.create()
         except OSError as exc:
             return _Fallback(f"shared memory is unusable ({exc})")
+        stats = self.stats
+        status.publish_health(stats.restarts_by_cause, stats.records_lost, stats.quarantined)
         params = ChildParams(
             categories=tuple(self._categories()),
             interval=s.interval,
@@ -165,6 +177,7 @@ class Supervisor:
             capacity=s.ring_capacity,
             inner_rate_hz=s.inner_rate_hz,
             postmortem=s.postmortem,
+            prometheus=s.prometheus,
         )
         child = SamplingChild(params, status_fd)
         reader = ChildReader(
@@ -175,6 +188,7 @@ class Supervisor:
             self.stats,
             interval=s.interval,
             hang_deadline=s.hang_deadline,
+            exposition=self.exposition,
         )
         started = time.monotonic()
         try:

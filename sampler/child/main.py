@@ -34,6 +34,9 @@ from sampler.child import postmortem
 from sampler.child.peaks import PeakTracker
 from sampler.collectors import Collector, build_collector
 from sampler.collectors.cadence import Cadence
+from sampler.collectors.gpu import GpuCollector
+from sampler.exporters import discovery
+from sampler.exporters.prometheus import Endpoint, RecordCollector, open_endpoint
 from sampler.ipc.channel import (
     FALLBACK_POLL_SECONDS,
     RECORD,
@@ -81,6 +84,9 @@ class Child:
         """The ring while the child writes it (the watchdog reads it for a postmortem)."""
         self.ring_lock = threading.Lock()
         """Guards ``ring`` between the postmortem's copy and the main thread's close."""
+        self.exposed: RecordCollector | None = None
+        """What the metrics endpoint serves, when there is one."""
+        self.endpoint: Endpoint | None = None
 
     def watch(self, backend: BackendWatch) -> None:
         """Until STOP, EOF or the backend's death, then make sure the child ends;
@@ -107,6 +113,8 @@ class Child:
             # Held while the ring is copied: the main thread, failing to wake the dead backend,
             # would otherwise close the ring under the copy.
             with self.ring_lock:
+                if self.params.prometheus is not None and self.params.prometheus.sd_file is not None:
+                    discovery.remove_entry(self.params.prometheus.sd_file)
                 if not postmortem.leave(self.params, self.ring, self.status, time.time()):
                     self.status.declare_exit(EXIT_CLEAN)
                     os._exit(EXIT_CLEAN)  # a write still stuck: its thread must not keep the child alive
@@ -129,6 +137,8 @@ class Child:
         self.status.enter(PHASE_IDLE)
         peaks = PeakTracker(self.collectors, p.capacity)
         fields = [name for c in self.collectors for name in c.names] + list(peaks.names)
+        if p.prometheus is not None:
+            self._serve(fields)
         try:
             ring, ring_fd = Ring.create_anonymous(fields, p.capacity)
         except OSError as exc:
@@ -146,6 +156,19 @@ class Child:
                 self.ring = None
                 ring.close()
         return EXIT_CLEAN
+
+    def _serve(self, fields: list[str]) -> None:
+        """Start the metrics endpoint before the ring is handed over, so the
+        backend finds in the status block whether it serves."""
+        p = self.params
+        assert p.prometheus is not None
+        uuids: dict[int, str] = {}
+        for collector in self.collectors:
+            if isinstance(collector, GpuCollector):
+                uuids = collector.uuids
+        self.exposed = RecordCollector(fields, p.prometheus, self.status, p.categories, uuids)
+        self.endpoint, state = open_endpoint(p.prometheus, self.exposed)
+        self.status.set_endpoint(state)
 
     def _read_tracked(self, peaks: PeakTracker) -> None:
         """One inner reading of every tracked signal, folded into the current window."""
@@ -191,6 +214,8 @@ class Child:
             logged_through, _ = self.status.logged()
             values += peaks.close(ring.head, logged_through)
             ring.write(values, timestamp_ns)
+            if self.exposed is not None:
+                self.exposed.update(values, time.time())
             self.status.count_sample(cpu_ns + time.process_time_ns() - before)
             cpu_ns = 0
             # A full socket means the reader is behind; it finds the record in the ring anyway.
@@ -200,6 +225,8 @@ class Child:
             inner.advance()
 
     def close(self) -> None:
+        # The endpoint is left to the exit, which frees its port at once; shutting its
+        # server down first would wait out the server's half-second poll.
         for collector in self.collectors:
             collector.close()
 

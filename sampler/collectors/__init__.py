@@ -32,6 +32,9 @@ class Sources:
     """Dotted name of the NVML binding."""
     gpu_devices: str | tuple[str, ...] = "all"
     """``all``, ``visible`` (``CUDA_VISIBLE_DEVICES``) or the devices listed (indices or UUIDs)."""
+    gpu_share: tuple[int, int] | None = None
+    """(local rank, local world size) when local rank 0 samples the GPUs no
+    rank owns and each rank its own; None: every chosen GPU."""
 
 
 def build_collector(category: str, sources: Sources) -> Collector | None:
@@ -50,7 +53,7 @@ def build_collector(category: str, sources: Sources) -> Collector | None:
     if category == "process":
         return ProcessCollector(pid)
     if category == "gpu":
-        return GpuCollector.open(nvml_module, sources.gpu_devices, pid)
+        return GpuCollector.open(nvml_module, sources.gpu_devices, pid, sources.gpu_share)
     if category == "process_tree":
         return ProcessTreeCollector(pid)
     if category == "container":

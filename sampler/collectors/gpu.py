@@ -137,8 +137,10 @@ class GpuCollector(Collector):
 
     def __init__(self, nvml: ModuleType, handles: dict[int, Any], pid: int = 0) -> None:
         self._nvml = nvml
-        self._devices = [_Device(index, handle) for index, handle in handles.items()]
         self._errors = _nvml_errors(nvml)
+        self.uuids = {index: _uuid(nvml, handle, self._errors) or "" for index, handle in handles.items()}
+        """NVML index -> the device's UUID ("" where NVML does not tell), read once."""
+        self._devices = [_Device(index, handle) for index, handle in handles.items()]
         self._mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
         self._functions = {
             reading: [getattr(nvml, name) for name in names if hasattr(nvml, name)]
@@ -153,14 +155,19 @@ class GpuCollector(Collector):
 
     @classmethod
     def open(
-        cls, module_name: str, devices: str | tuple[str, ...] = "all", pid: int = 0
+        cls,
+        module_name: str,
+        devices: str | tuple[str, ...] = "all",
+        pid: int = 0,
+        share: tuple[int, int] | None = None,
     ) -> GpuCollector | None:
         """Import the binding, initialise NVML and choose the devices: ``all``,
         ``visible`` (``CUDA_VISIBLE_DEVICES``, read as CUDA reads it) or those
         listed (NVML indices or GPU/MIG UUIDs); ``pid`` is the process whose own
-        and whose tree's GPU memory is read (0: none). None when NVML is
-        unavailable (no driver, no GPU, no ``pynvml``: gpu is then a no-op) or no
-        device is chosen."""
+        and whose tree's GPU memory is read (0: none). ``share`` (local rank,
+        local world size): keep only this rank's part of them (``owned``). None
+        when NVML is unavailable (no driver, no GPU, no ``pynvml``: gpu is then
+        a no-op) or no device is chosen."""
         try:
             nvml = importlib.import_module(module_name)
             nvml.nvmlInit()
@@ -175,6 +182,9 @@ class GpuCollector(Collector):
             if handle is not None:
                 handles[index] = handle
         chosen = _choose(nvml, handles, devices, errors) if handles else []
+        if share is not None:
+            chosen = owned(chosen, *share, one_each=devices == "visible" and len(chosen) == 1)
+        chosen = sorted(chosen)
         if not chosen:
             attempt(nvml.nvmlShutdown, errors)
             return None
@@ -356,8 +366,8 @@ def _choose(
     devices: str | tuple[str, ...],
     errors: tuple[type[BaseException], ...],
 ) -> list[int]:
-    """NVML indices of the devices ``devices`` names, ascending; one warning
-    names the entries that match none."""
+    """NVML indices of the devices ``devices`` names, in its order (CUDA's for
+    ``visible``), each once; one warning names the entries that match none."""
     if devices == "all":
         return list(handles)
     uuids = _Uuids(nvml, handles, errors)
@@ -380,7 +390,20 @@ def _choose(
         if unmatched:
             shown = ", ".join(unmatched[:8]) + (", ..." if len(unmatched) > 8 else "")
             _warn_unmatched(f"gpu_devices: {shown} match no GPU here and are skipped", handles, chosen)
-    return sorted(set(chosen))
+    return list(dict.fromkeys(chosen))
+
+
+def owned(chosen: list[int], local_rank: int, local_world_size: int, *, one_each: bool = False) -> list[int]:
+    """The part of ``chosen`` (in CUDA order) local rank ``local_rank`` samples
+    when local rank 0 takes the host's share: each rank owns the device at its
+    local rank's position (the one ``torch.cuda.set_device(local_rank)``
+    picks); rank 0 also takes the devices no rank owns. ``one_each``: the
+    launcher made one device visible to each rank, which is that rank's own."""
+    if one_each:
+        return chosen
+    if local_rank > 0:
+        return chosen[local_rank : local_rank + 1]
+    return [index for position, index in enumerate(chosen) if not 0 < position < local_world_size]
 
 
 def _warn_unmatched(problem: str, handles: dict[int, Any], chosen: list[int]) -> None:
@@ -456,16 +479,23 @@ class _Uuids:
         return found
 
     def _uuid(self, handle: Any) -> str | None:
-        uuid = self._call("nvmlDeviceGetUUID", handle)
-        if isinstance(uuid, bytes):  # older pynvml releases return bytes
-            uuid = uuid.decode("ascii", "replace")
-        return uuid.lower() if isinstance(uuid, str) else None
+        uuid = _uuid(self._nvml, handle, self._errors)
+        return None if uuid is None else uuid.lower()
 
     def _call(self, name: str, *args: Any) -> Any:
         """``nvml.<name>(*args)``, or None when it fails or the binding lacks it
         (then it finds nothing, as a GPU without MIG does)."""
         function = getattr(self._nvml, name, None)
         return None if function is None else attempt(functools.partial(function, *args), self._errors)
+
+
+def _uuid(nvml: ModuleType, handle: Any, errors: tuple[type[BaseException], ...]) -> str | None:
+    """The device's UUID as NVML spells it, or None when it does not tell."""
+    function = getattr(nvml, "nvmlDeviceGetUUID", None)
+    uuid = None if function is None else attempt(functools.partial(function, handle), errors)
+    if isinstance(uuid, bytes):  # older pynvml releases return bytes
+        uuid = uuid.decode("ascii", "replace")
+    return uuid if isinstance(uuid, str) else None
 
 
 def _nvml_errors(nvml: ModuleType) -> tuple[type[BaseException], ...]:

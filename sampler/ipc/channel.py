@@ -56,6 +56,22 @@ class PostmortemTarget:
 
 
 @dataclass(frozen=True)
+class PrometheusTarget:
+    """The metrics endpoint the child serves."""
+
+    address: str
+    """Address to bind."""
+    port: int
+    """Port to bind: the configured one plus the local rank."""
+    labels: dict[str, str]
+    """On every metric: host, rank, local_rank, run_id."""
+    info: dict[str, str]
+    """Further labels of the ``monitor_info`` metric."""
+    sd_file: str | None
+    """The discovery entry naming this endpoint: the child removes it if the backend dies."""
+
+
+@dataclass(frozen=True)
 class ChildParams:
     """Everything the child needs to know, sent once in the hello."""
 
@@ -73,6 +89,8 @@ class ChildParams:
     """How often the tracked readings are read between records, for their peaks and means."""
     postmortem: PostmortemTarget | None = None
     """Where to leave a postmortem if the backend dies; None for nowhere."""
+    prometheus: PrometheusTarget | None = None
+    """The metrics endpoint to serve; None for none."""
 
     def encode(self) -> bytes:
         body = json.dumps(asdict(self)).encode("utf-8")
@@ -85,9 +103,13 @@ class ChildParams:
         sources = fields["sources"]
         if isinstance(sources["gpu_devices"], list):
             sources["gpu_devices"] = tuple(sources["gpu_devices"])
+        if sources["gpu_share"] is not None:
+            sources["gpu_share"] = tuple(sources["gpu_share"])
         fields["sources"] = Sources(**sources)
         if fields["postmortem"] is not None:
             fields["postmortem"] = PostmortemTarget(**fields["postmortem"])
+        if fields["prometheus"] is not None:
+            fields["prometheus"] = PrometheusTarget(**fields["prometheus"])
         return cls(**fields)
 
 

@@ -29,6 +29,18 @@ The backend writes the last two, the child reads them:
    peaks over every record after it, so a record the backend drops (the step
    stood still) hands its peak on to the next one logged. Written after word 4,
    so a reader that sees the count also sees at least that step.
+
+The child writes:
+
+6. its metrics endpoint: 0 while it has none, the port it serves on, or
+   ``-errno`` when binding failed, or one of the ``ENDPOINT_*`` failures.
+
+The backend writes the monitor's health, which outlives any one child, for
+the child to export: once before the child starts, and as records are lost:
+
+7. to 9. child restarts so far, by cause (``RESTART_CAUSES`` order);
+10. records lost;
+11. the quarantined categories, bit k for ``DEFAULT_CATEGORIES[k]``.
 """
 
 from __future__ import annotations
@@ -57,13 +69,22 @@ EXIT_UNDECLARED = -1
 """The child has not declared an exit: if it is gone, something killed it."""
 NOT_LOGGED = -1
 """The logged step before the backend has logged any record."""
+ENDPOINT_NONE = 0
+ENDPOINT_UNAVAILABLE = -(1 << 20)
+"""The endpoint could not start for a reason other than its socket's."""
+ENDPOINT_BAD_ADDRESS = ENDPOINT_UNAVAILABLE - 1
+"""The address to bind does not resolve."""
+ENDPOINT_NO_CLIENT = ENDPOINT_UNAVAILABLE - 2
+"""``prometheus_client`` cannot be imported in the child."""
+RESTART_CAUSES: tuple[str, ...] = ("crash", "hang", "start")
 
 _PHASE_BIAS = 16
-_WORDS = 6
+_WORDS = 12
 _CHILD_WORDS = 4
 _SIZE = _WORDS * 8
 _READ = struct.Struct(f"@{_CHILD_WORDS}q")
 _LOGGED = struct.Struct("@2q")
+_HEALTH = struct.Struct("@5q")
 """The reader's side: numpy would be cheaper to write with, but the backend reads
 once per wake-up, cache-cold, and struct touches far less code than numpy."""
 
@@ -96,6 +117,15 @@ class Snapshot(NamedTuple):
         return self.sample_cpu_ns / 1e9 / self.samples if self.samples else None
 
 
+class Health(NamedTuple):
+    """The monitor's health as the backend last published it."""
+
+    restarts: dict[str, int]
+    """Children restarted so far, by cause."""
+    records_lost: int
+    quarantined: tuple[str, ...]
+
+
 class ChildStatus:
     """The status block; ``create`` on the backend side, ``from_fd`` in the child."""
 
@@ -108,7 +138,7 @@ class ChildStatus:
         """A new block and the descriptor to hand the child (the caller closes it)."""
         seg, fd = segment.Segment.create_anonymous(_SIZE)
         status = cls(seg)
-        status._words[1:] = (0, 0, EXIT_UNDECLARED, NOT_LOGGED, 0)
+        status._words[1:6] = (0, 0, EXIT_UNDECLARED, NOT_LOGGED, 0)
         status._words[0] = _pack(PHASE_STARTING, time.monotonic_ns())
         return status, fd
 
@@ -140,6 +170,29 @@ class ChildStatus:
         """Child side: (records handled through the last one logged, its step)."""
         step, through = _LOGGED.unpack_from(self._seg.buf, 32)
         return through, step
+
+    def set_endpoint(self, state: int) -> None:
+        """Child side: the endpoint's port, or ``-errno`` / ``ENDPOINT_UNAVAILABLE``."""
+        self._words[6] = state
+
+    def endpoint(self) -> int:
+        """Backend side: the endpoint word (``ENDPOINT_NONE`` until the child set it)."""
+        return int(self._words[6])
+
+    def publish_health(self, restarts: dict[str, int], records_lost: int, quarantined: list[str]) -> None:
+        """Backend side: the monitor's health, for the child's metrics."""
+        mask = sum(1 << DEFAULT_CATEGORIES.index(name) for name in quarantined)
+        self._words[7:12] = (*(restarts.get(cause, 0) for cause in RESTART_CAUSES), records_lost, mask)
+
+    def publish_lost(self, records_lost: int) -> None:
+        """Backend side: the records lost so far."""
+        self._words[10] = records_lost
+
+    def health(self) -> Health:
+        """Child side: the monitor's health as last published."""
+        crash, hang, start, lost, mask = _HEALTH.unpack_from(self._seg.buf, 56)
+        quarantined = tuple(name for k, name in enumerate(DEFAULT_CATEGORIES) if mask >> k & 1)
+        return Health(dict(zip(RESTART_CAUSES, (crash, hang, start), strict=True)), lost, quarantined)
 
     def read(self) -> Snapshot:
         packed, samples, cpu_ns, exit_declared = _READ.unpack_from(self._seg.buf, 0)

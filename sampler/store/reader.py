@@ -35,6 +35,12 @@ class Run:
     config: dict[str, Any]
     version: str
     stats: dict[str, Any] | None
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    launch_id: str | None = None
+    """The id every rank of the launch shares (the metrics' run_id label)."""
 
     @property
     def interval(self) -> float:
@@ -177,12 +183,16 @@ class StoreReader:
         self.close()
 
 
-_RUN_COLUMNS = "id, started_at, ended_at, updated_at, host, pid, command, config, version, stats"
+_RUN_COLUMNS = (
+    "id, started_at, ended_at, updated_at, host, pid, command, config, version, stats,"
+    " rank, local_rank, world_size, local_world_size, launch_id"
+)
 _POSTMORTEM_COLUMNS = "id, run_id, backend_pid, host, vanished_at, written_at, records, read_at"
 
 
 def _run(row: sqlite3.Row | tuple[Any, ...]) -> Run:
-    run_id, started, ended, updated, host, pid, command, config, version, stats = row
+    run_id, started, ended, updated, host, pid, command, config, version, stats = row[:10]
+    rank, local_rank, world_size, local_world_size, launch_id = row[10:]
     return Run(
         id=run_id,
         started_at=started,
@@ -194,4 +204,9 @@ def _run(row: sqlite3.Row | tuple[Any, ...]) -> Run:
         config=json.loads(config),
         version=version,
         stats=json.loads(stats) if stats else None,
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=local_world_size,
+        launch_id=launch_id,
     )

@@ -1,6 +1,6 @@
 """The run store's SQLite schema: a public interface, versioned.
 
-Schema version 2 (``PRAGMA user_version``)::
+Schema version 3 (``PRAGMA user_version``)::
 
     runs          one row per monitor run
       id            INTEGER PRIMARY KEY
@@ -15,6 +15,12 @@ Schema version 2 (``PRAGMA user_version``)::
       version       TEXT     the wl-resource-monitor version that wrote it
       stats         TEXT     the monitor's stats(), a JSON object: kept current while the
                              run goes on, final once it ended
+      rank          INTEGER  the backend's rank in its job (version 3; 0 alone)
+      local_rank    INTEGER  its rank among the backends of its host (version 3)
+      world_size    INTEGER  ranks in the job (version 3; 1 alone)
+      local_world_size INTEGER ranks on its host (version 3)
+      launch_id     TEXT     the id every rank of one launch shares: the run_id label
+                             of its metrics (version 3; NULL in rows older than it)
     signal_names  one row per signal name
       id, name (UNIQUE)
     points        one row per logged value
@@ -39,7 +45,9 @@ Schema version 2 (``PRAGMA user_version``)::
       read_at       REAL     when someone read it (``python -m sampler postmortem``);
                              NULL while it waits to be announced and read
 
-Version 1 is version 2 without ``postmortems``.
+Version 2 is version 3 without the five placement columns of ``runs`` (a
+migrated row reads rank 0 of a world of one); version 1 is version 2 without
+``postmortems``.
 
 Migrations: a store opened for writing with a lower ``user_version`` is
 migrated in place, one version at a time (``_MIGRATIONS``), inside one
@@ -53,7 +61,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 _V1 = (
@@ -100,6 +108,15 @@ _V2 = (
 )
 
 
+_V3 = (
+    "ALTER TABLE runs ADD COLUMN rank INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE runs ADD COLUMN local_rank INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE runs ADD COLUMN world_size INTEGER NOT NULL DEFAULT 1",
+    "ALTER TABLE runs ADD COLUMN local_world_size INTEGER NOT NULL DEFAULT 1",
+    "ALTER TABLE runs ADD COLUMN launch_id TEXT",
+)
+
+
 def _create_v1(db: sqlite3.Connection) -> None:
     # One statement at a time: executescript() would commit the migration's transaction.
     for statement in _V1:
@@ -111,7 +128,16 @@ def _add_postmortems(db: sqlite3.Connection) -> None:
         db.execute(statement)
 
 
-_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _create_v1, 1: _add_postmortems}
+def _add_placement(db: sqlite3.Connection) -> None:
+    for statement in _V3:
+        db.execute(statement)
+
+
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
+    0: _create_v1,
+    1: _add_postmortems,
+    2: _add_placement,
+}
 """``_MIGRATIONS[v]`` takes a store from version v to v + 1 (0: an empty file)."""
 
 

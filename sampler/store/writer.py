@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import logging
 import operator
-import socket
 import sqlite3
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from sampler.placement import Placement, host_name
 from sampler.quoting import bounded_repr
 from sampler.store import schema
 
@@ -57,9 +57,12 @@ class RunInfo:
     config: dict[str, Any]
     started_at: float
     """When the monitor started, s since the epoch."""
+    placement: Placement = field(default_factory=lambda: Placement(host_name()))
+    """The backend's host and rank (default: alone on this host)."""
 
 
-def _version() -> str:
+def package_version() -> str:
+    """This package's version, or ``unknown`` when it is not installed."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -181,11 +184,14 @@ class RunWriter:
             return None
         info = self.info
         try:
+            where = info.placement
             cursor = db.execute(
-                "INSERT INTO runs (started_at, updated_at, host, pid, command, config, version)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (info.started_at, time.time(), socket.gethostname(), info.pid, json.dumps(info.command),
-                 json.dumps(info.config, default=str), _version()),
+                "INSERT INTO runs (started_at, updated_at, host, pid, command, config, version, rank,"
+                " local_rank, world_size, local_world_size, launch_id)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (info.started_at, time.time(), where.host, info.pid, json.dumps(info.command),
+                 json.dumps(info.config, default=str), package_version(), where.rank, where.local_rank,
+                 where.world_size, where.local_world_size, where.run_id),
             )  # fmt: skip
         except sqlite3.Error as exc:
             db.close()

@@ -1,0 +1,96 @@
+"""The backend's side of the child's metrics endpoint.
+
+The child serves; the backend only learns, once per child, whether it does
+(from the status block, when the child hands over its ring), says so in
+``stats()``, warns once per problem rather than at every restart, and keeps
+the service discovery entry naming the endpoint only while it can serve.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+from sampler.backend.stats import MonitorStats
+from sampler.exporters import discovery
+from sampler.ipc.channel import PrometheusTarget
+from sampler.ipc.status import ENDPOINT_BAD_ADDRESS, ENDPOINT_NO_CLIENT, ENDPOINT_NONE, ENDPOINT_UNAVAILABLE
+from sampler.placement import Placement
+from sampler.quoting import bounded_repr
+
+log = logging.getLogger("sampler")
+
+
+def describe_failure(state: int, target: PrometheusTarget) -> str:
+    """Why the endpoint at ``target`` does not serve, from its status word."""
+    where = f"{target.address}:{target.port}"
+    if state == ENDPOINT_BAD_ADDRESS:
+        return f"prometheus_address={bounded_repr(target.address)} does not resolve to an address to bind"
+    if state == ENDPOINT_NO_CLIENT:
+        return "prometheus_client cannot be imported (pip install 'wl-resource-monitor[prometheus]')"
+    if state == ENDPOINT_UNAVAILABLE:
+        return f"the endpoint at {where} failed to start"
+    if -state == errno.EADDRINUSE:
+        return f"port {target.port} at {target.address} is already in use by another process"
+    return f"cannot listen at {where}: {os.strerror(-state)}"
+
+
+class Exposition:
+    """What the backend knows and keeps about its children's endpoint."""
+
+    def __init__(self, target: PrometheusTarget, placement: Placement, stats: MonitorStats) -> None:
+        self.target = target
+        self.placement = placement
+        self.stats = stats
+        self._warned: str | None = None
+        self._listed = False
+
+    @property
+    def url(self) -> str:
+        address = discovery.target(self.target.address, self.target.port, self.placement.host)
+        return f"http://{address}/metrics"
+
+    def seen(self, state: int) -> None:
+        """A child handed over its ring; ``state`` is its endpoint word."""
+        if state == ENDPOINT_NONE:
+            return
+        if state > 0:
+            self.stats.prometheus_endpoint, self.stats.prometheus_error = self.url, None
+            self._list()
+            return
+        problem = describe_failure(state, self.target)
+        self.stats.prometheus_endpoint, self.stats.prometheus_error = None, problem
+        self._unlist()
+        if problem != self._warned:
+            self._warned = problem
+            log.warning(
+                "resource monitor: no Prometheus endpoint: %s; monitoring goes on without it "
+                "(stats()['prometheus_error'])",
+                problem,
+            )
+
+    def close(self) -> None:
+        """The monitor stopped: its target leaves the discovery directory."""
+        self._unlist()
+
+    def _list(self) -> None:
+        path = self.target.sd_file
+        if path is None or self._listed:
+            return
+        address = discovery.target(self.target.address, self.target.port, self.placement.host)
+        try:
+            discovery.write_entry(path, address, self.target.labels)
+        except OSError as exc:
+            problem = f"cannot write the discovery entry {path}: {exc.strerror or exc}"
+            self.stats.prometheus_error = problem
+            if problem != self._warned:
+                self._warned = problem
+                log.warning("resource monitor: %s; Prometheus will not find this endpoint", problem)
+            return
+        self._listed = True
+
+    def _unlist(self) -> None:
+        if self.target.sd_file is not None and self._listed:
+            discovery.remove_entry(self.target.sd_file)
+            self._listed = False

@@ -1,0 +1,175 @@
+"""The metrics endpoint, served by the sampling child.
+
+Serving from the child keeps scrapes off the backend entirely (no thread, no
+GIL, no socket there), and ties the endpoint's life to the child's: a driver
+crash takes it down, Prometheus records ``up == 0``, and the restarted child
+serves again on the same port. A scrape reads the latest record the child
+wrote and the status block (model age, health); it never samples.
+
+Needs ``prometheus_client`` (the ``prometheus`` extra), imported only here.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import socket
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sampler.exporters import metrics
+from sampler.ipc.channel import PrometheusTarget
+from sampler.ipc.status import (
+    ENDPOINT_BAD_ADDRESS,
+    ENDPOINT_NO_CLIENT,
+    ENDPOINT_UNAVAILABLE,
+    NOT_LOGGED,
+    RESTART_CAUSES,
+    ChildStatus,
+)
+
+GPU_LABELS = ("gpu", "gpu_uuid")
+
+
+@dataclass(frozen=True)
+class _Family:
+    """The fields of a record one metric family exposes."""
+
+    metric: metrics.Metric
+    label_names: tuple[str, ...]
+    members: tuple[tuple[int, tuple[str, ...]], ...]
+    """(field index in the record, that series' label values)."""
+
+
+class RecordCollector:
+    """A ``prometheus_client`` collector over the child's latest record.
+
+    ``update`` (the child's loop, once per record) swaps in a reference, which
+    is atomic, so a scrape in the server's thread sees one whole record.
+    """
+
+    def __init__(
+        self,
+        fields: Sequence[str],
+        target: PrometheusTarget,
+        status: ChildStatus,
+        categories: Sequence[str],
+        gpu_uuids: dict[int, str],
+    ) -> None:
+        self._status = status
+        self._categories = tuple(categories)
+        base = dict(target.labels)
+        self._base_names = tuple(base)
+        self._base_values = tuple(base.values())
+        self._info = {**base, **target.info}
+        grouped: dict[str, tuple[metrics.Metric, list[tuple[int, tuple[str, ...]]], bool]] = {}
+        for index, field in enumerate(fields):
+            exposed = metrics.lookup(field)
+            if exposed is None:
+                continue
+            extra: tuple[str, ...] = ()
+            if exposed.gpu is not None:
+                extra = (exposed.gpu, gpu_uuids.get(int(exposed.gpu), ""))
+            entry = grouped.setdefault(exposed.metric.name, (exposed.metric, [], exposed.gpu is not None))
+            entry[1].append((index, self._base_values + extra))
+        self._families = tuple(
+            _Family(metric, self._base_names + (GPU_LABELS if per_gpu else ()), tuple(members))
+            for metric, members, per_gpu in grouped.values()
+        )
+        self._latest: tuple[Sequence[float], float] | None = None
+
+    def update(self, values: Sequence[float], wall_time: float) -> None:
+        """The record just written, sampled at ``wall_time`` (s since the epoch)."""
+        self._latest = (values, wall_time)
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        def family(metric: metrics.Metric, label_names: Sequence[str]) -> Any:
+            kind = CounterMetricFamily if metric.kind == metrics.COUNTER else GaugeMetricFamily
+            return kind(metric.name, metric.help, labels=list(label_names))
+
+        latest = self._latest
+        if latest is not None:
+            values, wall_time = latest
+            for spec in self._families:
+                out = family(spec.metric, spec.label_names)
+                for index, label_values in spec.members:
+                    value = values[index]
+                    if not math.isnan(value):  # a failed reading is absent, as in the pipeline
+                        out.add_metric(label_values, value * spec.metric.scale)
+                yield out
+            stamp = family(metrics.LAST_RECORD, self._base_names)
+            stamp.add_metric(self._base_values, wall_time)
+            yield stamp
+        yield from self._own(family)
+
+    def _own(self, family: Any) -> Iterator[Any]:
+        """The monitor's metrics: model age, health, the child's cost, info."""
+        names, values, status = self._base_names, self._base_values, self._status
+        _, step = status.logged()
+        if step != NOT_LOGGED:
+            age = family(metrics.MODEL_AGE, names)
+            age.add_metric(values, step)
+            yield age
+        health = status.health()
+        restarts = family(metrics.RESTARTS, (*names, "cause"))
+        for cause in RESTART_CAUSES:
+            restarts.add_metric((*values, cause), health.restarts[cause])
+        yield restarts
+        lost = family(metrics.RECORDS_LOST, names)
+        lost.add_metric(values, health.records_lost)
+        yield lost
+        quarantined = family(metrics.QUARANTINED, (*names, "category"))
+        for category in dict.fromkeys((*self._categories, *health.quarantined)):
+            quarantined.add_metric((*values, category), 1 if category in health.quarantined else 0)
+        yield quarantined
+        per_sample = status.read().cpu_seconds_per_sample
+        if per_sample is not None:
+            cpu = family(metrics.CHILD_CPU, names)
+            cpu.add_metric(values, per_sample)
+            yield cpu
+        info = family(metrics.INFO, tuple(self._info))
+        info.add_metric(tuple(self._info.values()), 1)
+        yield info
+
+
+class Endpoint:
+    """The HTTP server, in a daemon thread of the child."""
+
+    def __init__(self, server: Any, thread: threading.Thread) -> None:
+        self._server = server
+        self._thread = thread
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def close(self) -> None:
+        """Stop serving and release the port (bounded: the server polls twice a second)."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(1.0)
+
+
+def open_endpoint(target: PrometheusTarget, collector: RecordCollector) -> tuple[Endpoint | None, int]:
+    """Serve ``collector`` at ``target``: (the endpoint, the status word saying
+    so), or (None, ``-errno`` or an ``ENDPOINT_*`` failure) when it cannot."""
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+    except ImportError:
+        return None, ENDPOINT_NO_CLIENT
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    try:
+        server, thread = start_http_server(target.port, target.address, registry)
+    except socket.gaierror:
+        return None, ENDPOINT_BAD_ADDRESS
+    except OSError as exc:
+        return None, -(exc.errno or errno.EIO)
+    except Exception:
+        return None, ENDPOINT_UNAVAILABLE
+    endpoint = Endpoint(server, thread)
+    return endpoint, endpoint.port

@@ -1,0 +1,119 @@
+"""Where this backend sits in a job: its host, and its rank as the launcher says.
+
+torchrun (and ``torch.distributed.launch``, DeepSpeed, Accelerate, SLURM
+wrappers that imitate them) start one backend per GPU and tell each its place
+through ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE``. A
+backend started without them is rank 0 of a world of one.
+
+With several ranks on a host, the readings that describe the host rather than
+a rank (``HOST_WIDE_CATEGORIES``, and the GPUs no rank owns) are the same
+whichever rank takes them; by default only local rank 0 samples them, so a
+fleet view sums each host once (``host_sampling``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sampler.quoting import bounded_repr
+
+log = logging.getLogger("sampler")
+
+HOST_WIDE_CATEGORIES: tuple[str, ...] = ("cpu", "memory", "disk", "network", "container")
+"""Categories whose readings describe the host (or the container every local rank shares)."""
+HOST_SAMPLING_MODES: tuple[str, ...] = ("local_rank_0", "every_rank")
+DEFAULT_HOST_SAMPLING = "local_rank_0"
+
+ENV_RANK = "RANK"
+ENV_LOCAL_RANK = "LOCAL_RANK"
+ENV_WORLD_SIZE = "WORLD_SIZE"
+ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+ENV_ELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+"""torchrun's rendezvous id: the same in every rank of a launch (``none`` when not given)."""
+LAUNCHER_VARS = (ENV_RANK, ENV_LOCAL_RANK, ENV_WORLD_SIZE, ENV_LOCAL_WORLD_SIZE, ENV_ELASTIC_RUN_ID)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """This backend's host and rank."""
+
+    host: str
+    rank: int = 0
+    local_rank: int = 0
+    """Rank among the backends of this host (the GPU it uses, by convention)."""
+    world_size: int = 1
+    local_world_size: int = 1
+    """Backends on this host."""
+    run_id: str = ""
+    """Shared by every rank of one launch (the ``run_id`` label)."""
+
+    def samples_host(self, host_sampling: str) -> bool:
+        """Whether this rank takes the host-wide readings under ``host_sampling``."""
+        return host_sampling == "every_rank" or self.local_rank == 0
+
+    def labels(self) -> dict[str, str]:
+        """The labels that name this backend in a fleet."""
+        return {
+            "host": self.host,
+            "rank": str(self.rank),
+            "local_rank": str(self.local_rank),
+            "run_id": self.run_id,
+        }
+
+
+def host_name() -> str:
+    """This host's name as the fleet knows it (``socket.gethostname()``)."""
+    return socket.gethostname() or "localhost"
+
+
+def from_environment(environ: Mapping[str, str] | None = None, run_id: str | None = None) -> Placement:
+    """The placement the launcher's variables describe; ``run_id`` None: the
+    launcher's (``TORCHELASTIC_RUN_ID``), else one made from the rendezvous
+    address (``MASTER_ADDR:MASTER_PORT``) for a multi-rank job, else
+    ``<host>-<pid>``. A variable that is not a usable number gets one warning
+    and this backend counts as a world of one."""
+    env = os.environ if environ is None else environ
+    host = host_name()
+    try:
+        rank = _number(env, ENV_RANK, 0, minimum=0)
+        local_rank = _number(env, ENV_LOCAL_RANK, 0, minimum=0)
+        world_size = _number(env, ENV_WORLD_SIZE, max(1, rank + 1), minimum=1)
+        local_world_size = _number(env, ENV_LOCAL_WORLD_SIZE, max(1, local_rank + 1), minimum=1)
+        if rank >= world_size or local_rank >= local_world_size or local_world_size > world_size:
+            raise ValueError(
+                f"{ENV_RANK}={rank}, {ENV_LOCAL_RANK}={local_rank}, {ENV_WORLD_SIZE}={world_size}, "
+                f"{ENV_LOCAL_WORLD_SIZE}={local_world_size} do not fit together"
+            )
+    except ValueError as exc:
+        log.warning("resource monitor: %s; monitoring this backend as rank 0 of a world of one", exc)
+        rank, local_rank, world_size, local_world_size = 0, 0, 1, 1
+    if run_id is None:
+        run_id = _launcher_run_id(env, host, world_size)
+    return Placement(host, rank, local_rank, world_size, local_world_size, run_id)
+
+
+def _number(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+    text = env.get(name)
+    if text is None or not text.strip():
+        return default
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ValueError(f"{name}={bounded_repr(text)} is not a whole number") from None
+    if value < minimum:
+        raise ValueError(f"{name}={bounded_repr(text)} is below {minimum}")
+    return value
+
+
+def _launcher_run_id(env: Mapping[str, str], host: str, world_size: int) -> str:
+    elastic = env.get(ENV_ELASTIC_RUN_ID, "").strip()
+    if elastic and elastic.lower() != "none":
+        return elastic
+    master = env.get("MASTER_ADDR", "").strip(), env.get("MASTER_PORT", "").strip()
+    if world_size > 1 and all(master):
+        return f"{master[0]}:{master[1]}"
+    return f"{host}-{os.getpid()}"
