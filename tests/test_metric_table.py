@@ -1,0 +1,121 @@
+"""The signal -> metric table: complete, well named, and the README's."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from sampler.child.peaks import PeakTracker
+from sampler.collectors import Sources, build_collectors
+from sampler.collectors.base import Collector
+from sampler.collectors.container import CPU_NAMES, MEMORY_NAMES
+from sampler.config import DEFAULT_CATEGORIES
+from sampler.exporters import metrics
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+
+
+class _Container(Collector):
+    """The container category's names with every limit set (this machine may have none)."""
+
+    category = "container"
+    names = MEMORY_NAMES + CPU_NAMES
+    tracked = ("resource/container/memory_used_mb",)
+
+
+def every_signal(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every name a record can carry: each collector's (two fake GPUs), then the peaks and means."""
+    monkeypatch.setenv("FAKE_NVML", json.dumps({"devices": [{}, {}]}))
+    sources = Sources(disk_path=os.sep, pid=os.getpid(), nvml_module="fake_nvml")
+    collectors = [c for c in build_collectors(DEFAULT_CATEGORIES, sources) if c.category != "container"]
+    collectors.append(_Container())
+    try:
+        assert {c.category for c in collectors} == set(DEFAULT_CATEGORIES)
+        peaks = PeakTracker(collectors, 4)
+        return [name for c in collectors for name in c.names] + list(peaks.names)
+    finally:
+        for collector in collectors:
+            collector.close()
+
+
+def test_every_signal_is_exposed_except_the_rates_prometheus_computes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    signals = every_signal(monkeypatch)
+    missing = [s for s in signals if metrics.lookup(s) is None and not s.endswith("_per_second")]
+    assert missing == []
+    assert all(metrics.lookup(s) is None for s in signals if s.endswith("_per_second"))
+    # Nothing in the table that no collector produces.
+    keys = {"/".join(p for i, p in enumerate(s.split("/")) if not (i == 2 and p.isdigit())) for s in signals}
+    assert set(metrics.SIGNALS) <= {k.removeprefix("resource/") for k in keys}
+
+
+def test_names_follow_prometheus_conventions(monkeypatch: pytest.MonkeyPatch) -> None:
+    exposed = [e for e in map(metrics.lookup, every_signal(monkeypatch)) if e is not None]
+    every = [e.metric for e in exposed] + list(metrics.OWN_METRICS)
+    for metric in every:
+        assert METRIC_NAME.match(metric.name) and metric.name.startswith("wl_resource_"), metric.name
+        assert metric.name.endswith("_total") == (metric.kind == metrics.COUNTER), metric.name
+        assert not re.search(r"_(percent|mb|gb|mhz)(_|$)", metric.name), metric.name
+    # One metric per (name, gpu): no two signals of a device collide.
+    keys = [(e.metric.name, e.gpu) for e in exposed]
+    assert len(keys) == len(set(keys))
+
+
+@pytest.mark.parametrize(
+    ("signal", "name", "value", "expected", "gpu"),
+    [
+        (
+            "resource/process/memory_in_use_mb",
+            "wl_resource_process_memory_in_use_bytes",
+            2.0,
+            2 * 1024**2,
+            None,
+        ),
+        ("resource/disk/utilization_gb", "wl_resource_disk_used_bytes", 1.5, 1.5 * 1024**3, None),
+        ("resource/cpu/utilization_percent", "wl_resource_cpu_utilization_ratio", 50.0, 0.5, None),
+        ("resource/gpu/3/sm_clock_mhz", "wl_resource_gpu_sm_clock_hertz", 1410.0, 1.41e9, "3"),
+        (
+            "resource/gpu/0/memory_allocated_bytes_peak",
+            "wl_resource_gpu_memory_allocated_peak_bytes",
+            7.0,
+            7.0,
+            "0",
+        ),
+        ("resource/cpu/utilization_percent_mean", "wl_resource_cpu_utilization_mean_ratio", 20.0, 0.2, None),
+        ("resource/network/bytes_sent", "wl_resource_network_sent_bytes_total", 5.0, 5.0, None),
+    ],
+)
+def test_units_become_base_units(
+    signal: str, name: str, value: float, expected: float, gpu: str | None
+) -> None:
+    exposed = metrics.lookup(signal)
+    assert exposed is not None
+    assert (exposed.metric.name, exposed.gpu) == (name, gpu)
+    assert value * exposed.metric.scale == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "signal", ["resource/disk/read_mb_per_second", "resource/gpu/0/nonsense", "loss/train"]
+)
+def test_rates_and_unknown_names_are_not_exposed(signal: str) -> None:
+    assert metrics.lookup(signal) is None
+
+
+def test_the_readme_table_lists_every_metric() -> None:
+    text = README.read_text()
+    section = text[text.index("### Prometheus metrics") :]
+    rows = {
+        match.group(1): match.group(2)
+        for match in re.finditer(r"^\| `(resource/[^`]+)` \| `(wl_resource_[a-z_]+)` \|", section, re.M)
+    }
+    expected = {f"resource/{key}": metric.name for key, metric in metrics.SIGNALS.items()}
+    expected = {k.replace("resource/gpu/", "resource/gpu/<i>/"): v for k, v in expected.items()}
+    assert rows == expected
+    for metric in metrics.OWN_METRICS:
+        assert f"`{metric.name}`" in section, metric.name
