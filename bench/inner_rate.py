@@ -31,7 +31,7 @@ CATEGORIES = ("cpu", "memory", "disk", "network", "process", "process_tree")
 INTERVAL = 1.0
 
 
-def _thread_cpu_ns(name: str) -> int:
+def thread_cpu_ns(name: str) -> int:
     for thread in threading.enumerate():
         if thread.name == name and thread.ident is not None:
             return time.clock_gettime_ns(time.pthread_getcpuclockid(thread.ident))
@@ -56,9 +56,9 @@ def measure(rate_hz: float, seconds: float) -> dict[str, float]:
             time.sleep(0.02)
         child = psutil.Process(monitor.child_pid)
         records0 = monitor.stats()["records_read"]
-        thread0, child0, wall0 = _thread_cpu_ns("WL-ResourceMonitor"), child.cpu_times(), time.monotonic()
+        thread0, child0, wall0 = thread_cpu_ns("WL-ResourceMonitor"), child.cpu_times(), time.monotonic()
         time.sleep(seconds)
-        thread1, child1, wall1 = _thread_cpu_ns("WL-ResourceMonitor"), child.cpu_times(), time.monotonic()
+        thread1, child1, wall1 = thread_cpu_ns("WL-ResourceMonitor"), child.cpu_times(), time.monotonic()
         stats = monitor.stats()
     records = stats["records_read"] - records0
     child_cpu = (child1.user + child1.system) - (child0.user + child0.system)

@@ -365,7 +365,7 @@ def _optional_path(raw: object, expected: str) -> str | None:
     if word in _FALSE_WORDS:
         return None
     if word in _TRUE_WORDS:
-        raise Invalid(f"{expected} (write ./{raw.strip()} for a file of that name)")
+        raise Invalid(f"{expected} (write ./{raw.strip()} for a path of that name)")
     if not word:
         raise Invalid(f"{expected}; got an empty path")
     if "\0" in raw:
@@ -680,6 +680,7 @@ HOST_SAMPLING = Field(
         "which ranks of a host sample cpu, memory, disk, network, container and unowned GPUs: "
         f"{' or '.join(HOST_SAMPLING_MODES)}"
     ),
+    blank_is_unset=True,
 )
 RUN_ID = Field(
     key="run_id",

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import socket
 import textwrap
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import sampler
 from ringbuf import NAME_PREFIX
 from sampler import commands, config
 from sampler.backend import steps
+from sampler.placement import LAUNCHER_VARS
 
 FAST = {"interval_seconds": 0.1, "_min_interval_seconds": 0.05}
 """Monitor settings for tests: below the 1 s floor, which only tests and benchmarks may use."""
@@ -28,6 +31,9 @@ ENV_VARS = (
     config.ENV_CONFIG_PATH,
     "CUDA_VISIBLE_DEVICES",
     "FAKE_NVML",
+    *LAUNCHER_VARS,
+    "MASTER_ADDR",
+    "MASTER_PORT",
 )
 """Every variable the monitor reads: none of the user's may leak into a test."""
 
@@ -137,3 +143,32 @@ def run_monitor(records: int = 2, **kwargs: Any) -> tuple[Recorder, dict[str, An
         wait_for(lambda: monitor.stats()["records_logged"] >= records, what=f"{records} records")
         stats = monitor.stats()
     return sink, stats
+
+
+def free_ports(count: int = 1) -> int:
+    """The first of ``count`` consecutive ports free on 127.0.0.1 right now."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = probe.getsockname()[1]
+        if first + count > 65535:
+            continue
+        held: list[socket.socket] = []
+        try:
+            for port in range(first, first + count):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise AssertionError("no free ports")
+
+
+def scrape(port: int) -> str:
+    """The body of ``/metrics`` on 127.0.0.1:``port``; raises ``OSError`` when nothing serves."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return response.read().decode()

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench import overhead
 
 REPO = Path(__file__).resolve().parent.parent
@@ -104,3 +106,27 @@ def test_tree_cost_benchmark_covers_0_8_and_64_workers() -> None:
     assert done.returncode == 0, done.stderr
     firsts = [line.split("|")[1].strip() for line in done.stdout.splitlines() if line.startswith("| ")]
     assert {"0", "8", "64"} <= set(firsts)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("prometheus_client") is None, reason="the prometheus extra")
+def test_prometheus_cost_benchmark_prints_the_scrape_and_backend_costs() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.prometheus_cost", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {  # a range "a to b" of ratios counts as its two numbers
+        row[1].strip(): [part for cell in row[2:-1] for part in cell.strip().removesuffix("x").split(" to ")]
+        for row in (line.split("|") for line in done.stdout.splitlines() if line.startswith("| "))
+    }
+    assert {"20/s", "off", "on, 1/s"} <= set(rows)
+    for label, numbers in (("20/s", 6), ("off", 10), ("on, 1/s", 10)):
+        assert len(rows[label]) == numbers
+        assert all(float(cell) == float(cell) for cell in rows[label])  # numbers, none nan
+    scrapes, size, latency = (float(cell) for cell in rows["20/s"][:3])
+    assert scrapes > 0 and size > 0 and latency > 0
+    assert float(rows["on, 1/s"][0]) > 0  # the other process scraped
+    assert all(float(rows[label][2]) > 0 and float(rows[label][6]) > 0 for label in ("off", "on, 1/s"))

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import free_ports, scrape
 
 import sampler
 from sampler import commands as cli
@@ -204,3 +205,43 @@ def test_printer_stops_at_a_closed_pipe() -> None:
     assert closed.is_set() and printer.samples == 0
     printer(Sample(step=2, timestamp_ns=0, values={"resource/cpu/utilization_percent": 1.0}))
     assert printer.samples == 0
+
+
+def test_run_serves_metrics_with_the_prometheus_flags(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pytest.importorskip("prometheus_client")
+    monkeypatch.chdir(tmp_path)
+    port = free_ports()
+    scraped: list[str] = []
+
+    def scrape_once_served() -> None:
+        deadline = time.monotonic() + 10
+        while not scraped and time.monotonic() < deadline:
+            try:
+                body = scrape(port)
+            except OSError:
+                body = ""
+            if "wl_resource_cpu" in body:
+                scraped.append(body)
+            time.sleep(0.1)
+
+    scraper = threading.Thread(target=scrape_once_served)
+    scraper.start()
+    argv = ["run", "--duration", "2.5", "--interval", "1", "--categories", "cpu", "--no-store"]
+    argv += [
+        "--prometheus-port",
+        str(port),
+        "--prometheus-sd-dir",
+        str(tmp_path / "sd"),
+        "--run-id",
+        "by-hand",
+    ]
+    out = io.StringIO()
+    try:
+        assert cli.main(argv, out) == 0
+    finally:
+        scraper.join()
+    assert f"metrics at http://127.0.0.1:{port}/metrics" in out.getvalue()
+    assert "wl_resource_cpu_utilization_ratio{host=" in scraped[0] and 'run_id="by-hand"' in scraped[0]
+    assert list((tmp_path / "sd").iterdir()) == []  # the entry left with the run

@@ -29,6 +29,14 @@ ALL_ON = dict.fromkeys(config.DEFAULT_CATEGORIES, True)
 ROOT = os.path.abspath(os.sep)
 FILE_NAME = "resource_monitoring.yaml"
 DOT_FILE_NAME = ".resource_monitoring.yaml"
+NEW_DEFAULTS: dict[str, Any] = {
+    "prometheus_port": None,
+    "prometheus_address": "127.0.0.1",
+    "prometheus_sd_dir": None,
+    "host_sampling": "local_rank_0",
+    "run_id": None,
+}
+"""The defaults of the Prometheus and placement keys."""
 
 
 @dataclass
@@ -136,6 +144,7 @@ def test_defaults_with_empty_environment_and_no_file(tree: Tree, caplog: pytest.
         "inner_rate_hz": 10.0,
         "gpu_devices": "all",
         "postmortem_dir": str(tree.work / ".resource_monitor" / "postmortems"),
+        **NEW_DEFAULTS,
         "config_file": None,
     }
     assert isinstance(cfg["interval_seconds"], float)
@@ -522,6 +531,7 @@ def test_only_the_first_file_found_is_used(tree: Tree, caplog: pytest.LogCapture
         "inner_rate_hz": 10.0,
         "gpu_devices": "all",
         "postmortem_dir": str(nested.resolve() / config.DEFAULT_POSTMORTEM_DIR),
+        **NEW_DEFAULTS,
         "config_file": str(cfg_dir / DOT_FILE_NAME),
     }
     assert_no_warnings(caplog)
@@ -901,6 +911,7 @@ def test_every_field_is_a_key_of_the_resolved_config(tree: Tree) -> None:
         "inner_rate_hz",
         "gpu_devices",
         "postmortem_dir",
+        *NEW_DEFAULTS,
     ]
     assert set(tree.load()) == {*keys, "config_file"}
     envs = (config.ENV_DISABLE, config.ENV_INTERVAL, config.ENV_CATEGORIES, config.ENV_DISK_PATH)
@@ -911,13 +922,23 @@ def test_every_field_is_a_key_of_the_resolved_config(tree: Tree) -> None:
         config.ENV_INNER_RATE,
         config.ENV_GPU_DEVICES,
         config.ENV_POSTMORTEM_DIR,
+        config.ENV_PROMETHEUS_PORT,
+        config.ENV_PROMETHEUS_ADDRESS,
+        config.ENV_PROMETHEUS_SD_DIR,
+        config.ENV_HOST_SAMPLING,
+        config.ENV_RUN_ID,
     ]
     assert config.ENV_STORE == "WL_RESOURCE_MONITOR_STORE"
-    assert [field.flag for field in config.FIELDS][-4:] == [
+    assert [field.flag for field in config.FIELDS][5:] == [
         "--store",
         "--inner-rate",
         "--gpu-devices",
         "--postmortem-dir",
+        "--prometheus-port",
+        "--prometheus-address",
+        "--prometheus-sd-dir",
+        "--host-sampling",
+        "--run-id",
     ]
 
 
@@ -1285,6 +1306,11 @@ def test_sources_name_each_env_var(tree: Tree, caplog: pytest.LogCaptureFixture)
         config.ENV_INNER_RATE: "20",
         config.ENV_GPU_DEVICES: "visible",
         config.ENV_POSTMORTEM_DIR: str(tree.base / "pm"),
+        config.ENV_PROMETHEUS_PORT: "9400",
+        config.ENV_PROMETHEUS_ADDRESS: "0.0.0.0",
+        config.ENV_PROMETHEUS_SD_DIR: str(tree.base / "sd"),
+        config.ENV_HOST_SAMPLING: "every_rank",
+        config.ENV_RUN_ID: "job-7",
     }
     result = tree.resolve(environ)
     for field in config.FIELDS:
@@ -1303,7 +1329,9 @@ def test_sources_name_the_file_and_key_that_beat_the_env(
     body = (
         f"enabled: false\ninterval_seconds: 5\ncategories: [cpu, gpu]\ndisk_path: '{disk}'\n"
         f"step_source: seconds\nstore: '{tree.base / 'runs.db'}'\ninner_rate_hz: 20\n"
-        f"gpu_devices: [0, GPU-abc]\npostmortem_dir: '{tree.base / 'pm'}'"
+        f"gpu_devices: [0, GPU-abc]\npostmortem_dir: '{tree.base / 'pm'}'\nprometheus_port: 9400\n"
+        f"prometheus_address: 0.0.0.0\nprometheus_sd_dir: '{tree.base / 'sd'}'\nhost_sampling: every_rank\n"
+        "run_id: job-7"
     )
     path = write(tree.work / FILE_NAME, section(body))
     environ = {config.ENV_INTERVAL: "30", config.ENV_CATEGORIES: "memory", config.ENV_STORE: "off"}
@@ -1518,3 +1546,509 @@ def test_yml_in_every_place_visited_is_mentioned_once_each(
     result = tree.resolve(cwd=root)  # root is the repository root and the cwd: one place, one warning
     assert [str(root) in m for m in result.warnings] == [True, False]
     assert [str(tree.pkg) in m for m in result.warnings] == [False, True]
+
+
+# --------------------------------------------------------------------------- prometheus_port
+
+PORT_ENV = "WL_RESOURCE_MONITOR_PROMETHEUS_PORT"
+NO_ENDPOINT = "using prometheus_port=None (no endpoint) instead"
+
+
+def test_new_env_var_names() -> None:
+    assert (
+        config.ENV_PROMETHEUS_PORT,
+        config.ENV_PROMETHEUS_ADDRESS,
+        config.ENV_PROMETHEUS_SD_DIR,
+        config.ENV_HOST_SAMPLING,
+        config.ENV_RUN_ID,
+    ) == (
+        PORT_ENV,
+        "WL_RESOURCE_MONITOR_PROMETHEUS_ADDRESS",
+        "WL_RESOURCE_MONITOR_PROMETHEUS_SD_DIR",
+        "WL_RESOURCE_MONITOR_HOST_SAMPLING",
+        "WL_RESOURCE_MONITOR_RUN_ID",
+    )
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("9400", 9400), (" 1 ", 1), ("65535", 65535), ("08080", 8080)])
+def test_prometheus_port_env_valid(
+    tree: Tree, caplog: pytest.LogCaptureFixture, raw: str, expected: int
+) -> None:
+    result = tree.resolve({PORT_ENV: raw})
+    assert result.values["prometheus_port"] == expected
+    assert result.sources["prometheus_port"] == PORT_ENV
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize("raw", ["", "   ", "off", "FALSE", "no", "0"])
+def test_prometheus_port_env_blank_or_false_word_is_no_endpoint(
+    tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
+) -> None:
+    # "0" is a false word as every env var reads it: no endpoint, not an invalid port.
+    assert tree.load({PORT_ENV: raw})["prometheus_port"] is None
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        ("70000", "in 1..65535"),
+        ("65536", "in 1..65535"),
+        ("abc", "expected a port number (1..65535), or false for none"),
+        ("true", "expected a port number"),
+        ("-1", "expected a port number"),
+        ("9400.5", "expected a port number"),
+        ("\uff19\uff14\uff10\uff10", "expected a port number"),  # fullwidth digits: isdigit() but no port
+    ],
+)
+def test_prometheus_port_env_invalid_warns_once_and_has_no_endpoint(
+    tree: Tree, caplog: pytest.LogCaptureFixture, raw: str, fragment: str
+) -> None:
+    result = tree.resolve({PORT_ENV: raw})
+    assert result.values["prometheus_port"] is None
+    assert result.sources["prometheus_port"] == config.DEFAULT_SOURCE
+    assert_one_warning(caplog, f"{PORT_ENV}={quote(raw)} is invalid", fragment, NO_ENDPOINT)
+
+
+def test_prometheus_port_file_beats_env(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(tree.work / FILE_NAME, section("prometheus_port: 9400"))
+    result = tree.resolve({PORT_ENV: "9000"})
+    assert result.values["prometheus_port"] == 9400
+    assert result.sources["prometheus_port"] == f"{path}: resource_monitoring.prometheus_port"
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize("yaml_value", ["null", "false", "'off'", "''", "'0'"])
+def test_prometheus_port_file_null_or_false_turns_the_env_port_off(
+    tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str
+) -> None:
+    write(tree.work / FILE_NAME, section(f"prometheus_port: {yaml_value}"))
+    assert tree.load({PORT_ENV: "9000"})["prometheus_port"] is None
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize(
+    ("yaml_value", "fragment"),
+    [
+        ("0", "in 1..65535"),
+        ("70000", "in 1..65535"),
+        ("abc", "expected a port number (1..65535)"),
+        ("true", "got bool"),
+        ("9400.0", "got float"),
+        ("[9400]", "got list"),
+    ],
+)
+def test_prometheus_port_file_invalid_warns_once_and_keeps_env(
+    tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, fragment: str
+) -> None:
+    path = write(tree.work / FILE_NAME, section(f"prometheus_port: {yaml_value}"))
+    result = tree.resolve({PORT_ENV: "9000"})
+    assert result.values["prometheus_port"] == 9000
+    assert result.sources["prometheus_port"] == PORT_ENV
+    assert_one_warning(
+        caplog,
+        f"{path}: resource_monitoring.prometheus_port=",
+        fragment,
+        "using prometheus_port=9000 instead",
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"), [(9400, 9400), ("9400", 9400), (1, 1), (65535, 65535), (None, None), (False, None)]
+)
+def test_api_prometheus_port(caplog: pytest.LogCaptureFixture, raw: object, expected: int | None) -> None:
+    caplog.set_level(logging.WARNING, logger="sampler")
+    assert resolve(prometheus_port=raw).prometheus_port == expected
+    assert resolve().prometheus_port is None
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize(
+    ("raw", "error", "fragment"),
+    [
+        (0, ValueError, r"in 1\.\.65535"),
+        (70000, ValueError, r"in 1\.\.65535"),
+        (-1, ValueError, r"in 1\.\.65535"),
+        ("abc", ValueError, "expected a port number"),
+        (True, TypeError, "got bool"),
+        (9400.0, TypeError, "got float"),
+    ],
+)
+def test_api_bad_prometheus_port(raw: object, error: type[Exception], fragment: str) -> None:
+    with pytest.raises(error, match=rf"prometheus_port=.*{fragment}"):
+        resolve(prometheus_port=raw)
+
+
+# --------------------------------------------------------------------------- prometheus_address
+
+ADDRESS_ENV = "WL_RESOURCE_MONITOR_PROMETHEUS_ADDRESS"
+LOCAL_ONLY = "using prometheus_address='127.0.0.1' instead"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("0.0.0.0", "0.0.0.0"), (" ::1 ", "::1"), ("node-3.example.org", "node-3.example.org")],
+)
+def test_prometheus_address_env_valid(
+    tree: Tree, caplog: pytest.LogCaptureFixture, raw: str, expected: str
+) -> None:
+    result = tree.resolve({ADDRESS_ENV: raw})
+    assert result.values["prometheus_address"] == expected
+    assert result.sources["prometheus_address"] == ADDRESS_ENV
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize("raw", ["", "   "])
+def test_prometheus_address_env_blank_is_unset(
+    tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
+) -> None:
+    result = tree.resolve({ADDRESS_ENV: raw})
+    assert result.values["prometheus_address"] == config.DEFAULT_PROMETHEUS_ADDRESS == "127.0.0.1"
+    assert result.sources["prometheus_address"] == config.DEFAULT_SOURCE
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize("raw", ["a b", "host\tname", "bell\x07", "h" * 256])
+def test_prometheus_address_env_invalid_warns_once_and_stays_local(
+    tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
+) -> None:
+    assert tree.load({ADDRESS_ENV: raw})["prometheus_address"] == "127.0.0.1"
+    assert_one_warning(
+        caplog, f"{ADDRESS_ENV}={quote(raw)} is invalid", "host name or IP address", LOCAL_ONLY
+    )
+
+
+def test_prometheus_address_file_beats_env(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(tree.work / FILE_NAME, section("prometheus_address: 0.0.0.0"))
+    result = tree.resolve({ADDRESS_ENV: "10.0.0.1"})
+    assert result.values["prometheus_address"] == "0.0.0.0"
+    assert result.sources["prometheus_address"] == f"{path}: resource_monitoring.prometheus_address"
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize(
+    ("yaml_value", "fragment"),
+    [("''", "such as 127.0.0.1"), ("'a b'", "such as 127.0.0.1"), ("5", "got int"), ("null", "got NoneType")],
+)
+def test_prometheus_address_file_invalid_warns_once_and_keeps_env(
+    tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, fragment: str
+) -> None:
+    path = write(tree.work / FILE_NAME, section(f"prometheus_address: {yaml_value}"))
+    assert tree.load({ADDRESS_ENV: "10.0.0.1"})["prometheus_address"] == "10.0.0.1"
+    assert_one_warning(
+        caplog,
+        f"{path}: resource_monitoring.prometheus_address=",
+        fragment,
+        "using prometheus_address='10.0.0.1' instead",
+    )
+
+
+def test_api_prometheus_address() -> None:
+    assert resolve().prometheus_address == "127.0.0.1"
+    assert resolve(prometheus_address=" 0.0.0.0 ").prometheus_address == "0.0.0.0"
+    assert resolve(prometheus_address="gpu-node-7").prometheus_address == "gpu-node-7"
+
+
+@pytest.mark.parametrize(
+    ("raw", "error", "fragment"),
+    [
+        ("", ValueError, "host name or IP address"),
+        ("a b", ValueError, "host name or IP address"),
+        ("h" * 256, ValueError, "host name or IP address"),
+        (None, TypeError, "got NoneType"),
+        (5, TypeError, "got int"),
+    ],
+)
+def test_api_bad_prometheus_address(raw: object, error: type[Exception], fragment: str) -> None:
+    with pytest.raises(error, match=rf"prometheus_address=.*{fragment}"):
+        resolve(prometheus_address=raw)
+
+
+# --------------------------------------------------------------------------- prometheus_sd_dir
+
+SD_ENV = "WL_RESOURCE_MONITOR_PROMETHEUS_SD_DIR"
+NO_DISCOVERY = "using prometheus_sd_dir=None (no discovery file) instead"
+
+
+def test_prometheus_sd_dir_env_is_made_absolute(
+    tree: Tree, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tree.base)
+    result = tree.resolve({SD_ENV: "sd/targets"})  # need not exist yet: created when first written
+    assert result.values["prometheus_sd_dir"] == str(tree.base / "sd" / "targets")
+    assert result.sources["prometheus_sd_dir"] == SD_ENV
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize(
+    ("raw", "source"), [("", config.DEFAULT_SOURCE), ("  ", config.DEFAULT_SOURCE), ("off", SD_ENV)]
+)
+def test_prometheus_sd_dir_env_blank_or_false_is_none(
+    tree: Tree, caplog: pytest.LogCaptureFixture, raw: str, source: str
+) -> None:
+    result = tree.resolve({SD_ENV: raw})
+    assert result.values["prometheus_sd_dir"] is None
+    assert result.sources["prometheus_sd_dir"] == source
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize(
+    ("what", "fragment"),
+    [("a file", "exists and is not a directory"), ("yes", "write ./yes"), ("nul", "NUL")],
+)
+def test_prometheus_sd_dir_env_invalid_warns_once(
+    tree: Tree, caplog: pytest.LogCaptureFixture, what: str, fragment: str
+) -> None:
+    raw = {"a file": str(write(tree.base / "plain", "")), "yes": "yes", "nul": "a\0b"}[what]
+    result = tree.resolve({SD_ENV: raw})
+    assert result.values["prometheus_sd_dir"] is None
+    assert_one_warning(caplog, f"{SD_ENV}=", fragment, NO_DISCOVERY)
+
+
+def test_prometheus_sd_dir_file_beats_env_and_false_turns_it_off(
+    tree: Tree, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(tree.work / FILE_NAME, section(f"prometheus_sd_dir: '{tree.base / 'file_sd'}'"))
+    result = tree.resolve({SD_ENV: str(tree.base / "env_sd")})
+    assert result.values["prometheus_sd_dir"] == str(tree.base / "file_sd")
+    assert result.sources["prometheus_sd_dir"] == f"{path}: resource_monitoring.prometheus_sd_dir"
+    write(path, section("prometheus_sd_dir: false"))
+    assert tree.load({SD_ENV: str(tree.base / "env_sd")})["prometheus_sd_dir"] is None
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize(
+    ("yaml_value", "fragment"), [("true", "got bool"), ("'on'", "./on"), ("5", "got int")]
+)
+def test_prometheus_sd_dir_file_invalid_warns_once_and_keeps_env(
+    tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, fragment: str
+) -> None:
+    env_dir = str(tree.base / "env_sd")
+    path = write(tree.work / FILE_NAME, section(f"prometheus_sd_dir: {yaml_value}"))
+    assert tree.load({SD_ENV: env_dir})["prometheus_sd_dir"] == env_dir
+    assert_one_warning(caplog, f"{path}: resource_monitoring.prometheus_sd_dir=", fragment, quote(env_dir))
+
+
+def test_api_prometheus_sd_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert resolve().prometheus_sd_dir is None
+    assert resolve(prometheus_sd_dir="sd").prometheus_sd_dir == str(tmp_path / "sd")
+    assert resolve(prometheus_sd_dir=tmp_path / "x").prometheus_sd_dir == str(tmp_path / "x")
+    assert resolve(prometheus_sd_dir=False).prometheus_sd_dir is None
+    assert resolve(prometheus_sd_dir="off").prometheus_sd_dir is None
+
+
+def test_api_prometheus_sd_dir_that_is_a_file_warns_and_is_none(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="sampler")
+    plain = write(tmp_path / "plain", "")
+    assert resolve(prometheus_sd_dir=plain).prometheus_sd_dir is None
+    assert_one_warning(caplog, "ResourceMonitor: prometheus_sd_dir=", "not a directory", NO_DISCOVERY)
+
+
+@pytest.mark.parametrize(
+    ("raw", "error", "fragment"),
+    [("yes", ValueError, "write ./yes"), ("", ValueError, "empty path"), (True, TypeError, "got bool")],
+)
+def test_api_bad_prometheus_sd_dir(raw: object, error: type[Exception], fragment: str) -> None:
+    with pytest.raises(error, match=rf"prometheus_sd_dir=.*{fragment}"):
+        resolve(prometheus_sd_dir=raw)
+
+
+# --------------------------------------------------------------------------- host_sampling
+
+SAMPLING_ENV = "WL_RESOURCE_MONITOR_HOST_SAMPLING"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("every_rank", "every_rank"), (" Every_Rank ", "every_rank"), ("LOCAL_RANK_0", "local_rank_0")],
+)
+def test_host_sampling_env_valid(
+    tree: Tree, caplog: pytest.LogCaptureFixture, raw: str, expected: str
+) -> None:
+    result = tree.resolve({SAMPLING_ENV: raw})
+    assert result.values["host_sampling"] == expected
+    assert result.sources["host_sampling"] == SAMPLING_ENV
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize("raw", ["sideways", "every rank", "all"])
+def test_host_sampling_env_invalid_warns_once_and_keeps_local_rank_0(
+    tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
+) -> None:
+    result = tree.resolve({SAMPLING_ENV: raw})
+    assert result.values["host_sampling"] == "local_rank_0"
+    assert result.sources["host_sampling"] == config.DEFAULT_SOURCE
+    assert_one_warning(
+        caplog,
+        f"{SAMPLING_ENV}={quote(raw)} is invalid",
+        "expected one of local_rank_0, every_rank",
+        "using host_sampling='local_rank_0' instead",
+    )
+
+
+def test_host_sampling_file_beats_env(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(tree.work / FILE_NAME, section("host_sampling: every_rank"))
+    result = tree.resolve({SAMPLING_ENV: "local_rank_0"})
+    assert result.values["host_sampling"] == "every_rank"
+    assert result.sources["host_sampling"] == f"{path}: resource_monitoring.host_sampling"
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize(
+    ("yaml_value", "fragment"), [("sideways", "expected one of local_rank_0, every_rank"), ("5", "got int")]
+)
+def test_host_sampling_file_invalid_warns_once_and_keeps_env(
+    tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, fragment: str
+) -> None:
+    path = write(tree.work / FILE_NAME, section(f"host_sampling: {yaml_value}"))
+    assert tree.load({SAMPLING_ENV: "every_rank"})["host_sampling"] == "every_rank"
+    assert_one_warning(
+        caplog,
+        f"{path}: resource_monitoring.host_sampling=",
+        fragment,
+        "using host_sampling='every_rank' instead",
+    )
+
+
+def test_api_host_sampling() -> None:
+    assert resolve().host_sampling == "local_rank_0"
+    assert resolve(host_sampling="Every_Rank").host_sampling == "every_rank"
+
+
+@pytest.mark.parametrize(
+    ("raw", "error", "fragment"),
+    [
+        ("sideways", ValueError, "local_rank_0, every_rank"),
+        ("", ValueError, "local_rank_0"),
+        (0, TypeError, "got int"),
+    ],
+)
+def test_api_bad_host_sampling(raw: object, error: type[Exception], fragment: str) -> None:
+    with pytest.raises(error, match=rf"host_sampling=.*{fragment}"):
+        resolve(host_sampling=raw)
+
+
+# --------------------------------------------------------------------------- run_id
+
+RUN_ID_ENV = "WL_RESOURCE_MONITOR_RUN_ID"
+LAUNCHERS = "using run_id=None (the launcher's) instead"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"), [("job-7", "job-7"), (" nightly run 3 ", "nightly run 3"), ("é" * 128, "é" * 128)]
+)
+def test_run_id_env_valid(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str, expected: str) -> None:
+    result = tree.resolve({RUN_ID_ENV: raw})
+    assert result.values["run_id"] == expected
+    assert result.sources["run_id"] == RUN_ID_ENV
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize("raw", ["", "  "])
+def test_run_id_env_blank_is_unset(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
+    result = tree.resolve({RUN_ID_ENV: raw})
+    assert result.values["run_id"] is None
+    assert result.sources["run_id"] == config.DEFAULT_SOURCE
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize("raw", ["x" * 200, "x" * 129, "job\x1b[31m", "a\tb", "line\nbreak"])
+def test_run_id_env_invalid_warns_once_bounded_and_uses_the_launchers(
+    tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
+) -> None:
+    assert tree.load({RUN_ID_ENV: raw})["run_id"] is None
+    message = assert_one_warning(
+        caplog, f"{RUN_ID_ENV}={quote(raw)} is invalid", "printable text of at most 128 characters", LAUNCHERS
+    )
+    assert len(message) < 300
+
+
+def test_run_id_file_beats_env_and_a_number_is_text(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(tree.work / FILE_NAME, section("run_id: 42"))
+    result = tree.resolve({RUN_ID_ENV: "from-env"})
+    assert result.values["run_id"] == "42"
+    assert result.sources["run_id"] == f"{path}: resource_monitoring.run_id"
+    assert_no_warnings(caplog)
+
+
+@pytest.mark.parametrize(
+    ("yaml_value", "fragment"),
+    [("x" * 200, "at most 128"), ('"a\\tb"', "printable"), ("true", "got bool"), ("1.5", "got float")],
+)
+def test_run_id_file_invalid_warns_once_and_keeps_env(
+    tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, fragment: str
+) -> None:
+    path = write(tree.work / FILE_NAME, section(f"run_id: {yaml_value}"))
+    assert tree.load({RUN_ID_ENV: "from-env"})["run_id"] == "from-env"
+    assert_one_warning(
+        caplog, f"{path}: resource_monitoring.run_id=", fragment, "using run_id='from-env' instead"
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [(None, None), ("", None), ("  ", None), (" job-7 ", "job-7"), (7, "7"), ("x" * 128, "x" * 128)],
+)
+def test_api_run_id(raw: object, expected: str | None) -> None:
+    assert resolve(run_id=raw).run_id == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "error", "fragment"),
+    [
+        ("x" * 200, ValueError, "at most 128"),
+        ("a\x00b", ValueError, "printable"),
+        ("a\nb", ValueError, "printable"),
+        (True, TypeError, "got bool"),
+        (1.5, TypeError, "got float"),
+        (b"job", TypeError, "got bytes"),
+    ],
+)
+def test_api_bad_run_id(raw: object, error: type[Exception], fragment: str) -> None:
+    with pytest.raises(error, match=rf"run_id=.*{fragment}"):
+        resolve(run_id=raw)
+
+
+# --------------------------------------------------------------------------- postmortem_dir: no true word
+
+POSTMORTEM_ENV = "WL_RESOURCE_MONITOR_POSTMORTEM_DIR"
+
+
+@pytest.mark.parametrize("raw", ["yes", "TRUE", " on ", "1"])
+def test_postmortem_dir_env_true_word_is_refused_with_one_warning(
+    tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
+) -> None:
+    result = tree.resolve({POSTMORTEM_ENV: raw})
+    default = str(tree.work / config.DEFAULT_POSTMORTEM_DIR)
+    assert result.values["postmortem_dir"] == default
+    assert result.sources["postmortem_dir"] == config.DEFAULT_SOURCE
+    assert_one_warning(
+        caplog,
+        f"{POSTMORTEM_ENV}={quote(raw)} is invalid",
+        f"(write ./{raw.strip()} for a path of that name)",
+        f"using postmortem_dir={quote(default)} instead",
+    )
+
+
+def test_postmortem_dir_file_true_word_is_refused_and_keeps_env(
+    tree: Tree, caplog: pytest.LogCaptureFixture
+) -> None:
+    env_dir = str(tree.base / "pm")
+    path = write(tree.work / FILE_NAME, section("postmortem_dir: 'yes'"))
+    assert tree.load({POSTMORTEM_ENV: env_dir})["postmortem_dir"] == env_dir
+    assert_one_warning(
+        caplog, f"{path}: resource_monitoring.postmortem_dir='yes'", "write ./yes", quote(env_dir)
+    )
+
+
+def test_api_postmortem_dir_true_word_is_a_value_error_and_dot_slash_is_a_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ValueError, match=r"postmortem_dir='yes'.*write \./yes for a path of that name"):
+        resolve(postmortem_dir="yes")
+    monkeypatch.chdir(tmp_path)
+    assert resolve(postmortem_dir="./yes").postmortem_dir == str(tmp_path / "yes")
+    assert resolve(postmortem_dir="off").postmortem_dir is None

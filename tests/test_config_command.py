@@ -117,6 +117,11 @@ def test_json_report(scratch: Path) -> None:
         "store": str(scratch / "runs.sqlite"),
         "inner_rate_hz": 10.0,
         "gpu_devices": "all",
+        "prometheus_port": None,
+        "prometheus_address": "127.0.0.1",
+        "prometheus_sd_dir": None,
+        "host_sampling": "local_rank_0",
+        "run_id": None,
         "config_file": str(used),
     }
     assert data["sources"]["interval_seconds"] == f"{where}.interval_seconds"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FAST, Recorder, backend_script, gone, wait_for
+from conftest import FAST, Recorder, backend_script, free_ports, gone, scrape, wait_for
 
 import sampler
 from sampler.backend import exposition
@@ -30,34 +30,6 @@ parser = pytest.importorskip("prometheus_client.parser")
 QUICK_RESTARTS = {"_restart_backoff": (0.05, 0.2)}
 Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 """(metric sample name, sorted labels) -> value."""
-
-
-def free_ports(count: int = 1) -> int:
-    """The first of ``count`` consecutive ports free on 127.0.0.1 right now."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first = probe.getsockname()[1]
-        if first + count > 65535:
-            continue
-        try:
-            held = []
-            for port in range(first, first + count):
-                sock = socket.socket()
-                held.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-        finally:
-            for sock in held:
-                sock.close()
-    raise AssertionError("no free ports")
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return response.read().decode()
 
 
 def series(text: str) -> Series:

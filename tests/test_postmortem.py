@@ -539,7 +539,7 @@ def test_a_version_1_store_opened_for_writing_gets_the_postmortems_table(tmp_pat
         StoreReader(str(path))
     schema.connect(str(path)).close()
     with StoreReader(str(path)) as reader:
-        assert reader.db.execute("PRAGMA user_version").fetchone()[0] == 2 == schema.SCHEMA_VERSION
+        assert reader.db.execute("PRAGMA user_version").fetchone()[0] == 3 == schema.SCHEMA_VERSION
         assert reader.postmortems() == []
         assert reader.run().pid == 42 and reader.series(1, "train/loss").values == [0.25]
         columns = [row[1] for row in reader.db.execute("PRAGMA table_info(postmortems)")]

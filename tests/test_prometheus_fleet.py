@@ -23,9 +23,8 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import backend_script, wait_for
+from conftest import backend_script, free_ports, wait_for
 from prometheus_server import PrometheusServer, skip_reason
-from test_endpoint import free_ports
 
 from sampler.store.reader import StoreReader
 

@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
 import textwrap
 import time
 
+import pytest
 from conftest import TESTS_DIR
 
 from sampler.collectors import Sources
+from sampler.config import DEFAULT_CATEGORIES
 from sampler.ipc.channel import ChildParams, PostmortemTarget
-from sampler.ipc.status import EXIT_UNDECLARED, NOT_LOGGED, PHASE_IDLE, PHASE_STARTING, ChildStatus
+from sampler.ipc.status import (
+    ENDPOINT_BAD_ADDRESS,
+    ENDPOINT_NONE,
+    ENDPOINT_UNAVAILABLE,
+    EXIT_UNDECLARED,
+    NOT_LOGGED,
+    PHASE_IDLE,
+    PHASE_STARTING,
+    RESTART_CAUSES,
+    ChildStatus,
+    Health,
+)
 
 WRITER = textwrap.dedent(
     """
@@ -119,3 +133,112 @@ def test_child_params_cross_the_channel_typed() -> None:
     assert ChildParams.decode(params.encode()[4:]) == params
     bare = ChildParams(("cpu",), 1.0, Sources("/", 1, "pynvml"), 1, 8, 10.0, None)
     assert ChildParams.decode(bare.encode()[4:]) == bare
+
+
+# --------------------------------------------------------------------------- endpoint and health words
+
+
+def test_a_new_block_has_no_endpoint_and_a_clean_health() -> None:
+    status, fd = ChildStatus.create()
+    child = ChildStatus.from_fd(fd)
+    os.close(fd)
+    try:
+        assert status.endpoint() == ENDPOINT_NONE == 0
+        health = child.health()
+        assert health == Health({"crash": 0, "hang": 0, "start": 0}, 0, ())
+        assert list(health.restarts) == list(RESTART_CAUSES) == ["crash", "hang", "start"]
+    finally:
+        child.close()
+        status.close()
+
+
+@pytest.mark.parametrize(
+    "state", [9400, 65535, -errno.EADDRINUSE, ENDPOINT_UNAVAILABLE, ENDPOINT_BAD_ADDRESS]
+)
+def test_the_child_tells_the_backend_its_endpoint(state: int) -> None:
+    status, fd = ChildStatus.create()
+    child = ChildStatus.from_fd(fd)
+    os.close(fd)
+    try:
+        status.publish_logged(4, 99)
+        status.publish_health({"crash": 1}, 2, ["gpu"])
+        before = (status.read(), child.logged(), child.health())
+        child.set_endpoint(state)
+        assert status.endpoint() == state
+        assert (status.read(), child.logged(), child.health()) == before  # no other word moved
+    finally:
+        child.close()
+        status.close()
+
+
+def test_the_endpoint_states_are_distinct_from_ports_and_errnos() -> None:
+    lowest_errno = -max(errno.errorcode)
+    assert max(ENDPOINT_UNAVAILABLE, ENDPOINT_BAD_ADDRESS) < lowest_errno
+    assert len({ENDPOINT_NONE, ENDPOINT_UNAVAILABLE, ENDPOINT_BAD_ADDRESS}) == 3
+
+
+def test_the_backend_publishes_its_health_to_the_child() -> None:
+    status, fd = ChildStatus.create()
+    child = ChildStatus.from_fd(fd)
+    os.close(fd)
+    try:
+        status.publish_health({"crash": 3, "hang": 1, "start": 2}, 17, ["gpu", "cpu", "container"])
+        health = child.health()
+        assert health.restarts == {"crash": 3, "hang": 1, "start": 2}
+        assert health.records_lost == 17
+        assert health.quarantined == ("cpu", "gpu", "container")  # in DEFAULT_CATEGORIES order
+        status.publish_health({"hang": 4}, 0, [])  # a cause not given counts 0; nothing quarantined
+        assert child.health() == Health({"crash": 0, "hang": 4, "start": 0}, 0, ())
+        everything = list(DEFAULT_CATEGORIES)
+        status.publish_health({}, 2**40, everything)
+        assert child.health() == Health(dict.fromkeys(RESTART_CAUSES, 0), 2**40, DEFAULT_CATEGORIES)
+        assert child.read().phase == PHASE_STARTING and child.logged() == (0, NOT_LOGGED)
+        assert status.endpoint() == ENDPOINT_NONE
+    finally:
+        child.close()
+        status.close()
+
+
+def test_publish_lost_changes_only_the_records_lost() -> None:
+    status, fd = ChildStatus.create()
+    child = ChildStatus.from_fd(fd)
+    os.close(fd)
+    try:
+        child.set_endpoint(9401)
+        status.publish_logged(9, 300)
+        status.publish_health({"crash": 2, "hang": 1, "start": 5}, 4, ["disk", "process_tree"])
+        status.publish_lost(11)
+        assert child.health() == Health({"crash": 2, "hang": 1, "start": 5}, 11, ("disk", "process_tree"))
+        assert status.endpoint() == 9401 and child.logged() == (10, 300)
+        snap = status.read()
+        assert (snap.phase, snap.samples, snap.exit_declared) == (PHASE_STARTING, 0, EXIT_UNDECLARED)
+    finally:
+        child.close()
+        status.close()
+
+
+def test_health_crosses_to_another_process() -> None:
+    status, fd = ChildStatus.create()
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "from sampler.ipc.status import ChildStatus\n"
+        "child = ChildStatus.from_fd(int(sys.argv[2]))\n"
+        "h = child.health()\n"
+        "print(h.restarts['crash'], h.restarts['start'], h.records_lost, *h.quarantined)\n"
+        "child.set_endpoint(9402)"
+    )
+    try:
+        status.publish_health({"crash": 1, "start": 6}, 23, ["network"])
+        done = subprocess.run(
+            [sys.executable, "-c", code, TESTS_DIR, str(fd)],
+            pass_fds=[fd],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["1", "6", "23", "network"]
+        assert status.endpoint() == 9402
+    finally:
+        os.close(fd)
+        status.close()

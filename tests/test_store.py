@@ -339,3 +339,89 @@ def test_an_on_sample_hook_hears_the_signals(caplog: pytest.LogCaptureFixture) -
     with sampler.ResourceMonitor(categories=["cpu"], step_source="seconds", on_sample=print, **FAST) as mon:
         wait_for(lambda: logged(mon) >= 2)
     assert not [r for r in caplog.records if "reach no one" in r.getMessage()]
+
+
+# --------------------------------------------------------------------------- schema version 3: placement
+
+
+def test_a_version_2_store_opened_for_writing_gets_the_placement_columns(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path, isolation_level=None)
+    for statement in (*schema._V1, *schema._V2):
+        db.execute(statement)
+    db.execute("PRAGMA user_version = 2")
+    db.execute(
+        "INSERT INTO runs (started_at, updated_at, host, pid, command, config, version)"
+        " VALUES (1.5, 2.5, 'h', 42, '[]', '{}', '0.0.2')"
+    )
+    db.execute("INSERT INTO signal_names (name) VALUES ('train/loss')")
+    db.execute("INSERT INTO points VALUES (1, 1, 7, 3.5, 0.25)")
+    db.close()
+    with pytest.raises(schema.StoreVersionError, match="older one"):
+        StoreReader(str(path))
+    schema.connect(str(path)).close()
+    with StoreReader(str(path)) as reader:
+        assert reader.db.execute("PRAGMA user_version").fetchone()[0] == 3 == schema.SCHEMA_VERSION
+        (run,) = reader.runs()
+        assert (run.pid, run.host, run.version) == (42, "h", "0.0.2")
+        assert (run.rank, run.local_rank, run.world_size, run.local_world_size) == (0, 0, 1, 1)
+        assert run.launch_id is None
+        assert reader.series(1, "train/loss").values == [0.25] and reader.postmortems() == []
+        columns = [row[1] for row in reader.db.execute("PRAGMA table_info(runs)")]
+    assert columns[-5:] == ["rank", "local_rank", "world_size", "local_world_size", "launch_id"]
+    schema.connect(str(path)).close()  # opened again: nothing left to migrate
+    with StoreReader(str(path)) as reader:
+        assert [r.id for r in reader.runs()] == [1]
+
+
+def test_a_run_row_records_where_the_backend_sits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "4",
+        "LOCAL_WORLD_SIZE": "2",
+        "TORCHELASTIC_RUN_ID": "job-42",
+    }.items():
+        monkeypatch.setenv(name, value)
+    store = tmp_path / "runs.sqlite"
+    with sampler.ResourceMonitor(categories=["process"], store=store, step_source="seconds", **FAST) as mon:
+        wait_for(lambda: mon.stats()["store_points_written"] > 0)
+    with StoreReader(str(store)) as reader:
+        (run,) = reader.runs()
+    assert (run.rank, run.local_rank, run.world_size, run.local_world_size) == (3, 1, 4, 2)
+    assert run.launch_id == "job-42" and run.host == socket.gethostname()
+    assert run.config["host_sampling"] == "local_rank_0"
+
+
+def test_a_run_written_without_a_placement_is_rank_0_alone(tmp_path: Path) -> None:
+    from sampler.placement import Placement
+    from sampler.store.writer import RunInfo, RunWriter
+
+    store = str(tmp_path / "runs.sqlite")
+    alone = RunWriter(store, RunInfo(pid=7, command=["a"], config={}, started_at=1.0))
+    alone.flush()
+    alone.close({})
+    placed = Placement(
+        "node-b", rank=5, local_rank=1, world_size=8, local_world_size=4, run_id="10.0.0.1:29500"
+    )
+    other = RunWriter(store, RunInfo(8, ["b"], {}, 2.0, placed))
+    other.flush()
+    other.close({})
+    with StoreReader(store) as reader:
+        first, second = reader.runs()
+    assert (first.host, first.rank, first.local_rank, first.world_size, first.local_world_size) == (
+        socket.gethostname(),
+        0,
+        0,
+        1,
+        1,
+    )
+    assert not first.launch_id  # the default placement names no launch
+    assert (second.host, second.rank, second.local_rank, second.world_size, second.local_world_size) == (
+        "node-b",
+        5,
+        1,
+        8,
+        4,
+    )
+    assert second.launch_id == "10.0.0.1:29500" and second.pid == 8

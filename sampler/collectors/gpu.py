@@ -138,8 +138,6 @@ class GpuCollector(Collector):
     def __init__(self, nvml: ModuleType, handles: dict[int, Any], pid: int = 0) -> None:
         self._nvml = nvml
         self._errors = _nvml_errors(nvml)
-        self.uuids = {index: _uuid(nvml, handle, self._errors) or "" for index, handle in handles.items()}
-        """NVML index -> the device's UUID ("" where NVML does not tell), read once."""
         self._devices = [_Device(index, handle) for index, handle in handles.items()]
         self._mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
         self._functions = {
@@ -183,12 +181,19 @@ class GpuCollector(Collector):
                 handles[index] = handle
         chosen = _choose(nvml, handles, devices, errors) if handles else []
         if share is not None:
-            chosen = owned(chosen, *share, one_each=devices == "visible" and len(chosen) == 1)
+            # A launcher that gives each rank its own device makes it the only one visible.
+            one_each = devices == "visible" and "CUDA_VISIBLE_DEVICES" in os.environ and len(chosen) == 1
+            chosen = owned(chosen, *share, one_each=one_each)
         chosen = sorted(chosen)
         if not chosen:
             attempt(nvml.nvmlShutdown, errors)
             return None
         return cls(nvml, {index: handles[index] for index in chosen}, pid)
+
+    @functools.cached_property
+    def uuids(self) -> dict[int, str]:
+        """NVML index -> the device's UUID ("" where NVML does not tell), read once when first asked."""
+        return {dev.index: _uuid(self._nvml, dev.handle, self._errors) or "" for dev in self._devices}
 
     def sample(self) -> list[float]:
         self._tree = self._scan_tree()

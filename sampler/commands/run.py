@@ -174,6 +174,11 @@ def main(args: argparse.Namespace) -> int:
         inner_rate_hz=settings["inner_rate_hz"][0],
         gpu_devices=settings["gpu_devices"][0],
         postmortem_dir=settings["postmortem_dir"][0],
+        prometheus_port=settings["prometheus_port"][0],
+        prometheus_address=settings["prometheus_address"][0],
+        prometheus_sd_dir=settings["prometheus_sd_dir"][0],
+        host_sampling=settings["host_sampling"][0],
+        run_id=settings["run_id"][0],
         pid=args.pid,
         sink=lambda name, value, step: None,
         nvml_module=args.nvml_module,
@@ -181,6 +186,8 @@ def main(args: argparse.Namespace) -> int:
     )
     enabled = ", ".join(monitor.categories) or "none"
     every = f"every {monitor.interval_seconds:g} s, step by {monitor.step_source}"
+    if monitor.prometheus_port is not None:
+        every += f", metrics at http://{monitor.prometheus_address}:{monitor.prometheus_port}/metrics"
     try:
         print(f"sampling {enabled} {every}; Ctrl-C stops", file=out, flush=True)
         try:

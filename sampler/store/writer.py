@@ -191,7 +191,7 @@ class RunWriter:
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (info.started_at, time.time(), where.host, info.pid, json.dumps(info.command),
                  json.dumps(info.config, default=str), package_version(), where.rank, where.local_rank,
-                 where.world_size, where.local_world_size, where.run_id),
+                 where.world_size, where.local_world_size, where.run_id or None),
             )  # fmt: skip
         except sqlite3.Error as exc:
             db.close()
