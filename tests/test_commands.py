@@ -20,7 +20,9 @@ import pytest
 from conftest import FAST, wait_for
 
 import sampler
+from sampler.placement import Placement
 from sampler.store.reader import StoreReader
+from sampler.store.writer import RunInfo, RunWriter
 
 CPU = "resource/cpu/utilization_percent"
 
@@ -267,3 +269,16 @@ def test_runs_and_top_agree_that_a_killed_backend_is_lost(tmp_path: Path) -> Non
     top = sampler_command("top", "runs.sqlite", "--once", cwd=tmp_path)
     assert runs.stdout.splitlines()[1].split()[-1] == "lost", runs.stdout
     assert " | lost | " in top.stdout.splitlines()[0], top.stdout
+
+
+def test_runs_names_the_rank_of_a_multi_rank_job(tmp_path: Path) -> None:
+    path = tmp_path / "runs.sqlite"
+    for rank in range(2):
+        where = Placement("node-7", rank=rank, local_rank=rank, world_size=2, local_world_size=2, run_id="j")
+        writer = RunWriter(str(path), RunInfo(100 + rank, ["train"], {}, time.time(), where))
+        writer.record({CPU: 1.0}, 1, time.monotonic_ns(), None)
+        writer.close({})
+    done = sampler_command("runs", str(path), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = done.stdout.splitlines()[1:]
+    assert ["node-7 rank 0/2" in rows[0], "node-7 rank 1/2" in rows[1]] == [True, True]

@@ -49,7 +49,7 @@ def _row(reader: StoreReader, run: Run) -> tuple[str, ...]:
         str(run.id),
         started,
         _duration(run.duration),
-        run.host,
+        run.where,
         str(run.pid),
         str(samples),
         "-" if last_step is None else str(last_step),

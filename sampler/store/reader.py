@@ -74,6 +74,11 @@ class Run:
             return None
 
     @property
+    def where(self) -> str:
+        """``host`` alone, or ``host rank R/W`` for a rank of a multi-rank job."""
+        return self.host if self.world_size == 1 else f"{self.host} rank {self.rank}/{self.world_size}"
+
+    @property
     def duration(self) -> float:
         """Seconds from start to end (or to the latest write)."""
         return (self.ended_at or self.updated_at) - self.started_at

@@ -401,7 +401,7 @@ def header_lines(view: View, now: float) -> list[Line]:
     duration = (now - run.started_at) if status == "running" else run.duration
     step = "-" if view.last_step is None else str(view.last_step)
     title = (
-        f"run {run.id} | {run.host} pid {run.pid} | {status} | {format_duration(duration)} | step {step}"
+        f"run {run.id} | {run.where} pid {run.pid} | {status} | {format_duration(duration)} | step {step}"
         f" | every {run.interval:g} s | q quits"
     )
     command = " ".join(run.command) or "?"
