@@ -87,7 +87,8 @@ class MonitorStats:
     store_error: str | None = None
     """Why the store cannot be written right now; None when it can."""
     prometheus_endpoint: str | None = None
-    """The URL the current child serves metrics at, None when none does."""
+    """The URL the latest child served metrics at (also while it is being restarted), None when
+    it could not serve."""
     prometheus_error: str | None = None
     """Why no endpoint serves (or cannot be found), when one was asked for."""
     last_record_monotonic: float | None = None
