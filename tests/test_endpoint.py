@@ -372,3 +372,37 @@ def test_an_address_that_does_not_resolve_is_reported(caplog: pytest.LogCaptureF
         wait_for(lambda: recorder.calls, what="a record")
         stats = mon.stats()
     assert "does not resolve" in stats["prometheus_error"]
+
+
+def test_a_discovery_directory_that_cannot_be_made_is_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    port = free_ports()
+    recorder = Recorder()
+    with (
+        caplog.at_level(logging.WARNING, logger="sampler"),
+        monitor(prometheus_port=port, prometheus_sd_dir=str(blocker / "sd"), sink=recorder) as mon,
+    ):
+        wait_for(lambda: recorder.calls, what="a record")
+        found = series(scrape(port))  # the endpoint serves; only discovery is missing
+        stats = mon.stats()
+    assert values_of(found, "wl_resource_process_threads")
+    (warning,) = [r.getMessage() for r in caplog.records if "discovery entry" in r.getMessage()]
+    assert "Prometheus will not find this endpoint" in warning
+    assert "cannot write the discovery entry" in stats["prometheus_error"]
+
+
+def test_a_port_past_the_last_is_one_warning_and_no_endpoint(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    with caplog.at_level(logging.WARNING, logger="sampler"):
+        mon = monitor(prometheus_port=65534)
+    assert mon.prometheus_port is None
+    (warning,) = [r.getMessage() for r in caplog.records if "past port" in r.getMessage()]
+    assert "prometheus_port=65534 plus local rank 3" in warning
