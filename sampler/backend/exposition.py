@@ -12,14 +12,46 @@ import errno
 import logging
 import os
 
+from sampler import config
 from sampler.backend.stats import MonitorStats
 from sampler.exporters import discovery
 from sampler.ipc.channel import PrometheusTarget
 from sampler.ipc.status import ENDPOINT_BAD_ADDRESS, ENDPOINT_NO_CLIENT, ENDPOINT_NONE, ENDPOINT_UNAVAILABLE
 from sampler.placement import Placement
 from sampler.quoting import bounded_repr
+from sampler.store.writer import package_version
 
 log = logging.getLogger("sampler")
+
+
+def rank_port(port: int | None, where: Placement) -> int | None:
+    """This rank's port: the configured one plus the local rank; None for no
+    endpoint, also (with a warning) past the last port."""
+    if port is None:
+        return None
+    if port + where.local_rank > config.MAX_PORT:
+        log.warning(
+            "resource monitor: prometheus_port=%d plus local rank %d is past port %d; no Prometheus endpoint",
+            port,
+            where.local_rank,
+            config.MAX_PORT,
+        )
+        return None
+    return port + where.local_rank
+
+
+def target(
+    where: Placement, address: str, port: int, sd_dir: str | None, host_sampling: str
+) -> PrometheusTarget:
+    """The endpoint a run's children serve at ``address:port``, and its discovery entry in ``sd_dir``."""
+    sd_file = None if sd_dir is None else discovery.entry_path(sd_dir, where, os.getpid())
+    info = {
+        "version": package_version(),
+        "world_size": str(where.world_size),
+        "local_world_size": str(where.local_world_size),
+        "host_sampling": host_sampling,
+    }
+    return PrometheusTarget(address, port, where.labels(), info, sd_file)
 
 
 def describe_failure(state: int, target: PrometheusTarget) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 
 from sampler import config, placement, signals
-from sampler.backend import postmortems
+from sampler.backend import exposition, postmortems
 from sampler.backend.emit import Emitter, SampleHook, Sink
 from sampler.backend.exposition import Exposition
 from sampler.backend.spawn import STOP_TIMEOUT_SECONDS
@@ -37,11 +37,10 @@ from sampler.backend.stats import MonitorStats
 from sampler.backend.steps import AgeSource, StepStamper
 from sampler.backend.supervisor import Settings, Supervisor
 from sampler.collectors import Sources
-from sampler.exporters import discovery
-from sampler.ipc.channel import PostmortemTarget, PrometheusTarget
+from sampler.ipc.channel import PostmortemTarget
 from sampler.placement import HOST_WIDE_CATEGORIES, Placement
 from sampler.quoting import bounded_repr
-from sampler.store.writer import RunInfo, RunWriter, package_version
+from sampler.store.writer import RunInfo, RunWriter
 
 log = logging.getLogger("sampler")
 
@@ -207,7 +206,7 @@ class ResourceMonitor:
             backoff_cap=_restart_backoff[1],
         )
         self._postmortem_dir = api.postmortem_dir
-        self._prometheus_port = _rank_port(api.prometheus_port, where)
+        self._prometheus_port = exposition.rank_port(api.prometheus_port, where)
         self._prometheus_address = api.prometheus_address
         self._prometheus_sd_dir = api.prometheus_sd_dir
         self._store = api.store
@@ -360,7 +359,13 @@ class ResourceMonitor:
                 target = PostmortemTarget(self._postmortem_dir, self._store, info.started_at)
                 settings = dataclasses.replace(settings, postmortem=target)
             if self._prometheus_port is not None:
-                endpoint = self._prometheus_target()
+                endpoint = exposition.target(
+                    self._placement,
+                    self._prometheus_address,
+                    self._prometheus_port,
+                    self._prometheus_sd_dir,
+                    self._host_sampling,
+                )
                 settings = dataclasses.replace(settings, prometheus=endpoint)
                 run.exposition = Exposition(endpoint, self._placement, stats)
             run.supervisor = Supervisor(
@@ -405,23 +410,6 @@ class ResourceMonitor:
             if child is not None:
                 child.kill()
             log.warning("resource monitor: the monitor thread is busy in a call; it ends after it returns")
-
-    def _prometheus_target(self) -> PrometheusTarget:
-        """The endpoint this run's children serve, and its discovery entry."""
-        assert self._prometheus_port is not None
-        where = self._placement
-        sd_file = None
-        if self._prometheus_sd_dir is not None:
-            sd_file = discovery.entry_path(self._prometheus_sd_dir, where, os.getpid())
-        info = {
-            "version": package_version(),
-            "world_size": str(where.world_size),
-            "local_world_size": str(where.local_world_size),
-            "host_sampling": self._host_sampling,
-        }
-        return PrometheusTarget(
-            self._prometheus_address, self._prometheus_port, where.labels(), info, sd_file
-        )
 
     def stats(self) -> dict[str, Any]:
         """Counters and health: records read/logged/dropped/lost, signals logged,
@@ -486,20 +474,6 @@ def _pid(raw: object) -> int:
     if raw <= 0 or not psutil.pid_exists(raw):
         raise ValueError(f"pid={raw}: no such process")
     return raw
-
-
-def _rank_port(port: int | None, where: Placement) -> int | None:
-    """The port of this rank's endpoint: the configured one plus the local rank;
-    None (with a warning) past the last port."""
-    if port is None or port + where.local_rank <= config.MAX_PORT:
-        return None if port is None else port + where.local_rank
-    log.warning(
-        "resource monitor: prometheus_port=%d plus local rank %d is past port %d; no Prometheus endpoint",
-        port,
-        where.local_rank,
-        config.MAX_PORT,
-    )
-    return None
 
 
 def _hang_deadline(raw: object) -> float:
