@@ -22,12 +22,14 @@ from sampler.config import (
     STEP_SOURCES,
     load_resource_monitoring_config,
 )
+from sampler.placement import Placement
 
 __all__ = [
     "DEFAULT_CATEGORIES",
     "DEFAULT_INTERVAL_SECONDS",
     "DEFAULT_STEP_SOURCE",
     "STEP_SOURCES",
+    "Placement",
     "ResourceMonitor",
     "Sample",
     "get_resource_monitor",
