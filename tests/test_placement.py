@@ -458,3 +458,16 @@ def test_each_local_rank_samples_its_own_gpu_through_a_real_monitor(monkeypatch:
         "2",
         "3",
     }
+
+
+def test_without_local_world_size_local_rank_0_takes_every_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake(monkeypatch, devices=[{} for _ in range(3)])
+
+    def gpus() -> set[str]:
+        sink, _ = run_monitor(categories=["gpu"], nvml_module="fake_nvml")
+        return {name.split("/")[2] for name in sink.names() if name.startswith("resource/gpu/")}
+
+    launched_as(monkeypatch, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2")
+    assert gpus() == {"0", "1", "2"}  # it cannot tell what rank 1 owns: shown twice, never lost
+    launched_as(monkeypatch, RANK="1", LOCAL_RANK="1")
+    assert gpus() == {"1"}
