@@ -711,6 +711,8 @@ FIELDS: tuple[Field, ...] = (
     RUN_ID,
 )
 _BY_KEY = {field.key: field for field in FIELDS}
+MONITOR_FIELDS: tuple[Field, ...] = tuple(field for field in FIELDS if field is not ENABLED)
+"""The settings a ``ResourceMonitor`` takes, each as the keyword argument named by its key."""
 
 
 def defaults() -> dict[str, Any]:

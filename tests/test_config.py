@@ -11,6 +11,7 @@ at the end.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import os
@@ -2052,3 +2053,21 @@ def test_api_postmortem_dir_true_word_is_a_value_error_and_dot_slash_is_a_path(
     monkeypatch.chdir(tmp_path)
     assert resolve(postmortem_dir="./yes").postmortem_dir == str(tmp_path / "yes")
     assert resolve(postmortem_dir="off").postmortem_dir is None
+
+
+def test_every_setting_but_the_switch_is_a_keyword_of_the_monitor() -> None:
+    parameters = inspect.signature(sampler.ResourceMonitor).parameters
+    keys = [field.key for field in config.MONITOR_FIELDS]
+    assert keys == [field.key for field in config.FIELDS if field is not config.ENABLED]
+    assert set(keys) <= set(parameters) and "enabled" not in parameters
+
+
+def test_the_monitor_started_from_config_takes_every_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(config.ENV_RUN_ID, "from-env")
+    monkeypatch.setenv(config.ENV_HOST_SAMPLING, "every_rank")
+    monkeypatch.setenv(config.ENV_INNER_RATE, "5")
+    monitor = sampler.start_resource_monitor_from_config()
+    assert monitor is not None
+    sampler.stop_resource_monitor()
+    assert monitor.placement.run_id == "from-env"
+    assert (monitor.host_sampling, monitor.inner_rate_hz) == ("every_rank", 5.0)

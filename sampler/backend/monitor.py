@@ -515,21 +515,7 @@ def start_resource_monitor_from_config() -> ResourceMonitor | None:
         if not cfg["enabled"]:
             log.info("resource monitor: disabled by configuration")
             return None
-        monitor = ResourceMonitor(
-            interval_seconds=cfg["interval_seconds"],
-            categories=cfg["categories"],
-            disk_path=cfg["disk_path"],
-            step_source=cfg["step_source"],
-            store=cfg["store"],
-            inner_rate_hz=cfg["inner_rate_hz"],
-            gpu_devices=cfg["gpu_devices"],
-            postmortem_dir=cfg["postmortem_dir"],
-            prometheus_port=cfg["prometheus_port"],
-            prometheus_address=cfg["prometheus_address"],
-            prometheus_sd_dir=cfg["prometheus_sd_dir"],
-            host_sampling=cfg["host_sampling"],
-            run_id=cfg["run_id"],
-        )
+        monitor = ResourceMonitor(**{field.key: cfg[field.key] for field in config.MONITOR_FIELDS})
         _singleton, _singleton_pid = monitor.start(), os.getpid()
         return _singleton
 

@@ -83,9 +83,7 @@ def _effective(args: argparse.Namespace, resolution: config.Resolution) -> dict[
     configuration, which beats this command's own defaults."""
     values, sources = resolution.values, resolution.sources
     settings: dict[str, tuple[Any, str]] = {}
-    for field in config.FIELDS:
-        if field is config.ENABLED:
-            continue
+    for field in config.MONITOR_FIELDS:
         flagged = getattr(args, field.key, None)
         if flagged is not None:
             settings[field.key] = (flagged, field.flag or "")
@@ -166,19 +164,7 @@ def main(args: argparse.Namespace) -> int:
     closed = threading.Event()
     printer = _Printer(out, closed)
     monitor = ResourceMonitor(
-        interval_seconds=settings["interval_seconds"][0],
-        categories=settings["categories"][0],
-        disk_path=settings["disk_path"][0],
-        step_source=settings["step_source"][0],
-        store=settings["store"][0],
-        inner_rate_hz=settings["inner_rate_hz"][0],
-        gpu_devices=settings["gpu_devices"][0],
-        postmortem_dir=settings["postmortem_dir"][0],
-        prometheus_port=settings["prometheus_port"][0],
-        prometheus_address=settings["prometheus_address"][0],
-        prometheus_sd_dir=settings["prometheus_sd_dir"][0],
-        host_sampling=settings["host_sampling"][0],
-        run_id=settings["run_id"][0],
+        **{field.key: settings[field.key][0] for field in config.MONITOR_FIELDS},
         pid=args.pid,
         sink=lambda name, value, step: None,
         nvml_module=args.nvml_module,
