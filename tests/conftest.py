@@ -6,6 +6,7 @@ import argparse
 import io
 import os
 import socket
+import sqlite3
 import textwrap
 import threading
 import time
@@ -22,6 +23,7 @@ from ringbuf import NAME_PREFIX
 from sampler import commands, config
 from sampler.backend import steps
 from sampler.placement import LAUNCHER_VARS
+from sampler.store import schema
 
 FAST = {"interval_seconds": 0.1, "_min_interval_seconds": 0.05}
 """Monitor settings for tests: below the 1 s floor, which only tests and benchmarks may use."""
@@ -172,3 +174,20 @@ def scrape(port: int) -> str:
     """The body of ``/metrics`` on 127.0.0.1:``port``; raises ``OSError`` when nothing serves."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         return response.read().decode()
+
+
+def old_store(path: Path, version: int) -> Path:
+    """A run store left at schema ``version`` by the real migrations, holding one run
+    (pid 42 on host ``h``, written by ``0.0.<version>``) with one ``train/loss`` point."""
+    db = sqlite3.connect(path, isolation_level=None)
+    for migrate in range(version):
+        schema._MIGRATIONS[migrate](db)
+    db.execute(f"PRAGMA user_version = {version}")
+    db.execute(
+        "INSERT INTO runs (started_at, updated_at, host, pid, command, config, version)"
+        f" VALUES (1.5, 2.5, 'h', 42, '[]', '{{}}', '0.0.{version}')"
+    )
+    db.execute("INSERT INTO signal_names (name) VALUES ('train/loss')")
+    db.execute("INSERT INTO points VALUES (1, 1, 7, 3.5, 0.25)")
+    db.close()
+    return path

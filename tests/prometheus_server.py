@@ -268,18 +268,13 @@ class PrometheusServer:
         On timeout the AssertionError carries the last result and the targets, so a
         failing CI log says why (target down, never discovered, wrong labels...).
         """
-        deadline = time.monotonic() + timeout
-        while True:
-            result = self.query(expr)
-            if predicate(result):
-                return result
-            if time.monotonic() >= deadline:
-                raise AssertionError(
-                    f"query {expr!r}: predicate still false after {timeout} s\n"
-                    f"last result: {json.dumps(result)}\n"
-                    f"targets: {json.dumps(self.targets(), indent=1)}"
-                )
-            time.sleep(0.2)
+
+        def failure(result: list[dict[str, Any]]) -> str:
+            return f"query {expr!r}: predicate still false after {timeout} s\n" + (
+                f"last result: {json.dumps(result)}\ntargets: {json.dumps(self.targets(), indent=1)}"
+            )
+
+        return _poll(lambda: self.query(expr), predicate, timeout, failure)
 
     def wait_for_targets(
         self,
@@ -287,14 +282,27 @@ class PrometheusServer:
         timeout: float = 20.0,
     ) -> list[dict[str, Any]]:
         """Poll ``targets()`` until ``predicate`` holds on them; return them (AssertionError on timeout)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            active = self.targets()
-            if predicate(active):
-                return active
-            if time.monotonic() >= deadline:
-                raise AssertionError(
-                    f"targets: predicate still false after {timeout} s\n"
-                    f"last targets: {json.dumps(active, indent=1)}"
-                )
-            time.sleep(0.2)
+
+        def failure(active: list[dict[str, Any]]) -> str:
+            last = json.dumps(active, indent=1)
+            return f"targets: predicate still false after {timeout} s\nlast targets: {last}"
+
+        return _poll(self.targets, predicate, timeout, failure)
+
+
+def _poll(
+    fetch: Callable[[], list[dict[str, Any]]],
+    predicate: Callable[[list[dict[str, Any]]], bool],
+    timeout: float,
+    failure: Callable[[list[dict[str, Any]]], str],
+) -> list[dict[str, Any]]:
+    """``fetch()`` every 0.2 s until ``predicate`` holds on what it returns;
+    after ``timeout`` s, AssertionError with ``failure(last)``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = fetch()
+        if predicate(found):
+            return found
+        if time.monotonic() >= deadline:
+            raise AssertionError(failure(found))
+        time.sleep(0.2)

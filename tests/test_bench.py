@@ -80,15 +80,17 @@ def test_quick_benchmark_produces_every_number(tmp_path: Path) -> None:
         assert (tmp_path / "bench.png").stat().st_size > 0
 
 
-def test_inner_rate_benchmark_prints_each_rate_against_1_hz() -> None:
+def quick(module: str) -> subprocess.CompletedProcess[str]:
+    """``python -m <module> --quick``, which must succeed."""
     done = subprocess.run(
-        [sys.executable, "-m", "bench.inner_rate", "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
+        [sys.executable, "-m", module, "--quick"], capture_output=True, text=True, timeout=120, cwd=REPO
     )
     assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_inner_rate_benchmark_prints_each_rate_against_1_hz() -> None:
+    done = quick("bench.inner_rate")
     rows = [line.split("|") for line in done.stdout.splitlines() if line.startswith("| ")]
     rows = [row for row in rows if row[1].strip().endswith(" Hz")]
     assert [row[1].strip() for row in rows] == ["1 Hz", "10 Hz", "50 Hz"]
@@ -96,28 +98,14 @@ def test_inner_rate_benchmark_prints_each_rate_against_1_hz() -> None:
 
 
 def test_tree_cost_benchmark_covers_0_8_and_64_workers() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.tree_cost", "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
-    assert done.returncode == 0, done.stderr
+    done = quick("bench.tree_cost")
     firsts = [line.split("|")[1].strip() for line in done.stdout.splitlines() if line.startswith("| ")]
     assert {"0", "8", "64"} <= set(firsts)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("prometheus_client") is None, reason="the prometheus extra")
 def test_prometheus_cost_benchmark_prints_the_scrape_and_backend_costs() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.prometheus_cost", "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
-    assert done.returncode == 0, done.stderr
+    done = quick("bench.prometheus_cost")
     rows = {  # a range "a to b" of ratios counts as its two numbers
         row[1].strip(): [part for cell in row[2:-1] for part in cell.strip().removesuffix("x").split(" to ")]
         for row in (line.split("|") for line in done.stdout.splitlines() if line.startswith("| "))

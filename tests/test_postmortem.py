@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 import pytest
 from cgroups import cgroup_skip_reason, memory_cgroup
-from conftest import FAST, Recorder, backend_script, gone, run_command, wait_for
+from conftest import FAST, Recorder, backend_script, gone, old_store, run_command, wait_for
 
 import sampler
 from ringbuf import Ring
@@ -523,18 +523,7 @@ def test_the_command_refuses_what_it_cannot_use(tmp_path: Path, capsys: pytest.C
 
 
 def test_a_version_1_store_opened_for_writing_gets_the_postmortems_table(tmp_path: Path) -> None:
-    path = tmp_path / "old.sqlite"
-    db = sqlite3.connect(path, isolation_level=None)
-    for statement in schema._V1:
-        db.execute(statement)
-    db.execute("PRAGMA user_version = 1")
-    db.execute(
-        "INSERT INTO runs (started_at, updated_at, host, pid, command, config, version)"
-        " VALUES (1.5, 2.5, 'h', 42, '[]', '{}', '0.0.1')"
-    )
-    db.execute("INSERT INTO signal_names (name) VALUES ('train/loss')")
-    db.execute("INSERT INTO points VALUES (1, 1, 7, 3.5, 0.25)")
-    db.close()
+    path = old_store(tmp_path / "old.sqlite", 1)
     with pytest.raises(schema.StoreVersionError, match="older one"):
         StoreReader(str(path))
     schema.connect(str(path)).close()

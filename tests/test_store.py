@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FAST, Recorder, backend_script, wait_for
+from conftest import FAST, Recorder, backend_script, old_store, wait_for
 
 import sampler
 from sampler.store import schema
@@ -345,18 +345,7 @@ def test_an_on_sample_hook_hears_the_signals(caplog: pytest.LogCaptureFixture) -
 
 
 def test_a_version_2_store_opened_for_writing_gets_the_placement_columns(tmp_path: Path) -> None:
-    path = tmp_path / "old.sqlite"
-    db = sqlite3.connect(path, isolation_level=None)
-    for statement in (*schema._V1, *schema._V2):
-        db.execute(statement)
-    db.execute("PRAGMA user_version = 2")
-    db.execute(
-        "INSERT INTO runs (started_at, updated_at, host, pid, command, config, version)"
-        " VALUES (1.5, 2.5, 'h', 42, '[]', '{}', '0.0.2')"
-    )
-    db.execute("INSERT INTO signal_names (name) VALUES ('train/loss')")
-    db.execute("INSERT INTO points VALUES (1, 1, 7, 3.5, 0.25)")
-    db.close()
+    path = old_store(tmp_path / "old.sqlite", 2)
     with pytest.raises(schema.StoreVersionError, match="older one"):
         StoreReader(str(path))
     schema.connect(str(path)).close()
