@@ -73,22 +73,20 @@ class Exposition:
 
     def __init__(self, target: PrometheusTarget, placement: Placement, stats: MonitorStats) -> None:
         self.target = target
-        self.placement = placement
+        self.address = discovery.target(target.address, target.port, placement.host)
+        """``host:port`` as a Prometheus server reaches the endpoint."""
         self.stats = stats
         self._warned: str | None = None
         self._listed = False
 
-    @property
-    def url(self) -> str:
-        address = discovery.target(self.target.address, self.target.port, self.placement.host)
-        return f"http://{address}/metrics"
 
     def seen(self, state: int) -> None:
         """A child handed over its ring; ``state`` is its endpoint word."""
         if state == ENDPOINT_NONE:
             return
         if state > 0:
-            self.stats.prometheus_endpoint, self.stats.prometheus_error = self.url, None
+            self.stats.prometheus_endpoint = f"http://{self.address}/metrics"
+            self.stats.prometheus_error = None
             self._list()
             return
         problem = describe_failure(state, self.target)
@@ -110,9 +108,8 @@ class Exposition:
         path = self.target.sd_file
         if path is None or self._listed:
             return
-        address = discovery.target(self.target.address, self.target.port, self.placement.host)
         try:
-            discovery.write_entry(path, address, self.target.labels)
+            discovery.write_entry(path, self.address, self.target.labels)
         except OSError as exc:
             problem = f"cannot write the discovery entry {path}: {exc.strerror or exc}"
             self.stats.prometheus_error = problem
