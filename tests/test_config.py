@@ -1629,32 +1629,6 @@ def test_prometheus_port_file_null_or_false_turns_the_env_port_off(
 
 
 @pytest.mark.parametrize(
-    ("yaml_value", "fragment"),
-    [
-        ("0", "in 1..65535"),
-        ("70000", "in 1..65535"),
-        ("abc", "expected a port number (1..65535)"),
-        ("true", "got bool"),
-        ("9400.0", "got float"),
-        ("[9400]", "got list"),
-    ],
-)
-def test_prometheus_port_file_invalid_warns_once_and_keeps_env(
-    tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, fragment: str
-) -> None:
-    path = write(tree.work / FILE_NAME, section(f"prometheus_port: {yaml_value}"))
-    result = tree.resolve({PORT_ENV: "9000"})
-    assert result.values["prometheus_port"] == 9000
-    assert result.sources["prometheus_port"] == PORT_ENV
-    assert_one_warning(
-        caplog,
-        f"{path}: resource_monitoring.prometheus_port=",
-        fragment,
-        "using prometheus_port=9000 instead",
-    )
-
-
-@pytest.mark.parametrize(
     ("raw", "expected"), [(9400, 9400), ("9400", 9400), (1, 1), (65535, 65535), (None, None), (False, None)]
 )
 def test_api_prometheus_port(caplog: pytest.LogCaptureFixture, raw: object, expected: int | None) -> None:
@@ -1725,23 +1699,6 @@ def test_prometheus_address_file_beats_env(tree: Tree, caplog: pytest.LogCapture
     assert result.values["prometheus_address"] == "0.0.0.0"
     assert result.sources["prometheus_address"] == f"{path}: resource_monitoring.prometheus_address"
     assert_no_warnings(caplog)
-
-
-@pytest.mark.parametrize(
-    ("yaml_value", "fragment"),
-    [("''", "such as 127.0.0.1"), ("'a b'", "such as 127.0.0.1"), ("5", "got int"), ("null", "got NoneType")],
-)
-def test_prometheus_address_file_invalid_warns_once_and_keeps_env(
-    tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, fragment: str
-) -> None:
-    path = write(tree.work / FILE_NAME, section(f"prometheus_address: {yaml_value}"))
-    assert tree.load({ADDRESS_ENV: "10.0.0.1"})["prometheus_address"] == "10.0.0.1"
-    assert_one_warning(
-        caplog,
-        f"{path}: resource_monitoring.prometheus_address=",
-        fragment,
-        "using prometheus_address='10.0.0.1' instead",
-    )
 
 
 def test_api_prometheus_address() -> None:
@@ -1818,18 +1775,6 @@ def test_prometheus_sd_dir_file_beats_env_and_false_turns_it_off(
     assert_no_warnings(caplog)
 
 
-@pytest.mark.parametrize(
-    ("yaml_value", "fragment"), [("true", "got bool"), ("'on'", "./on"), ("5", "got int")]
-)
-def test_prometheus_sd_dir_file_invalid_warns_once_and_keeps_env(
-    tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, fragment: str
-) -> None:
-    env_dir = str(tree.base / "env_sd")
-    path = write(tree.work / FILE_NAME, section(f"prometheus_sd_dir: {yaml_value}"))
-    assert tree.load({SD_ENV: env_dir})["prometheus_sd_dir"] == env_dir
-    assert_one_warning(caplog, f"{path}: resource_monitoring.prometheus_sd_dir=", fragment, quote(env_dir))
-
-
 def test_api_prometheus_sd_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     assert resolve().prometheus_sd_dir is None
@@ -1898,22 +1843,6 @@ def test_host_sampling_file_beats_env(tree: Tree, caplog: pytest.LogCaptureFixtu
     assert_no_warnings(caplog)
 
 
-@pytest.mark.parametrize(
-    ("yaml_value", "fragment"), [("sideways", "expected one of local_rank_0, every_rank"), ("5", "got int")]
-)
-def test_host_sampling_file_invalid_warns_once_and_keeps_env(
-    tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, fragment: str
-) -> None:
-    path = write(tree.work / FILE_NAME, section(f"host_sampling: {yaml_value}"))
-    assert tree.load({SAMPLING_ENV: "every_rank"})["host_sampling"] == "every_rank"
-    assert_one_warning(
-        caplog,
-        f"{path}: resource_monitoring.host_sampling=",
-        fragment,
-        "using host_sampling='every_rank' instead",
-    )
-
-
 def test_api_host_sampling() -> None:
     assert resolve().host_sampling == "local_rank_0"
     assert resolve(host_sampling="Every_Rank").host_sampling == "every_rank"
@@ -1973,20 +1902,6 @@ def test_run_id_file_beats_env_and_a_number_is_text(tree: Tree, caplog: pytest.L
     assert result.values["run_id"] == "42"
     assert result.sources["run_id"] == f"{path}: resource_monitoring.run_id"
     assert_no_warnings(caplog)
-
-
-@pytest.mark.parametrize(
-    ("yaml_value", "fragment"),
-    [("x" * 200, "at most 128"), ('"a\\tb"', "printable"), ("true", "got bool"), ("1.5", "got float")],
-)
-def test_run_id_file_invalid_warns_once_and_keeps_env(
-    tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, fragment: str
-) -> None:
-    path = write(tree.work / FILE_NAME, section(f"run_id: {yaml_value}"))
-    assert tree.load({RUN_ID_ENV: "from-env"})["run_id"] == "from-env"
-    assert_one_warning(
-        caplog, f"{path}: resource_monitoring.run_id=", fragment, "using run_id='from-env' instead"
-    )
 
 
 @pytest.mark.parametrize(
@@ -2071,3 +1986,52 @@ def test_the_monitor_started_from_config_takes_every_setting(monkeypatch: pytest
     sampler.stop_resource_monitor()
     assert monitor.placement.run_id == "from-env"
     assert (monitor.host_sampling, monitor.inner_rate_hz) == ("every_rank", 5.0)
+
+
+FILE_INVALID = [
+    # (field, env text, value the env var gives, YAML value, a fragment of the warning)
+    *((config.PROMETHEUS_PORT, "9000", 9000, raw, why) for raw, why in [
+        ("0", "in 1..65535"),
+        ("70000", "in 1..65535"),
+        ("abc", "expected a port number (1..65535)"),
+        ("true", "got bool"),
+        ("9400.0", "got float"),
+        ("[9400]", "got list"),
+    ]),
+    *((config.PROMETHEUS_ADDRESS, "10.0.0.1", "10.0.0.1", raw, why) for raw, why in [
+        ("''", "such as 127.0.0.1"), ("'a b'", "such as 127.0.0.1"),
+        ("5", "got int"), ("null", "got NoneType"),
+    ]),
+    *((config.PROMETHEUS_SD_DIR, "/srv/prometheus/sd", "/srv/prometheus/sd", raw, why) for raw, why in [
+        ("true", "got bool"), ("'on'", "./on"), ("5", "got int")
+    ]),
+    *((config.HOST_SAMPLING, "every_rank", "every_rank", raw, why) for raw, why in [
+        ("sideways", "expected one of local_rank_0, every_rank"), ("5", "got int")
+    ]),
+    *((config.RUN_ID, "from-env", "from-env", raw, why) for raw, why in [
+        ("x" * 200, "at most 128"), ('"a\\tb"', "printable"), ("true", "got bool"), ("1.5", "got float")
+    ]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("field", "env_text", "kept", "yaml_value", "fragment"), FILE_INVALID)
+def test_a_bad_file_value_of_the_new_fields_warns_once_and_keeps_the_env_var(
+    tree: Tree,
+    caplog: pytest.LogCaptureFixture,
+    field: config.Field,
+    env_text: str,
+    kept: object,
+    yaml_value: str,
+    fragment: str,
+) -> None:
+    assert field.env is not None
+    path = write(tree.work / FILE_NAME, section(f"{field.key}: {yaml_value}"))
+    result = tree.resolve({field.env: env_text})
+    assert result.values[field.key] == kept
+    assert result.sources[field.key] == field.env
+    assert_one_warning(
+        caplog,
+        f"{path}: resource_monitoring.{field.key}=",
+        fragment,
+        f"using {field.key}={field.show(kept)} instead",
+    )
