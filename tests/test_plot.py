@@ -4,6 +4,7 @@ monitor (and, where a counter must be controlled, by the store's own writer)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -412,3 +413,10 @@ def test_python_m_sampler_plot(store: Path, tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert missing.returncode == 2 and "no run store at" in missing.stderr
+
+
+def test_a_rank_of_a_multi_rank_job_is_named_in_its_legend() -> None:
+    alone = Run(1, 0.0, 60.0, 60.0, "node-7", 42, [], {}, "0.1.0", None)
+    rank = dataclasses.replace(alone, rank=3, local_rank=1, world_size=8, local_world_size=2)
+    assert plot.describe(alone).endswith(" · node-7")
+    assert plot.describe(rank).endswith(" · node-7 rank 3/8")

@@ -309,9 +309,9 @@ def _lines(
 
 
 def describe(run: Run) -> str:
-    """``run 3 · 2025-11-30 12:03:21 · 1 min 04 s · host``."""
+    """``run 3 · 2025-11-30 12:03:21 · 1 min 04 s · host`` (``host rank 1/4`` for a rank of a job)."""
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started_at))
-    return f"run {run.id} · {started} · {_duration(run.duration)} · {run.host}"
+    return f"run {run.id} · {started} · {_duration(run.duration)} · {run.where}"
 
 
 def _duration(seconds: float) -> str:
