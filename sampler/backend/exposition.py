@@ -79,7 +79,6 @@ class Exposition:
         self._warned: str | None = None
         self._listed = False
 
-
     def seen(self, state: int) -> None:
         """A child handed over its ring; ``state`` is its endpoint word."""
         if state == ENDPOINT_NONE:
