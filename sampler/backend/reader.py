@@ -84,6 +84,8 @@ class ChildReader:
         self.records = 0
         self.hung_phase: int | None = None
         self.exposition = exposition
+        self.base_starved = stats.readings_starved
+        """Readings earlier children lost to starvation (this child's block counts from 0)."""
 
     def _deadline_ns(self, snap: Snapshot) -> int:
         """When the child's current phase becomes overdue (monotonic ns)."""
@@ -210,12 +212,31 @@ class ChildReader:
             step = self.emitter.emit(fields, values, timestamp_ns)
             if step is not None:  # the child carries peaks over the records after this one
                 status.publish_logged(index, step)
+        if count:
+            self._check_starved()
         if count and self.records % CPU_STAT_EVERY == 0:
             stats.child_cpu_seconds_per_sample = self.status.read().cpu_seconds_per_sample
         self.records += count
         return count
 
+    def _check_starved(self) -> None:
+        """Say once when the child starts losing readings for want of descriptors
+        or memory (the word sits on the status page the records just touched)."""
+        starved = self.base_starved + self.status.starved()
+        stats = self.stats
+        if starved == stats.readings_starved:
+            return
+        if stats.readings_starved == 0:
+            log.warning(
+                "resource monitor: the sampling child (pid %s) is skipping readings because it ran out of "
+                "file descriptors or memory (EMFILE, ENFILE or ENOMEM); stats()['readings_starved'] counts "
+                "them, and a child whose every reading fails is replaced",
+                self.child.pid,
+            )
+        stats.readings_starved = starved
+
     def close(self) -> None:
+        self._check_starved()  # a child that left for starvation wrote no record saying so
         if self.ring is not None:
             self.ring.close()
             self.ring = None

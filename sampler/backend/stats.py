@@ -7,6 +7,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sampler.ipc.status import EXIT_STARVED
+
 if TYPE_CHECKING:
     from sampler.store.writer import RunWriter
 
@@ -41,6 +43,8 @@ class Death:
     def describe_exit(self) -> str:
         if self.exit_code is not None and self.exit_code < 0:
             return f"killed by {_signal_name(-self.exit_code)}"
+        if self.exit_code == EXIT_STARVED and not self.killed:
+            return "every reading failed: the child ran out of file descriptors or memory"
         if self.exit_code is not None:
             return f"exit status {self.exit_code}"
         if self.killed:
@@ -65,6 +69,9 @@ class MonitorStats:
     signals_logged: int = 0
     """Readings handed to the sink (``sink_errors`` counts the calls that raised)."""
     sink_errors: int = 0
+    readings_starved: int = 0
+    """Readings the child skipped because it ran out of file descriptors or memory
+    (``EMFILE``, ``ENFILE``, ``ENOMEM``): the monitor's trouble, not the machine's."""
     restarts: int = 0
     restarts_by_cause: dict[str, int] = field(default_factory=lambda: {"crash": 0, "hang": 0, "start": 0})
     deaths: list[Death] = field(default_factory=list)

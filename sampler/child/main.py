@@ -33,6 +33,7 @@ from ringbuf import Ring
 from sampler.child import postmortem
 from sampler.child.peaks import PeakTracker
 from sampler.collectors import Collector, build_collector
+from sampler.collectors.base import starvation
 from sampler.collectors.cadence import Cadence
 from sampler.collectors.gpu import GpuCollector
 from sampler.exporters import discovery
@@ -46,7 +47,14 @@ from sampler.ipc.channel import (
     open_pidfd,
     receive_hello,
 )
-from sampler.ipc.status import EXIT_CLEAN, EXIT_NO_SHARED_MEMORY, PHASE_IDLE, ChildStatus, phase_of
+from sampler.ipc.status import (
+    EXIT_CLEAN,
+    EXIT_NO_SHARED_MEMORY,
+    EXIT_STARVED,
+    PHASE_IDLE,
+    ChildStatus,
+    phase_of,
+)
 
 _EXIT_GRACE_SECONDS = 0.4
 """How long the watchdog lets the main thread finish cleanly before forcing exit."""
@@ -150,12 +158,11 @@ class Child:
                 socket.send_fds(self.sock, [RING], [ring_fd])
             finally:
                 os.close(ring_fd)
-            self._loop(ring, peaks)
+            return self._loop(ring, peaks)
         finally:
             with self.ring_lock:
                 self.ring = None
                 ring.close()
-        return EXIT_CLEAN
 
     def _serve(self, fields: list[str]) -> None:
         """Start the metrics endpoint before the ring is handed over, so the
@@ -179,8 +186,10 @@ class Child:
         self.status.enter(PHASE_IDLE)
         peaks.add(readings)
 
-    def _loop(self, ring: Ring, peaks: PeakTracker) -> None:
-        """Records every interval; between them, tracked readings at the inner rate."""
+    def _loop(self, ring: Ring, peaks: PeakTracker) -> int:
+        """Records every interval; between them, tracked readings at the inner rate.
+        Returns the exit status: clean once stopped, ``EXIT_STARVED`` when this
+        child can no longer read anything."""
         p = self.params
         records = Cadence(p.interval)
         inner = Cadence(1.0 / p.inner_rate_hz)
@@ -193,14 +202,14 @@ class Child:
             due_record = records.seconds_left()
             if self._tracking and inner.seconds_left() < due_record:
                 if self.stop.wait(inner.seconds_left()):
-                    return
+                    return EXIT_CLEAN
                 before = time.process_time_ns()
                 self._read_tracked(peaks)
                 cpu_ns += time.process_time_ns() - before
                 inner.advance()
                 continue
             if self.stop.wait(due_record):
-                return
+                return EXIT_CLEAN
             before = time.process_time_ns()
             timestamp_ns = time.monotonic_ns()
             if self._tracking:
@@ -210,6 +219,15 @@ class Child:
                 self.status.enter(phase)
                 values += collector.sample()
             self.status.enter(PHASE_IDLE)
+            starved, why = starvation.take()
+            if starved:
+                self.status.count_starved(starved)
+                if all(value != value for value in values):  # every reading failed (NaN)
+                    print(
+                        f"resource monitor child: every reading failed ({why}); leaving for a fresh child",
+                        file=sys.stderr,
+                    )
+                    return EXIT_STARVED
             peaks.include([values[i] for i in tracked_at])
             logged_through, _ = self.status.logged()
             values += peaks.close(ring.head, logged_through)
@@ -225,8 +243,8 @@ class Child:
             inner.advance()
 
     def close(self) -> None:
-        # The endpoint is left to the exit, which frees its port at once; shutting its
-        # server down first would wait out the server's half-second poll.
+        if self.endpoint is not None:
+            self.endpoint.close()
         for collector in self.collectors:
             collector.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 from collections.abc import Callable
@@ -26,7 +27,38 @@ READING_ERRORS: tuple[type[BaseException], ...] = (psutil.Error, OSError)
 """What a reading may legitimately raise: the process or file is gone, access
 is denied, the kernel has no such counter. Anything else is a bug."""
 
+STARVED_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+"""Failures that say the reader, not the thing read, is in trouble: the process
+or the system is out of descriptors or memory."""
+
 _reported: set[tuple[str, type[BaseException]]] = set()
+
+
+class Starvation:
+    """Readings that failed for one of ``STARVED_ERRNOS`` since the last ``take``.
+
+    Such a failure is not the reading's (the file is there, the process lives):
+    it says the sampler itself cannot work, so it is counted for the monitor
+    to report instead of passing as one more skipped reading.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last = ""
+
+    def note(self, exc: OSError) -> None:
+        self.count += 1
+        self.last = f"{errno.errorcode.get(exc.errno or 0, exc.errno)}: {exc.strerror or exc}"
+
+    def take(self) -> tuple[int, str]:
+        """(readings starved since the last call, the latest reason)."""
+        taken = self.count, self.last
+        self.count = 0
+        return taken
+
+
+starvation = Starvation()
+"""The process's count: collectors run in one thread (the child's main thread)."""
 
 
 def attempt(read: Callable[[], T], errors: tuple[type[BaseException], ...] = READING_ERRORS) -> T | None:
@@ -35,11 +67,14 @@ def attempt(read: Callable[[], T], errors: tuple[type[BaseException], ...] = REA
     ``errors`` are the failures a reading can legitimately meet; any other
     exception is a programming error: the reading is skipped too, and the
     first time each call site raises each kind it is reported with its
-    traceback, so a signal that never appears is never a mystery.
+    traceback, so a signal that never appears is never a mystery. A failure
+    for want of descriptors or memory is counted in ``starvation``.
     """
     try:
         return read()
-    except errors:
+    except errors as exc:
+        if isinstance(exc, OSError) and exc.errno in STARVED_ERRNOS:
+            starvation.note(exc)
         return None
     except Exception as exc:
         key = (getattr(read, "__qualname__", repr(read)), type(exc))

@@ -114,8 +114,23 @@ RECORDS_LOST = _m(
 )
 QUARANTINED = _m("monitor_quarantined", 1, "1 for a category quarantined after killing the child, else 0.")
 CHILD_CPU = _m("monitor_child_cpu_seconds_per_sample", 1, "CPU the sampling child spends per record.")
+CONNECTIONS_DROPPED = _m(
+    "monitor_endpoint_connections_dropped_total",
+    1,
+    "Connections to this endpoint it dropped: idle, slow, broken or over the limit, by reason.",
+    COUNTER,
+)
 INFO = _m("monitor_info", 1, "Always 1; the labels describe the monitor.")
-OWN_METRICS = (MODEL_AGE, LAST_RECORD, RESTARTS, RECORDS_LOST, QUARANTINED, CHILD_CPU, INFO)
+OWN_METRICS = (
+    MODEL_AGE,
+    LAST_RECORD,
+    RESTARTS,
+    RECORDS_LOST,
+    QUARANTINED,
+    CHILD_CPU,
+    CONNECTIONS_DROPPED,
+    INFO,
+)
 
 
 @dataclass(frozen=True)

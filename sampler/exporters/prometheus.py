@@ -14,12 +14,12 @@ from __future__ import annotations
 import errno
 import math
 import socket
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sampler.exporters import metrics
+from sampler.exporters.scrape_server import ScrapeServer
 from sampler.ipc.channel import PrometheusTarget
 from sampler.ipc.status import (
     ENDPOINT_BAD_ADDRESS,
@@ -79,6 +79,8 @@ class RecordCollector:
             for metric, members, per_gpu in grouped.values()
         )
         self._latest: tuple[Sequence[float], float] | None = None
+        self.dropped: dict[str, int] = {}
+        """The endpoint's dropped connections by reason, once it serves."""
 
     def update(self, values: Sequence[float], wall_time: float) -> None:
         """The record just written, sampled at ``wall_time`` (s since the epoch)."""
@@ -131,45 +133,60 @@ class RecordCollector:
             cpu = family(metrics.CHILD_CPU, names)
             cpu.add_metric(values, per_sample)
             yield cpu
+        if self.dropped:
+            dropped = family(metrics.CONNECTIONS_DROPPED, (*names, "reason"))
+            for reason, count in self.dropped.items():
+                dropped.add_metric((*values, reason), count)
+            yield dropped
         info = family(metrics.INFO, tuple(self._info))
         info.add_metric(tuple(self._info.values()), 1)
         yield info
 
 
 class Endpoint:
-    """The HTTP server, in a daemon thread of the child."""
+    """The HTTP server, in a daemon thread of the child (see ``scrape_server``)."""
 
-    def __init__(self, server: Any, thread: threading.Thread) -> None:
+    def __init__(self, server: ScrapeServer) -> None:
         self._server = server
-        self._thread = thread
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return self._server.port
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Connections dropped so far, by reason (slow, idle or broken clients)."""
+        return self._server.dropped
 
     def close(self) -> None:
-        """Stop serving and release the port (bounded: the server polls twice a second)."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(1.0)
+        """Stop serving and release the port and every connection (bounded)."""
+        self._server.close()
 
 
 def open_endpoint(target: PrometheusTarget, collector: RecordCollector) -> tuple[Endpoint | None, int]:
     """Serve ``collector`` at ``target``: (the endpoint, the status word saying
     so), or (None, ``-errno`` or an ``ENDPOINT_*`` failure) when it cannot."""
     try:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.exposition import choose_encoder
     except ImportError:
         return None, ENDPOINT_NO_CLIENT
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
+
+    def render(accept: str) -> tuple[bytes, str]:
+        encoder, content_type = choose_encoder(accept)
+        return encoder(registry), content_type
+
     try:
-        server, thread = start_http_server(target.port, target.address, registry)
+        server = ScrapeServer(target.address, target.port, render)
     except socket.gaierror:
         return None, ENDPOINT_BAD_ADDRESS
     except OSError as exc:
         return None, -(exc.errno or errno.EIO)
     except Exception:
         return None, ENDPOINT_UNAVAILABLE
-    endpoint = Endpoint(server, thread)
+    endpoint = Endpoint(server)
+    collector.dropped = server.dropped
+    server.start()
     return endpoint, endpoint.port

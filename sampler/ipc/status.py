@@ -41,6 +41,11 @@ the child to export: once before the child starts, and as records are lost:
 7. to 9. child restarts so far, by cause (``RESTART_CAUSES`` order);
 10. records lost;
 11. the quarantined categories, bit k for ``DEFAULT_CATEGORIES[k]``.
+
+The child writes:
+
+12. readings that failed because the child ran out of descriptors or memory
+    (``EMFILE``, ``ENFILE``, ``ENOMEM``), so far.
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ EXIT_CLEAN = 0
 EXIT_NO_SHARED_MEMORY = 3
 """The child cannot create its ring (no memory for it): the backend then stops
 retrying and samples in-thread."""
+EXIT_STARVED = 4
+"""Every reading of a record failed for want of descriptors or memory: the child
+leaves so that a fresh one, with nothing leaked, takes over."""
 EXIT_UNDECLARED = -1
 """The child has not declared an exit: if it is gone, something killed it."""
 NOT_LOGGED = -1
@@ -79,12 +87,13 @@ ENDPOINT_NO_CLIENT = ENDPOINT_UNAVAILABLE - 2
 RESTART_CAUSES: tuple[str, ...] = ("crash", "hang", "start")
 
 _PHASE_BIAS = 16
-_WORDS = 12
+_WORDS = 13
 _CHILD_WORDS = 4
 _SIZE = _WORDS * 8
 _READ = struct.Struct(f"@{_CHILD_WORDS}q")
 _LOGGED = struct.Struct("@2q")
 _HEALTH = struct.Struct("@5q")
+_STARVED = struct.Struct("@q")
 """The reader's side: numpy would be cheaper to write with, but the backend reads
 once per wake-up, cache-cold, and struct touches far less code than numpy."""
 
@@ -187,6 +196,15 @@ class ChildStatus:
     def publish_lost(self, records_lost: int) -> None:
         """Backend side: the records lost so far."""
         self._words[10] = records_lost
+
+    def count_starved(self, readings: int) -> None:
+        """Child side: ``readings`` more failed for want of descriptors or memory."""
+        self._words[12] += readings
+
+    def starved(self) -> int:
+        """Backend side: readings the child has lost to starvation so far (one load)."""
+        (count,) = _STARVED.unpack_from(self._seg.buf, 96)
+        return int(count)
 
     def health(self) -> Health:
         """Child side: the monitor's health as last published."""
