@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import psutil
 
@@ -34,6 +36,58 @@ class Rates:
         ]
         self._last, self._at = list(counters), now
         return rates
+
+
+class MonotonicTotals:
+    """Sums over devices of cumulative counters that never fall.
+
+    A plain sum falls when a device goes (an interface removed, a disk
+    detached), which Prometheus' ``rate()`` reads as a counter reset: a spike
+    of the whole sum. Here the first reading is the plain sum; after it, each
+    device adds what it moved since its previous reading (a device that
+    appears adds from then on, one that goes keeps what it added, and a
+    counter that went backwards, a driver reset, adds its new value).
+    """
+
+    def __init__(self, width: int) -> None:
+        self._width = width
+        self._totals: list[float] | None = None
+        self._last: Mapping[str, Sequence[float]] = {}
+
+    def update(self, devices: Mapping[str, Sequence[float]]) -> list[float]:
+        """The totals after this reading of every device's counters."""
+        if self._totals is None:
+            self._totals = [sum(values[i] for values in devices.values()) for i in range(self._width)]
+        else:
+            for name, values in devices.items():
+                before = self._last.get(name)
+                if before is None:
+                    continue
+                for i in range(self._width):
+                    moved = values[i] - before[i]
+                    self._totals[i] += moved if moved >= 0 else values[i]
+        self._last = devices
+        return list(self._totals)
+
+
+def _whole_disks() -> dict[str, tuple[float, float]]:
+    """Bytes read and written since boot per disk (MB), partitions left out: a
+    partition's bytes are in its disk's already (as in psutil's own total)."""
+    disks = psutil.disk_io_counters(perdisk=True) or {}
+    linux = sys.platform.startswith("linux")
+    return {
+        name: (io.read_bytes / MB, io.write_bytes / MB)
+        for name, io in disks.items()
+        if not linux or os.path.exists(f"/sys/block/{name.replace('/', '!')}")
+    }
+
+
+def _interfaces() -> dict[str, tuple[float, float]]:
+    """Bytes sent and received since boot per network interface."""
+    return {
+        name: (float(io.bytes_sent), float(io.bytes_recv))
+        for name, io in psutil.net_io_counters(pernic=True).items()
+    }
 
 
 class CpuCollector(Collector):
@@ -86,8 +140,9 @@ class MemoryCollector(Collector):
 
 class DiskCollector(Collector):
     """Usage of the filesystem holding ``path`` (% and GB used), cumulative
-    disk I/O of the whole machine (MB read and written since boot), and its
-    rates (MB/s) between consecutive samples."""
+    disk I/O of the whole machine (MB read and written since boot, summed over
+    disks so that it never falls: see ``MonotonicTotals``), and its rates (MB/s)
+    between consecutive samples."""
 
     category = "disk"
     names = (
@@ -102,11 +157,13 @@ class DiskCollector(Collector):
     def __init__(self, path: str) -> None:
         self.path = path
         self._rates = Rates(2)
+        self._totals = MonotonicTotals(2)
 
     def sample(self) -> list[float]:
         usage = attempt(lambda: psutil.disk_usage(self.path))
-        io = attempt(psutil.disk_io_counters)  # None on machines without disks to count
-        counters = [MISSING, MISSING] if io is None else [io.read_bytes / MB, io.write_bytes / MB]
+        disks = attempt(_whole_disks)
+        # No disks to count (some containers): no reading, rather than a total of 0.
+        counters = [MISSING, MISSING] if not disks else self._totals.update(disks)
         return [
             MISSING if usage is None else float(usage.percent),
             MISSING if usage is None else usage.used / GB,
@@ -116,8 +173,9 @@ class DiskCollector(Collector):
 
 
 class NetworkCollector(Collector):
-    """Cumulative bytes sent and received over all interfaces since boot, and
-    their rates (bytes/s) between consecutive samples."""
+    """Cumulative bytes sent and received over all interfaces since boot
+    (summed so that a removed interface never makes them fall: see
+    ``MonotonicTotals``), and their rates (bytes/s) between consecutive samples."""
 
     category = "network"
     names = (
@@ -129,8 +187,9 @@ class NetworkCollector(Collector):
 
     def __init__(self) -> None:
         self._rates = Rates(2)
+        self._totals = MonotonicTotals(2)
 
     def sample(self) -> list[float]:
-        net = attempt(psutil.net_io_counters)
-        counters = [MISSING, MISSING] if net is None else [float(net.bytes_sent), float(net.bytes_recv)]
+        interfaces = attempt(_interfaces)
+        counters = [MISSING, MISSING] if interfaces is None else self._totals.update(interfaces)
         return [*counters, *self._rates.update(counters, time.monotonic())]
