@@ -3,7 +3,8 @@
 The child serves; the backend only learns, once per child, whether it does
 (from the status block, when the child hands over its ring), says so in
 ``stats()``, warns once per problem rather than at every restart, and keeps
-the service discovery entry naming the endpoint only while it can serve.
+the service discovery entry naming the endpoint only while it can serve (and,
+listing it, removes the entries dead monitors of its host left behind).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class Exposition:
         self.target = target
         self.address = discovery.target(target.address, target.port, placement.host)
         """``host:port`` as a Prometheus server reaches the endpoint."""
+        self._host = placement.host
         self.stats = stats
         self._warned: str | None = None
         self._listed = False
@@ -117,6 +119,7 @@ class Exposition:
                 log.warning("resource monitor: %s; Prometheus will not find this endpoint", problem)
             return
         self._listed = True
+        discovery.remove_stale_entries(os.path.dirname(path), self._host)
 
     def _unlist(self) -> None:
         if self.target.sd_file is not None and self._listed:

@@ -22,9 +22,11 @@ Format: JSON lines (no NaN: a reading that failed is left out).
 
 Where: with a run store, a row of its ``postmortems`` table (``sampler.store.schema``);
 otherwise a file ``postmortem-<UTC time>-pid<N>.jsonl`` in the postmortem
-directory, written under a temporary name and then renamed, so a reader never
-sees half of one. What cannot be written falls back, said on stderr: a store to
-the directory (or the temporary one), a directory to ``fallback_directory()``.
+directory (mode 0600), written under a temporary name and then renamed, never
+through a link planted at either name (``sampler.atomicfile``), so a reader
+never sees half of one. What cannot be written falls back, said on stderr: a
+store to the directory (or the temporary one), a directory to
+``fallback_directory()``.
 Writing is capped at ``WRITE_CAP_SECONDS``: a stuck filesystem never keeps the
 child alive.
 """
@@ -50,6 +52,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ringbuf import Ring
+from sampler import atomicfile
 from sampler.ipc.channel import ChildParams, PostmortemTarget
 from sampler.ipc.status import ChildStatus
 from sampler.store import schema
@@ -62,6 +65,8 @@ FILE_NAME = re.compile(r"postmortem-(\d{8}T\d{6})\.(\d{3})Z-pid(\d+)(?:-\d+)?(\.
 READ_MARK = ".read"
 _TIME_FORMAT = "%Y%m%dT%H%M%S"
 FALLBACK_DIR_NAME = "resource_monitor_postmortems"
+MODE = 0o600
+"""A postmortem file's mode: its readings are its owner's."""
 WRITE_CAP_SECONDS = 2.0
 """The longest the child spends writing a postmortem before it leaves without one."""
 STORE_TIMEOUT_SECONDS = 0.5
@@ -223,21 +228,14 @@ def _to_store(path: str, started_at: float, snap: Snapshot, body: str, written_a
 def _to_directory(directory: str, snap: Snapshot, body: str) -> str:
     """Write the postmortem file into ``directory`` (made if missing); returns its path."""
     os.makedirs(directory, exist_ok=True)
-    name = file_name(snap.vanished_at, snap.params.backend_pid)
-    fd, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    path = os.path.join(directory, file_name(snap.vanished_at, snap.params.backend_pid))
+    data = body.encode()
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(body)
-        path = os.path.join(directory, name)
-        try:
-            os.link(temporary, path)  # unlike a rename, never replaces another monitor's postmortem
-        except FileExistsError:  # two monitors of one backend, dying in the same millisecond
-            path = path.removesuffix(".jsonl") + f"-{os.getpid()}.jsonl"
-            os.replace(temporary, path)
-        return path
-    finally:
-        if os.path.lexists(temporary):
-            os.unlink(temporary)
+        atomicfile.write(path, data, MODE, exclusive=True)  # never replaces another monitor's postmortem
+    except FileExistsError:  # two monitors of one backend, dying in the same millisecond
+        path = path.removesuffix(".jsonl") + f"-{os.getpid()}.jsonl"
+        atomicfile.write(path, data, MODE)
+    return path
 
 
 def write(snap: Snapshot, target: PostmortemTarget) -> str | None:

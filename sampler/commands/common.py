@@ -1,13 +1,15 @@
 """What the commands share: where the run store is by default, opening it with
-a one-line message instead of a traceback, and reading arguments with the
-configuration's parsers."""
+a one-line message instead of a traceback, refusing an output that would
+destroy it, and reading arguments with the configuration's parsers."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import sqlite3
+import stat
 import sys
 from collections.abc import Callable
 from typing import Any, TextIO, TypeVar
@@ -22,6 +24,8 @@ DEFAULT_STORE = "resource_monitor.sqlite"
 """The run store the commands use unless told otherwise, in the working directory."""
 EXIT_USAGE = 2
 """Exit status for a store, run or argument that cannot be used."""
+SQLITE_HEADER = b"SQLite format 3\x00"
+"""The first 16 bytes of every SQLite database file."""
 EXIT_BROKEN_PIPE = 141
 """128 + SIGPIPE: what a shell reports for a tool whose output pipe closed."""
 
@@ -66,6 +70,27 @@ def open_store(path: str) -> StoreReader | None:
         print(f"error: no run store at {path}", file=sys.stderr)
     except sqlite3.Error as exc:
         print(f"error: {path} cannot be read as a run store: {exc}", file=sys.stderr)
+    return None
+
+
+def output_problem(output: str, store: str) -> str | None:
+    """Why a command reading ``store`` must not write ``output`` (it is a
+    directory, the store itself through any link, or another SQLite database),
+    or None if it may."""
+    try:
+        found = os.stat(output)
+    except OSError:  # nothing there yet (or unreachable: writing it says why)
+        return None
+    if stat.S_ISDIR(found.st_mode):
+        return f"{output} is a directory"
+    refusal = f"refusing to write over {output}: it is"
+    with contextlib.suppress(OSError):
+        if os.path.samestat(found, os.stat(store)):
+            return f"{refusal} the run store {store}"
+    if stat.S_ISREG(found.st_mode):
+        with contextlib.suppress(OSError), open(output, "rb") as file:
+            if file.read(len(SQLITE_HEADER)) == SQLITE_HEADER:
+                return f"{refusal} an SQLite database"
     return None
 
 

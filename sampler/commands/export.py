@@ -6,6 +6,9 @@ signal, what ``pandas.read_csv`` wants; where a signal was logged more than
 once at a step, the last value wins, and ``wall_time`` is the step's latest.
 A value logged as NaN is empty in CSV and null in JSON lines.
 Rows stream out in order, so a store of any size exports in constant memory.
+``-o FILE`` streams into a temporary file beside FILE that becomes FILE once
+the export is whole (an interrupted export leaves neither); FILE must not be
+the store, or any SQLite database.
 """
 
 from __future__ import annotations
@@ -13,13 +16,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import io
 import itertools
 import json
 import sys
 from collections.abc import Generator
 from typing import Any, TextIO
 
-from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, open_store
+from sampler import atomicfile
+from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, open_store, output_problem
 from sampler.store.reader import StoreReader
 
 LONG_COLUMNS = ("run_id", "name", "step", "wall_time", "value")
@@ -48,6 +53,10 @@ def main(args: argparse.Namespace) -> int:
     if reader is None:
         return EXIT_USAGE
     with reader:
+        problem = None if args.output is None else output_problem(args.output, args.store)
+        if problem is not None:
+            print(f"error: {problem}", file=sys.stderr)
+            return EXIT_USAGE
         known = {run.id for run in reader.runs()}
         runs = args.run or sorted(known)
         missing = sorted(set(runs) - known)
@@ -56,10 +65,17 @@ def main(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         if args.output is None:
             _export(reader, runs, args.format, args.wide, args.out)
-        else:
-            with open(args.output, "w", newline="", encoding="utf-8") as out:
+            return 0
+        try:
+            with (
+                atomicfile.replacing(args.output, atomicfile.OUTPUT_MODE) as file,
+                io.TextIOWrapper(file, encoding="utf-8", newline="") as out,
+            ):
                 _export(reader, runs, args.format, args.wide, out)
-    return 0
+        except OSError as exc:
+            print(f"error: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_USAGE
+        return 0
 
 
 def _export(reader: StoreReader, runs: list[int], fmt: str, wide: bool, out: TextIO) -> None:

@@ -4,7 +4,8 @@ The run's own training signals on top, the resource panels grouped by
 category, one line per GPU, counters since boot as rates (MiB/s); ``--run``
 given more than once overlays runs for comparison. Writes
 ``<store stem>-run<ID>.png`` in the current directory unless ``-o`` says
-otherwise, and prints the path written. Needs matplotlib (the ``plot`` extra).
+otherwise, and prints the path written; never over the store, or any SQLite
+database. Needs matplotlib (the ``plot`` extra).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from sampler.commands.common import output_problem
 from sampler.store.reader import StoreReader
 from sampler.store.schema import StoreVersionError
 from sampler.views import plot
@@ -105,6 +107,9 @@ def main(args: argparse.Namespace) -> int:
             return _error(_not_a_store(args.store, exc))
         runs = list({run.id: run for run in runs}.values())  # --run 3 --run 3: once
         output = Path(args.output) if args.output else default_output(args.store, [run.id for run in runs])
+        problem = output_problem(str(output), args.store)
+        if problem is not None:
+            return _error(problem)
         try:
             path = plot.render(reader, runs, pattern=args.signals, x=args.x, output=output)
         except ImportError as exc:

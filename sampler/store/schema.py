@@ -57,11 +57,15 @@ is refused for writing (read it with that release).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Callable
 
 SCHEMA_VERSION = 3
+MODE = 0o600
+"""A new store's mode, and so its ``-wal`` and ``-shm`` files' (SQLite gives them
+the database's): it keeps every run's command line and configuration."""
 
 
 _V1 = (
@@ -165,12 +169,17 @@ def connect(path: str, *, readonly: bool = False, timeout: float = 0.0) -> sqlit
     Writers use WAL, so readers in other processes never block them and see
     every committed transaction; ``synchronous=NORMAL`` is durable across a
     crash of the process (not of the machine) without an fsync per commit.
-    ``timeout`` is how long a statement waits for a lock (s). Raises
-    ``sqlite3.Error`` (``StoreVersionError`` for a newer schema) or ``OSError``.
+    ``timeout`` is how long a statement waits for a lock (s). A new store is
+    created ``MODE``; an existing one keeps its mode. Raises ``sqlite3.Error``
+    (``StoreVersionError`` for a newer schema) or ``OSError``.
     """
     if readonly:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout, isolation_level=None)
     else:
+        if not os.path.exists(path):
+            # Created empty before SQLite opens it (it would use the umask's mode);
+            # no O_TRUNC, so a store another writer created meanwhile is left as it is.
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, MODE))
         db = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
     try:
         version = db.execute("PRAGMA user_version").fetchone()[0]

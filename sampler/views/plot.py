@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sampler import atomicfile
 from sampler.store.reader import Run, Series, StoreReader
 
 if TYPE_CHECKING:
@@ -505,9 +506,11 @@ def render(
     x: str = "step",
     output: str | Path,
 ) -> Path:
-    """Draw ``runs`` (see :func:`figure`) into the PNG ``output``; returns its path.
-    Raises what :func:`figure` raises, and ``OSError`` if the file cannot be written."""
+    """Draw ``runs`` (see :func:`figure`) into the PNG ``output`` (atomically, never
+    through a link: ``sampler.atomicfile``); returns its path. Raises what
+    :func:`figure` raises, and ``OSError`` if the file cannot be written."""
     fig = figure(reader, runs, pattern=pattern, x=x)
     path = Path(output)
-    fig.savefig(path, format="png", dpi=DPI)
+    with atomicfile.replacing(path, atomicfile.OUTPUT_MODE) as file:
+        fig.savefig(file, format="png", dpi=DPI)
     return path
