@@ -17,6 +17,7 @@ import math
 import os
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,9 @@ from sampler.ipc.channel import ChildParams, PostmortemTarget, open_pidfd
 from sampler.ipc.status import ChildStatus
 from sampler.store import schema
 from sampler.store.reader import StoreReader
+
+FALLBACK = f"{postmortem.FALLBACK_DIR_NAME}-{os.geteuid()}"
+"""The fallback directory's name under the temporary directory."""
 
 MEMORY = "resource/process/memory_in_use_mb"
 READY = "mon.stats()['records_logged'] >= 5"
@@ -317,7 +321,7 @@ def test_an_unwritable_directory_falls_back_to_the_temporary_one(
     directory = tmp_path / "a-file" / "postmortems"
     backend = start(backends, tmp_path, f"postmortem_dir={str(directory)!r}")
     err = backend.kill()
-    [path] = files(backend.tmp / postmortem.FALLBACK_DIR_NAME)
+    [path] = files(backend.tmp / FALLBACK)
     check_records(*parse(path.read_text()), backend.pid)
     assert f"cannot write a postmortem into {directory}" in err and f"is in {path}" in err, err
 
@@ -358,7 +362,7 @@ def test_a_monitor_stopped_normally_leaves_no_postmortem(tmp_path: Path, backend
     assert backend.proc.returncode == 0, err
     first, second = backend.child, int(out)
     wait_for(lambda: gone(first) and gone(second), timeout=5, what="both children to exit")
-    assert not directory.exists() and not (backend.tmp / postmortem.FALLBACK_DIR_NAME).exists()
+    assert not directory.exists() and not (backend.tmp / FALLBACK).exists()
     assert "postmortem" not in err, err
 
 
@@ -635,7 +639,7 @@ def test_nowhere_to_write_says_so_and_writes_nothing(
         assert postmortem.write(snap, params.postmortem) is None
     err = capfd.readouterr().err
     assert f"cannot write a postmortem into {blocker / 'postmortems'}" in err
-    assert f"cannot write a postmortem into {blocker / postmortem.FALLBACK_DIR_NAME}" in err
+    assert f"cannot write a postmortem into {blocker / FALLBACK}" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
@@ -651,3 +655,43 @@ def test_eof_is_a_death_only_once_the_backend_is_gone() -> None:
             os.close(pidfd)
     assert not postmortem.backend_died(parent, None)
     assert postmortem.backend_died(os.getpid(), None)
+
+
+@pytest.mark.parametrize("planted", ["link", "another user's"])
+def test_a_fallback_directory_planted_by_another_user_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], planted: str
+) -> None:
+    shared = tmp_path / "tmp"  # stands for /tmp, where any user can make the fallback's name first
+    shared.mkdir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    if planted == "link":
+        (shared / FALLBACK).symlink_to(victim)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("needs root to make a directory another user owns")
+        (shared / FALLBACK).mkdir()
+        os.chown(shared / FALLBACK, 65534, 65534)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with child_side([MEMORY], 3, blocker / "postmortems", None) as (params, ring, status):
+        snap = postmortem.take(params, ring, status, 100.0)
+    assert params.postmortem is not None
+    with monkeypatch.context() as patch:
+        patch.setattr(tempfile, "tempdir", str(shared))
+        assert postmortem.write(snap, params.postmortem) is None
+    err = capfd.readouterr().err
+    assert f"cannot write a postmortem into {shared / FALLBACK}" in err and "not a private directory" in err
+    assert list(victim.iterdir()) == [] and list((shared / FALLBACK).iterdir()) == []
+
+
+def test_the_fallback_directory_is_made_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with child_side([MEMORY], 3, blocker / "postmortems", None) as (params, ring, status):
+        snap = postmortem.take(params, ring, status, 100.0)
+    assert params.postmortem is not None
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    path = postmortem.write(snap, params.postmortem)
+    assert path is not None and Path(path).parent == tmp_path / FALLBACK
+    assert stat.S_IMODE((tmp_path / FALLBACK).stat().st_mode) == 0o700

@@ -26,7 +26,8 @@ directory (mode 0600), written under a temporary name and then renamed, never
 through a link planted at either name (``sampler.atomicfile``), so a reader
 never sees half of one. What cannot be written falls back, said on stderr: a
 store to the directory (or the temporary one), a directory to
-``fallback_directory()``.
+``fallback_directory()``, this user's own under the shared temporary directory
+(one planted there by another user, or a link, is refused).
 Writing is capped at ``WRITE_CAP_SECONDS``: a stuck filesystem never keeps the
 child alive.
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import calendar
 import contextlib
+import errno
 import json
 import math
 import os
@@ -42,6 +44,7 @@ import re
 import select
 import socket
 import sqlite3
+import stat
 import tempfile
 import threading
 import time
@@ -93,8 +96,22 @@ def backend_died(backend_pid: int, pidfd: int | None) -> bool:
 
 
 def fallback_directory() -> str:
-    """Where a postmortem goes when its own place cannot be written."""
-    return os.path.join(tempfile.gettempdir(), FALLBACK_DIR_NAME)
+    """Where a postmortem goes when its own place cannot be written: this user's
+    own directory under the shared temporary one."""
+    return os.path.join(tempfile.gettempdir(), f"{FALLBACK_DIR_NAME}-{os.geteuid()}")
+
+
+def _private(directory: str) -> None:
+    """Make sure ``directory``, in a place other users can write (``/tmp``), is
+    this user's own: made 0700 if missing; one another user made or planted (a
+    link, someone else's, writable by others) is refused. Raises ``OSError``."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o700)
+    found = os.lstat(directory)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid() or found.st_mode & 0o022:
+        raise PermissionError(
+            errno.EPERM, f"not a private directory of uid {os.geteuid()} (a link, or another user's)"
+        )
 
 
 def file_name(vanished_at: float, backend_pid: int) -> str:
@@ -257,6 +274,8 @@ def write(snap: Snapshot, target: PostmortemTarget) -> str | None:
     fallback = fallback_directory()
     for directory in dict.fromkeys(d for d in (target.directory, fallback) if d is not None):
         try:
+            if directory == fallback:
+                _private(directory)
             path = _to_directory(directory, snap, body)
         except OSError as exc:
             _say(f"cannot write a postmortem into {directory} ({exc})")
