@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from sampler.placement import DEFAULT_HOST_SAMPLING, HOST_SAMPLING_MODES
+from sampler.placement import DEFAULT_HOST_SAMPLING, HOST_SAMPLING_MODES, MAX_DIGITS, whole_number
 from sampler.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
@@ -420,9 +420,11 @@ def _gpu_device_entry(entry: object) -> str:
         raise Invalid(
             f"{_GPU_DEVICES_EXPECTED}; got an entry of type {type(entry).__name__}", wrong_type=True
         )
-    text = str(entry).strip()
-    if text.isdigit() or text.upper().startswith(("GPU-", "MIG-")):
-        return text
+    if isinstance(entry, int):
+        if 0 <= entry < 10**MAX_DIGITS:
+            return str(entry)
+    elif whole_number(entry) is not None or entry.strip().upper().startswith(("GPU-", "MIG-")):
+        return entry.strip()
     raise Invalid(f"{_GPU_DEVICES_EXPECTED}; {bounded_repr(entry, 40)} is neither an index nor a UUID")
 
 
@@ -456,21 +458,27 @@ def _directory(raw: object, remark: Remark) -> str | None:
     return path
 
 
+_OFF_WORDS = tuple(word for word in _FALSE_WORDS if word != "0")
+"""The false words but 0, which names a port (one the endpoint cannot take), not "none"."""
+
+
 def _port(raw: object, remark: Remark) -> int | None:
-    """A TCP port (1..65535), or None (null, false or a false word, blank text) for no endpoint."""
+    """A TCP port (1..65535) in plain digits, or None (null, false, blank text or a false word but
+    ``0``: false/no/off) for no endpoint."""
     if raw is None or raw is False:
         return None
     if isinstance(raw, str):
         word = raw.strip().lower()
-        if not word or word in _FALSE_WORDS:
+        if not word or word in _OFF_WORDS:
             return None
-        if not (word.isascii() and word.isdigit()):
-            raise Invalid(f"expected a port number (1..{MAX_PORT}), or false for none")
-        raw = int(word)
+        number = whole_number(word)
+        if number is None:
+            raise Invalid(f"expected a port number (1..{MAX_PORT}), or false/off for none")
+        raw = number
     if isinstance(raw, bool) or not isinstance(raw, int):
         raise Invalid(f"expected a port number, got {type(raw).__name__}", wrong_type=True)
     if not 1 <= raw <= MAX_PORT:
-        raise Invalid(f"expected a port number in 1..{MAX_PORT}")
+        raise Invalid(f"expected a port number in 1..{MAX_PORT}, or false/off for none")
     return raw
 
 
@@ -656,7 +664,6 @@ PROMETHEUS_ADDRESS = Field(
     from_text=_address,
     from_value=_address,
     help="address the metrics endpoint binds (0.0.0.0 for every interface)",
-    blank_is_unset=True,
 )
 PROMETHEUS_SD_DIR = Field(
     key="prometheus_sd_dir",

@@ -35,6 +35,9 @@ ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 ENV_ELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
 """torchrun's rendezvous id: the same in every rank of a launch (``none`` when not given)."""
 LAUNCHER_VARS = (ENV_RANK, ENV_LOCAL_RANK, ENV_WORLD_SIZE, ENV_LOCAL_WORLD_SIZE, ENV_ELASTIC_RUN_ID)
+MAX_DIGITS = 30
+"""The most significant digits a whole number read from text may have: no count, index, port or
+pid comes near, and ``int()`` refuses strings past 4,300 digits."""
 
 
 @dataclass(frozen=True)
@@ -96,14 +99,25 @@ def from_environment(environ: Mapping[str, str] | None = None, run_id: str | Non
     return Placement(host, rank, local_rank, world_size, local_world_size, run_id)
 
 
+def whole_number(text: str) -> int | None:
+    """The number ``text`` writes in the ASCII digits 0-9 alone, surrounding blanks aside (at
+    most ``MAX_DIGITS`` of them past leading zeros), or None. ``int()`` also takes a sign, ``_``
+    between digits, and other scripts' digits (Arabic-Indic, fullwidth): no launcher or setting
+    means those."""
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()):
+        return None
+    significant = digits.lstrip("0") or "0"
+    return int(significant) if len(significant) <= MAX_DIGITS else None
+
+
 def _number(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
     text = env.get(name)
     if text is None or not text.strip():
         return default
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise ValueError(f"{name}={bounded_repr(text)} is not a whole number") from None
+    value = whole_number(text)
+    if value is None:
+        raise ValueError(f"{name}={bounded_repr(text)} is not a whole number in the digits 0-9")
     if value < minimum:
         raise ValueError(f"{name}={bounded_repr(text)} is below {minimum}")
     return value

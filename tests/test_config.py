@@ -1581,11 +1581,10 @@ def test_prometheus_port_env_valid(
     assert_no_warnings(caplog)
 
 
-@pytest.mark.parametrize("raw", ["", "   ", "off", "FALSE", "no", "0"])
+@pytest.mark.parametrize("raw", ["", "   ", "off", "FALSE", "no"])
 def test_prometheus_port_env_blank_or_false_word_is_no_endpoint(
     tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
 ) -> None:
-    # "0" is a false word as every env var reads it: no endpoint, not an invalid port.
     assert tree.load({PORT_ENV: raw})["prometheus_port"] is None
     assert_no_warnings(caplog)
 
@@ -1595,11 +1594,16 @@ def test_prometheus_port_env_blank_or_false_word_is_no_endpoint(
     [
         ("70000", "in 1..65535"),
         ("65536", "in 1..65535"),
-        ("abc", "expected a port number (1..65535), or false for none"),
+        ("abc", "expected a port number (1..65535), or false/off for none"),
         ("true", "expected a port number"),
         ("-1", "expected a port number"),
         ("9400.5", "expected a port number"),
         ("\uff19\uff14\uff10\uff10", "expected a port number"),  # fullwidth digits: isdigit() but no port
+        ("0", "in 1..65535, or false/off for none"),  # a port, not a false word: off is spelled off
+        ("00", "in 1..65535"),
+        ("94_00", "expected a port number"),  # int() reads 9400
+        ("+9400", "expected a port number"),
+        ("9" * 5000, "expected a port number"),  # past the digits int() converts: no traceback
     ],
 )
 def test_prometheus_port_env_invalid_warns_once_and_has_no_endpoint(
@@ -1619,7 +1623,7 @@ def test_prometheus_port_file_beats_env(tree: Tree, caplog: pytest.LogCaptureFix
     assert_no_warnings(caplog)
 
 
-@pytest.mark.parametrize("yaml_value", ["null", "false", "'off'", "''", "'0'"])
+@pytest.mark.parametrize("yaml_value", ["null", "false", "'off'", "''"])
 def test_prometheus_port_file_null_or_false_turns_the_env_port_off(
     tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str
 ) -> None:
@@ -1642,6 +1646,8 @@ def test_api_prometheus_port(caplog: pytest.LogCaptureFixture, raw: object, expe
     ("raw", "error", "fragment"),
     [
         (0, ValueError, r"in 1\.\.65535"),
+        ("0", ValueError, r"in 1\.\.65535, or false/off for none"),
+        ("94_00", ValueError, "expected a port number"),
         (70000, ValueError, r"in 1\.\.65535"),
         (-1, ValueError, r"in 1\.\.65535"),
         ("abc", ValueError, "expected a port number"),
@@ -1674,13 +1680,15 @@ def test_prometheus_address_env_valid(
 
 
 @pytest.mark.parametrize("raw", ["", "   "])
-def test_prometheus_address_env_blank_is_unset(
+def test_prometheus_address_env_blank_warns_and_stays_local(
     tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
 ) -> None:
     result = tree.resolve({ADDRESS_ENV: raw})
     assert result.values["prometheus_address"] == config.DEFAULT_PROMETHEUS_ADDRESS == "127.0.0.1"
     assert result.sources["prometheus_address"] == config.DEFAULT_SOURCE
-    assert_no_warnings(caplog)
+    assert_one_warning(
+        caplog, f"{ADDRESS_ENV}={quote(raw)} is invalid", "host name or IP address", LOCAL_ONLY
+    )
 
 
 @pytest.mark.parametrize("raw", ["a b", "host\tname", "bell\x07", "h" * 256])
@@ -1992,6 +2000,7 @@ FILE_INVALID = [
     # (field, env text, value the env var gives, YAML value, a fragment of the warning)
     *((config.PROMETHEUS_PORT, "9000", 9000, raw, why) for raw, why in [
         ("0", "in 1..65535"),
+        ("'0'", "in 1..65535, or false/off for none"),  # a port, not a false word
         ("70000", "in 1..65535"),
         ("abc", "expected a port number (1..65535)"),
         ("true", "got bool"),
@@ -1999,7 +2008,7 @@ FILE_INVALID = [
         ("[9400]", "got list"),
     ]),
     *((config.PROMETHEUS_ADDRESS, "10.0.0.1", "10.0.0.1", raw, why) for raw, why in [
-        ("''", "such as 127.0.0.1"), ("'a b'", "such as 127.0.0.1"),
+        ("''", "such as 127.0.0.1"), ("'  '", "such as 127.0.0.1"), ("'a b'", "such as 127.0.0.1"),
         ("5", "got int"), ("null", "got NoneType"),
     ]),
     *((config.PROMETHEUS_SD_DIR, "/srv/prometheus/sd", "/srv/prometheus/sd", raw, why) for raw, why in [
@@ -2035,3 +2044,32 @@ def test_a_bad_file_value_of_the_new_fields_warns_once_and_keeps_the_env_var(
         fragment,
         f"using {field.key}={field.show(kept)} instead",
     )
+
+
+# --------------------------------------------------------------------------- whole numbers: digits 0-9 alone
+
+
+@pytest.mark.parametrize("raw", ["\u0661", "\u00b2", "\uff11", "1_0", "+1"])
+def test_a_gpu_index_is_plain_ascii_digits(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
+    # U+0661 (Arabic-Indic one) and "²" pass str.isdigit(); int() reads the first as 1, refuses the second.
+    result = tree.resolve({config.ENV_GPU_DEVICES: f"0,{raw}"})
+    assert result.values["gpu_devices"] == "all"
+    assert_one_warning(
+        caplog,
+        f"{config.ENV_GPU_DEVICES}=",
+        "is invalid",
+        "neither an index nor a UUID",
+        "using gpu_devices=all",
+    )
+
+
+def test_a_huge_gpu_index_in_the_file_warns(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    write(tree.work / FILE_NAME, section("gpu_devices: [0x" + "f" * 4000 + "]"))  # 4,800 decimal digits
+    assert tree.load()["gpu_devices"] == "all"
+    assert_one_warning(caplog, "resource_monitoring.gpu_devices=", "neither an index nor a UUID")
+
+
+def test_gpu_indices_and_uuids_in_plain_digits_are_kept(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    assert tree.load({config.ENV_GPU_DEVICES: " 1 , 03,GPU-ab"})["gpu_devices"] == ("1", "03", "GPU-ab")
+    assert resolve(gpu_devices=[2, "0"]).gpu_devices == ("2", "0")
+    assert_no_warnings(caplog)

@@ -125,7 +125,13 @@ def test_reads_the_process_environment_by_default(monkeypatch: pytest.MonkeyPatc
     [
         ({"RANK": "x"}, "RANK='x' is not a whole number"),
         ({"RANK": "1.0"}, "RANK='1.0' is not a whole number"),
-        ({"LOCAL_RANK": "-1"}, "LOCAL_RANK='-1' is below 0"),
+        ({"LOCAL_RANK": "-1"}, "LOCAL_RANK='-1' is not a whole number"),
+        # int() takes all of these; a launcher writes none of them: digits 0-9 alone.
+        ({"RANK": "1_0", "WORLD_SIZE": "16"}, "RANK='1_0' is not a whole number"),
+        ({"RANK": "+1", "WORLD_SIZE": "2"}, "RANK='+1' is not a whole number"),
+        ({"RANK": "\u0661", "WORLD_SIZE": "2"}, "RANK='\u0661' is not a whole number"),  # Arabic-Indic one
+        ({"LOCAL_WORLD_SIZE": "\u00b2"}, "LOCAL_WORLD_SIZE='\u00b2' is not a whole number"),  # isdigit()
+        ({"WORLD_SIZE": "1 0"}, "WORLD_SIZE='1 0' is not a whole number"),
         ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0' is below 1"),
         ({"LOCAL_WORLD_SIZE": "abc"}, "LOCAL_WORLD_SIZE='abc' is not a whole number"),
         (torchrun(4, 0, 4, 1), "do not fit together"),  # rank past the world
