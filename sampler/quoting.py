@@ -1,4 +1,5 @@
-"""Quoting values in messages without ever expanding them without bound."""
+"""Quoting values in messages without ever expanding them without bound, and showing text
+from elsewhere (a shared run store) without letting it drive the terminal."""
 
 from __future__ import annotations
 
@@ -39,3 +40,24 @@ def bounded_repr(value: object, limit: int = MAX_QUOTE) -> str:
     except Exception as exc:
         text = f"<unprintable {type(value).__name__}: {type(exc).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(char: str) -> str:
+    short = _SHORT_ESCAPES.get(char)
+    if short is not None:
+        return short
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def printable(text: str) -> str:
+    """``text`` as a terminal may be given it: each character ``str.isprintable()`` refuses
+    (C0 and C1 controls such as ESC, DEL, line breaks; bidi overrides and other format
+    characters; unassigned code points) shown as its Python escape (``\\x1b``, ``\\n``,
+    ``\\u202e``), the rest as is. For text read from a store others may write."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else _escape(char) for char in text)

@@ -146,6 +146,28 @@ def test_step_source_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert "model_age, seconds" in refused(capsys, "--step-source", "sideways")
 
 
+@pytest.mark.parametrize("raw", ["0", "00", "70000", "94_00"])
+def test_prometheus_port_0_is_refused_as_any_bad_port(capsys: pytest.CaptureFixture[str], raw: str) -> None:
+    err = refused(capsys, "--prometheus-port", raw)
+    assert f"argument --prometheus-port: {raw!r}: expected a port number" in err
+    assert "or false/off for none" in err
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [("1_0", "'1_0': not a process id"), ("+1", "not a process id"), ("9" * 20, "no such process")],
+)
+def test_pid_is_plain_digits_of_a_live_process(
+    capsys: pytest.CaptureFixture[str], raw: str, fragment: str
+) -> None:
+    assert fragment in refused(capsys, "--pid", raw)
+
+
+def test_prometheus_port_flag_off_is_no_endpoint() -> None:
+    assert parse("--prometheus-port", "off").prometheus_port is None
+    assert parse("--prometheus-port", "9400").prometheus_port == 9400
+
+
 def test_missing_disk_path_is_kept_with_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="sampler")
     missing = tmp_path / "not" / "yet"
@@ -245,3 +267,34 @@ def test_run_serves_metrics_with_the_prometheus_flags(
     assert f"metrics at http://127.0.0.1:{port}/metrics" in out.getvalue()
     assert "wl_resource_cpu_utilization_ratio{host=" in scraped[0] and 'run_id="by-hand"' in scraped[0]
     assert list((tmp_path / "sd").iterdir()) == []  # the entry left with the run
+
+
+def test_run_pid_without_pidfds_knows_the_process_by_its_start_time(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Where the kernel has no pidfds: the process is known by its pid and start time, so it
+    ends when it exits and is reaped (its pid free to be reused)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(run_command, "open_pidfd", lambda pid: None)
+    trainer = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    reaper = threading.Thread(target=trainer.wait)  # reaps it as soon as it exits
+    reaper.start()
+    out = io.StringIO()
+
+    def end_the_trainer_after_a_sample() -> None:
+        deadline = time.monotonic() + 30
+        while "step 1" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert trainer.stdin is not None
+        trainer.stdin.close()
+
+    ender = threading.Thread(target=end_the_trainer_after_a_sample)
+    ender.start()
+    argv = ["run", "--pid", str(trainer.pid), "--no-store", "--interval", "1", "--categories", "cpu"]
+    try:
+        assert cli.main([*argv, "--duration", "60"], out) == 0
+    finally:
+        ender.join()
+        trainer.kill()
+        reaper.join()
+    assert f"\nprocess {trainer.pid} ended\n" in out.getvalue()

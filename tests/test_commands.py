@@ -282,3 +282,47 @@ def test_runs_names_the_rank_of_a_multi_rank_job(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     rows = done.stdout.splitlines()[1:]
     assert ["node-7 rank 0/2" in rows[0], "node-7 rank 1/2" in rows[1]] == [True, True]
+
+
+def test_runs_shows_a_planted_host_escaped(tmp_path: Path) -> None:
+    """A store another user can write: its host names reach the reader's terminal escaped."""
+    path = tmp_path / "runs.sqlite"
+    writer = RunWriter(str(path), RunInfo(100, ["train"], {}, time.time()))
+    writer.record({CPU: 1.0}, 1, time.monotonic_ns(), None)
+    writer.close({})
+    db = sqlite3.connect(path)
+    db.execute("UPDATE runs SET host = ?", ("evil\x1b[2J\x1b]0;owned\x07\n\x9b1m\u202ehost",))
+    db.commit()
+    db.close()
+    done = sampler_command("runs", str(path), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert [c for c in done.stdout if c != "\n" and not c.isprintable()] == [], done.stdout
+    _, row = done.stdout.splitlines()
+    assert row.split()[4] == "evil\\x1b[2J\\x1b]0;owned\\x07\\n\\x9b1m\\u202ehost"
+
+
+def test_run_pid_says_the_process_ended_and_ends_the_run(tmp_path: Path) -> None:
+    """``run --pid``: when the watched process exits (here it stays a zombie, unreaped, as
+    a parent that is slow to wait leaves it), the run says so once and stops, status 0."""
+    trainer = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "sampler", "run", "--pid", str(trainer.pid), "--interval", "1",
+         "--categories", "process"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert run.stdout is not None and trainer.stdin is not None
+        wait_for(lambda: run.stdout.readline().startswith("step"), what="a first sample")
+        trainer.stdin.close()  # it exits
+        out, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+        run.wait()
+        trainer.kill()
+        trainer.wait()
+    assert run.returncode == 0, err
+    assert [line for line in out.splitlines() if "ended" in line] == [f"process {trainer.pid} ended"], out
+    assert out.rstrip().endswith("0 sink errors") and "Traceback" not in err
+    with StoreReader(str(tmp_path / "resource_monitor.sqlite")) as reader:
+        recorded = reader.run()
+    assert recorded.pid == trainer.pid and recorded.status == "ended"

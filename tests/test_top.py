@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -468,3 +469,36 @@ def test_top_in_a_terminal_waits_for_a_run_picks_it_up_and_quits_on_ctrl_c(tmp_p
         tmux.kill()
         if backend is not None:
             stop(backend)
+
+
+# --- text from the store reaches the terminal escaped ----------------------------------------------
+
+HOSTILE_HOST = "node\x1b[2J\x1b]0;owned\x07-7\u202egpj.exe\n\x9b31m"
+"""A host name planted in a shared store: clear the screen, retitle the terminal, reverse the text
+(bidi override), a line break, a C1 CSI."""
+HOSTILE_COMMAND = ["python", "\x1b[31mtrain.py", "--tag=a\x7fb\u200fc", "\x85"]
+
+
+def terminal_unsafe(text: str) -> list[str]:
+    """The characters of ``text`` a terminal would act on rather than show (line breaks aside)."""
+    return [c for c in text if c != "\n" and not c.isprintable()]
+
+
+def test_once_shows_the_stores_host_command_and_names_escaped(tmp_path: Path) -> None:
+    store = tmp_path / "runs.sqlite"
+    writer = RunWriter(str(store), run_info())
+    writer.log("train/\x1b[8mloss", 0.5, 1)
+    write(writer, 1, 1.0)
+    writer.close(
+        {"restarts": 1, "deaths": [{"cause": "\x1b[5mkilled", "category": "gpu"}], "error": "boom\x1b[0m\r"}
+    )
+    db = sqlite3.connect(store)
+    db.execute("UPDATE runs SET host = ?, command = ?", (HOSTILE_HOST, json.dumps(HOSTILE_COMMAND)))
+    db.commit()
+    db.close()
+    status, text = once(store)
+    assert status == 0 and terminal_unsafe(text) == [], text
+    title, command = text.splitlines()[:2]
+    assert "node\\x1b[2J\\x1b]0;owned\\x07-7\\u202egpj.exe\\n\\x9b31m pid" in title
+    assert ": python \\x1b[31mtrain.py --tag=a\\x7fb\\u200fc" in command
+    assert "\\x1b[8mloss" in text and "\\x1b[5mkilled" in text and "boom\\x1b[0m\\r" in text

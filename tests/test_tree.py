@@ -15,11 +15,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import FAST, Recorder, wait_for
+from conftest import FAST, Recorder, backend_script, wait_for
 
 import sampler
+from sampler.backend import spawn
 from sampler.collectors.base import MB
-from sampler.collectors.tree import COUNT, ProcessTreeCollector
+from sampler.collectors.tree import COUNT, SAMPLING_CHILD_PROGRAM, ProcessTreeCollector, runs_a_sampling_child
 
 ALWAYS = math.inf
 """``pss_cpu_share`` that makes every ``sample()`` a PSS pass."""
@@ -399,3 +400,46 @@ def test_the_sampling_child_is_not_part_of_the_tree() -> None:
         others = len(descendants - {monitor.child_pid})
         wait_for(lambda: monitor.stats()["records_logged"] >= 4, what="two more records")
     assert sink.values(COUNT)[-1] == 1 + others
+
+
+def test_the_watched_backends_own_sampling_child_is_not_part_of_its_tree(tmp_path: Path) -> None:
+    """``run --pid`` on a backend that runs a monitor of its own: that monitor's sampling child is
+    the backend's child, and no more part of the training than this collector's own; a worker is."""
+    script = tmp_path / "backend.py"
+    script.write_text(
+        backend_script("""
+        import subprocess
+        reads = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+        worker = subprocess.Popen(reads, stdin=subprocess.PIPE)
+        monitor = sampler.ResourceMonitor(categories=["cpu"], step_source="seconds", postmortem_dir=None,
+                                          interval_seconds=0.1, _min_interval_seconds=0.05).start()
+        while monitor.child_pid is None:
+            time.sleep(0.01)
+        print(worker.pid, monitor.child_pid, flush=True)
+        sys.stdin.read()
+        monitor.stop()
+        worker.stdin.close()
+        worker.wait()
+        """)
+    )
+    backend = subprocess.Popen(
+        [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert backend.stdin is not None and backend.stdout is not None
+    try:
+        worker, child = map(int, backend.stdout.readline().split())
+        assert spawn.is_sampling_child(psutil.Process(child).cmdline())
+        assert {p.pid for p in psutil.Process(backend.pid).children(recursive=True)} == {worker, child}
+        collector = ProcessTreeCollector(backend.pid)
+        assert collector.sample()[0] == 2  # the backend and its worker
+    finally:
+        backend.stdin.close()
+        backend.wait(timeout=30)
+        backend.stdout.close()
+
+
+def test_every_sampling_child_command_line_is_recognised() -> None:
+    assert runs_a_sampling_child(spawn.child_argv())
+    assert not runs_a_sampling_child([sys.executable, "-c", "print('hi')"])
+    assert not runs_a_sampling_child([sys.executable, "train.py", "-c", SAMPLING_CHILD_PROGRAM])
+    assert not runs_a_sampling_child([])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,10 @@ from sampler.collectors.base import MB, MISSING, Collector, attempt
 COUNT = "resource/process_tree/process_count"
 CPU = "resource/process_tree/cpu_utilization_percent"
 MEMORY = "resource/process_tree/memory_in_use_mb"
+
+SAMPLING_CHILD_PROGRAM = "from sampler.child.main import main"
+"""What the ``-c`` program of every sampling child runs (``sampler.backend.spawn``), whichever
+backend, and whichever version of this package, started it."""
 
 PSS_CPU_SHARE = 0.02
 """Share of one core that PSS passes may take on average: a pass that cost C CPU seconds
@@ -39,6 +42,12 @@ def _smaps_rollup(path: Path) -> tuple[int, int] | None:
             else:
                 uss += int(fields[0]) * 1024
     return None if pss is None else (pss, uss)
+
+
+def runs_a_sampling_child(cmdline: list[str]) -> bool:
+    """Whether ``cmdline`` is a sampling child's: ``python -c <program> ...`` whose program
+    runs ``SAMPLING_CHILD_PROGRAM``."""
+    return len(cmdline) > 2 and cmdline[1] == "-c" and SAMPLING_CHILD_PROGRAM in cmdline[2]
 
 
 def _read(proc: psutil.Process) -> tuple[float, int] | None:
@@ -109,7 +118,9 @@ class ProcessTreeCollector(Collector):
     of a process that exec'd, and long by memory newly shared, or shared only by processes
     that all exited.
 
-    The process running the collector (the sampling child) is left out.
+    Sampling children are left out (``runs_a_sampling_child``, read from each command line at
+    each ``sample()``): the one running the collector, and any other monitor's, such as the
+    watched backend's own when ``run --pid`` watches a backend that runs a monitor too.
     Descendants are found (``children(recursive=True)``, which reads the parent of every
     process on the machine) only in ``sample()``. ``sample_tracked()`` reads only the CPU
     times and RSS (``/proc/<pid>/stat`` and ``statm``) of the processes found then, through
@@ -131,8 +142,6 @@ class ProcessTreeCollector(Collector):
         every ``sample()``). Raises ``psutil.NoSuchProcess`` when ``pid`` is gone (or cannot
         be read)."""
         self.pid = pid
-        # The sampling child is the backend's child too: the tree is the backend's, without it.
-        self._sampler = os.getpid() if os.getpid() != pid else None
         self._procfs = Path(procfs)
         self._pss_cpu_share = pss_cpu_share
         self._root = psutil.Process(pid)
@@ -165,8 +174,8 @@ class ProcessTreeCollector(Collector):
         found: list[tuple[_Member, int]] = []  # with its RSS now
         cpu_seconds = 0.0
         for proc in [self._root, *descendants]:
-            if proc.pid == self._sampler:
-                continue
+            if proc is not self._root and runs_a_sampling_child(attempt(proc.cmdline) or []):
+                continue  # a monitor's, not the training's (the backend itself is never left out)
             reading = _read(proc)
             if reading is None:
                 continue  # exited since it was listed

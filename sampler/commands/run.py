@@ -5,15 +5,18 @@ Settings come from the configuration (SPEC 4); flags beat it, and are read by
 the same parsers (``sampler.config.FIELDS``). A foreground run has no model, so
 it steps by whole seconds unless ``--step-source`` says otherwise. When the
 reader of stdout goes away (``python -m sampler run | head``), the run ends
-quietly with exit status 141, as a Unix tool killed by SIGPIPE would.
+quietly with exit status 141, as a Unix tool killed by SIGPIPE would. With
+``--pid``, the run ends (status 0) when that process does, saying so.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import select
 import sys
 import threading
+import time
 from typing import Any, TextIO
 
 import psutil
@@ -22,22 +25,75 @@ from sampler import config
 from sampler.backend.emit import Sample
 from sampler.backend.monitor import ResourceMonitor
 from sampler.commands.common import DEFAULT_STORE, EXIT_BROKEN_PIPE, field_argument, seconds_argument, silence
+from sampler.ipc.channel import open_pidfd
+from sampler.placement import whole_number
 from sampler.quoting import bounded_repr
 
 MAX_DURATION_SECONDS = 30 * 86400.0
 """``--duration``'s ceiling, 30 days: longer is a service, not a foreground run
 (and past ~292 years ``threading.Event.wait`` raises OverflowError)."""
 FOREGROUND_STEP_SOURCE = "seconds"
+EXIT_POLL_SECONDS = 0.25
+"""While ``run --pid`` waits for its process to end: how often it looks whether its output
+closed, and, without pidfds, whether the process still runs."""
 
 
 def _pid(text: str) -> int:
-    try:
-        pid = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{bounded_repr(text)}: not a process id") from None
-    if pid <= 0 or not psutil.pid_exists(pid):
+    pid = whole_number(text)
+    if pid is None:
+        raise argparse.ArgumentTypeError(f"{bounded_repr(text)}: not a process id")
+    if not 0 < pid < 2**31 or not psutil.pid_exists(pid):  # a pid is a C int
         raise argparse.ArgumentTypeError(f"{pid}: no such process")
     return pid
+
+
+class _Watched:
+    """The process ``run --pid`` watches, known by a pidfd where the kernel has them, else by
+    its pid and start time: a pid reused by another process is never taken for it."""
+
+    def __init__(self, pid: int) -> None:
+        self._pidfd: int | None = None
+        self._process: psutil.Process | None = None
+        """Without a pidfd, the process (psutil remembers its start time); None once it is gone."""
+        try:
+            self._pidfd = open_pidfd(pid)
+            if self._pidfd is None:
+                self._process = psutil.Process(pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+
+    def ended(self, timeout: float) -> bool:
+        """Whether the process has ended (a zombie has), waiting for that up to ``timeout`` s."""
+        if self._pidfd is not None:
+            return bool(select.select([self._pidfd], [], [], timeout)[0])
+        time.sleep(timeout)
+        if self._process is None:
+            return True
+        try:
+            return not self._process.is_running() or self._process.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    def close(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+def _wait(closed: threading.Event, duration: float | None, watched: _Watched | None) -> bool:
+    """Wait until ``closed`` is set (the output went away), ``duration`` s passed (None: no
+    limit) or the ``watched`` process ended; True for the last."""
+    if watched is None:
+        closed.wait(duration)
+        return False
+    deadline = None if duration is None else time.monotonic() + duration
+    while not closed.is_set():
+        left = EXIT_POLL_SECONDS if deadline is None else min(EXIT_POLL_SECONDS, deadline - time.monotonic())
+        if left <= 0:
+            return False
+        if watched.ended(left):
+            return True
+    return False
 
 
 def _format_value(value: float) -> str:
@@ -141,7 +197,9 @@ def add_parser(commands: Any) -> None:
     )
     store.add_argument("--no-store", action="store_true", help="record nothing, only print")
     run.add_argument(
-        "--pid", type=_pid, help="monitor this process (a trainer started elsewhere), not this one"
+        "--pid",
+        type=_pid,
+        help="monitor this process (a trainer started elsewhere), not this one, until it ends",
     )
     run.add_argument(
         "--duration",
@@ -155,6 +213,15 @@ def add_parser(commands: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """``python -m sampler run``; returns the exit status (0, or 141 when ``out`` closed)."""
+    watched = _Watched(args.pid) if args.pid is not None else None
+    try:
+        return _run(args, watched)
+    finally:
+        if watched is not None:
+            watched.close()
+
+
+def _run(args: argparse.Namespace, watched: _Watched | None) -> int:
     out: TextIO = args.out
     resolution = config.resolve_config()
     settings = _effective(args, resolution)
@@ -176,12 +243,15 @@ def main(args: argparse.Namespace) -> int:
         every += f", metrics at http://{monitor.prometheus_address}:{monitor.prometheus_port}/metrics"
     try:
         print(f"sampling {enabled} {every}; Ctrl-C stops", file=out, flush=True)
+        ended = False
         try:
             with monitor:
-                closed.wait(args.duration)  # None: until Ctrl-C or a closed pipe
+                ended = _wait(closed, args.duration, watched)  # None: until Ctrl-C or a closed pipe
         except KeyboardInterrupt:
             pass
         if not closed.is_set():
+            if ended:
+                print(f"process {args.pid} ended", file=out, flush=True)
             stats = monitor.stats()
             summary = (
                 f"{printer.samples} samples, {stats['records_lost']} lost, {stats['sink_errors']} sink errors"

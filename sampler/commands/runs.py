@@ -1,31 +1,105 @@
-"""``python -m sampler runs STORE``: one line per run in a run store."""
+"""``python -m sampler runs STORE``: one line per run in a run store.
+
+``--prune`` keeps a store bounded (it grows about 6.7 MiB per hour per rank
+sampled every second): ``--older-than AGE`` (``7d``, ``12h``) or ``--before
+DATE`` (ISO, local time) removes the runs that ended, or were lost, and last
+wrote before then, with their points and postmortems, in one transaction; a
+live run is never removed. The file then shrinks (``VACUUM``) when no run is
+live and nothing else holds the store, else the space freed is reused by new
+points. ``--dry-run`` lists what would go.
+"""
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
+import sqlite3
+import sys
+import time
 from typing import Any, TextIO
 
-from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, open_store
-from sampler.store.reader import Run, StoreReader
+from sampler import config
+from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, argument, open_store
+from sampler.placement import whole_number
+from sampler.quoting import printable
+from sampler.store import schema
+from sampler.store.reader import RUN_COLUMNS, Run, StoreReader, decode_run
+
+PRUNE_TIMEOUT_SECONDS = 5.0
+"""How long pruning waits for a writer's lock (a writer holds it for milliseconds at a time)."""
+AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+"""``--older-than``'s units, in seconds."""
+MAX_AGE_DAYS = 36500
+"""``--older-than``'s ceiling, 100 years: no run is older."""
+MIB = 1024**2
+
+
+def _age(text: str) -> float:
+    """Seconds in an age such as ``7d``: a whole number (digits 0-9), then s, m, h, d or w."""
+    word = text.strip().lower()
+    number = whole_number(word[:-1]) if word[-1:] in AGE_UNITS else None
+    if number is None:
+        raise config.Invalid("expected an age such as 7d, 12h or 30m (a number, then s, m, h, d or w)")
+    seconds = number * AGE_UNITS[word[-1]]
+    if seconds > MAX_AGE_DAYS * 86400:
+        raise config.Invalid(f"at most {MAX_AGE_DAYS} days")
+    return float(seconds)
+
+
+def _date(text: str) -> float:
+    """The moment an ISO 8601 date, or date and time, names (local time unless it gives its
+    offset), in s since the epoch."""
+    try:
+        moment = datetime.datetime.fromisoformat(text.strip()).timestamp()
+        _local(moment)  # one this host can show
+    except (ValueError, OverflowError, OSError):
+        raise config.Invalid("expected an ISO date such as 2024-05-01 or 2024-05-01T12:00") from None
+    return moment
 
 
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
-        "runs", help="list the runs in a run store", description=__doc__.split("\n\n")[0]
+        "runs",
+        help="list the runs in a run store, or prune the old ones",
+        description=__doc__.split("\n\n")[0],
+        epilog=" ".join(__doc__.split("\n\n")[1].split()),
     )
     parser.add_argument(
         "store", nargs="?", default=DEFAULT_STORE, help=f"run store (default ./{DEFAULT_STORE})"
     )
-    parser.set_defaults(handler=main)
+    parser.add_argument(
+        "--prune", action="store_true", help="remove the ended and lost runs last written before a time"
+    )
+    when = parser.add_mutually_exclusive_group()
+    when.add_argument(
+        "--older-than",
+        type=argument(_age),
+        metavar="AGE",
+        help="prune runs last written longer ago (7d, 12h)",
+    )
+    when.add_argument(
+        "--before", type=argument(_date), metavar="DATE", help="prune runs last written before this ISO date"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="with --prune: list what would go, remove nothing"
+    )
+    parser.set_defaults(handler=main, usage_error=parser.error)
 
 
 def main(args: argparse.Namespace) -> int:
     out: TextIO = args.out
+    cutoff = time.time() - args.older_than if args.older_than is not None else args.before
+    if args.prune and cutoff is None:
+        args.usage_error("--prune needs --older-than AGE or --before DATE")
+    if not args.prune and (cutoff is not None or args.dry_run):
+        args.usage_error("--dry-run, --older-than and --before go with --prune")
     reader = open_store(args.store)
     if reader is None:
         return EXIT_USAGE
     with reader:
+        if args.prune:
+            return _prune(reader, cutoff, args.dry_run, out)
         runs = reader.runs()
         if not runs:
             print(f"{args.store} has no runs yet", file=out)
@@ -44,12 +118,11 @@ HEADER = ("id", "started", "duration", "host", "pid", "samples", "last step", "s
 
 def _row(reader: StoreReader, run: Run) -> tuple[str, ...]:
     samples, last_step = reader.counts(run.id)
-    started = datetime.datetime.fromtimestamp(run.started_at).strftime("%Y-%m-%d %H:%M:%S")
     return (
         str(run.id),
-        started,
+        _local(run.started_at),
         _duration(run.duration),
-        run.where,
+        printable(run.where),  # written by whoever can write the store
         str(run.pid),
         str(samples),
         "-" if last_step is None else str(last_step),
@@ -57,8 +130,126 @@ def _row(reader: StoreReader, run: Run) -> tuple[str, ...]:
     )
 
 
+def _local(wall: float) -> str:
+    return datetime.datetime.fromtimestamp(wall).strftime("%Y-%m-%d %H:%M:%S")
+
+
 def _duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+# --------------------------------------------------------------------------- pruning
+
+
+def prunable(db: sqlite3.Connection, cutoff: float) -> list[tuple[Run, str, int, int]]:
+    """The runs to prune: (run, its status, points, postmortems) of each run last written
+    before ``cutoff`` (s since the epoch) that ended or was lost (``Run.status``) now."""
+    found = []
+    for row in db.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE updated_at < ? ORDER BY id", (cutoff,)):
+        run = decode_run(row)
+        status = run.status
+        if status != "running":
+            ((points,),) = db.execute("SELECT COUNT(*) FROM points WHERE run_id = ?", (run.id,))
+            ((postmortems,),) = db.execute("SELECT COUNT(*) FROM postmortems WHERE run_id = ?", (run.id,))
+            found.append((run, status, points, postmortems))
+    return found
+
+
+def _prune(reader: StoreReader, cutoff: float, dry_run: bool, out: TextIO) -> int:
+    """Prune (or with ``dry_run`` list) the runs of ``prunable``, saying what went and how the
+    space they held is reclaimed."""
+    if dry_run:
+        _report(prunable(reader.db, cutoff), cutoff, "would remove", out)
+        return 0
+    before = _size(reader.path)
+    try:
+        db = schema.connect(reader.path, timeout=PRUNE_TIMEOUT_SECONDS)
+    except (sqlite3.Error, OSError) as exc:
+        print(f"error: cannot open {reader.path} for writing: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        db.execute("BEGIN IMMEDIATE")  # no writer may touch a run between its status read and its removal
+        try:
+            gone = prunable(db, cutoff)
+            ids = [(run.id,) for run, *_ in gone]
+            db.executemany("DELETE FROM points WHERE run_id = ?", ids)
+            db.executemany("DELETE FROM postmortems WHERE run_id = ?", ids)
+            db.executemany("DELETE FROM runs WHERE id = ?", ids)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        _report(gone, cutoff, "removed", out)
+        if gone:
+            kept = map(decode_run, db.execute(f"SELECT {RUN_COLUMNS} FROM runs"))
+            live = [run for run in kept if run.status == "running"]
+            print(reclaim(db, live, before, PRUNE_TIMEOUT_SECONDS), file=out)
+    except sqlite3.Error as exc:
+        print(f"error: cannot prune {reader.path}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        db.close()
+    return 0
+
+
+def _report(gone: list[tuple[Run, str, int, int]], cutoff: float, verb: str, out: TextIO) -> None:
+    """One line per run pruned, then the totals."""
+    if not gone:
+        print(f"nothing to prune: no run that ended or was lost last wrote before {_local(cutoff)}", file=out)
+        return
+    for run, status, points, _ in gone:
+        print(
+            f"{verb} run {run.id}: {printable(run.where)} pid {run.pid}, {status}, last written"
+            f" {_local(run.updated_at)}, {points} points",
+            file=out,
+        )
+    points = sum(points for _, _, points, _ in gone)
+    postmortems = sum(postmortems for *_, postmortems in gone)
+    print(
+        f"{verb} {len(gone)} run{'s' * (len(gone) != 1)}, {points} points and {postmortems}"
+        f" postmortem{'s' * (postmortems != 1)} (last written before {_local(cutoff)})",
+        file=out,
+    )
+
+
+def _size(path: str) -> int:
+    """Bytes the store takes on disk: its file and its write-ahead log."""
+    return sum(os.path.getsize(name) for name in (path, f"{path}-wal") if os.path.exists(name))
+
+
+def reclaim(db: sqlite3.Connection, live: list[Run], before: int, timeout: float) -> str:
+    """Give the space pruning freed back to the filesystem (``VACUUM``) where that cannot get
+    in anyone's way: no run is ``live`` and no other connection holds the store (checkpointing
+    its write-ahead log in full waits up to ``timeout`` s for that). Else the space stays in the
+    file, for new points. ``before``: the bytes the store took before pruning. Returns what was
+    done, as a sentence."""
+    ((pages,),) = db.execute("PRAGMA freelist_count")
+    ((page_size,),) = db.execute("PRAGMA page_size")
+    freed = f"{pages * page_size / MIB:.1f} MiB freed"
+    path = db.execute("PRAGMA database_list").fetchone()[2]
+    db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+    try:
+        # What was deleted went through the write-ahead log: copied back, and the log cut
+        # short, or it keeps that size. VACUUM writes the whole store anew through the log:
+        # only into an empty log no reader pins, or the log would grow to the store's size.
+        ((busy, _, _),) = db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if live:
+            return (
+                f"run {live[0].id} is live: the {freed} is reused by new points"
+                " (prune when no run is live to shrink the file)"
+            )
+        if busy:
+            return f"the store is in use: the {freed} is reused by new points"
+        db.execute("VACUUM")
+        ((busy, _, _),) = db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    except sqlite3.OperationalError as exc:  # "database is locked": a writer came meanwhile
+        return f"the store is in use ({exc}): the {freed} is reused by new points"
+    ((size,),) = db.execute("PRAGMA page_count")
+    if busy:  # a reader came between: the log goes back into the file when it lets go
+        return f"compacted the store: it shrinks to {size * page_size / MIB:.1f} MiB once its readers let go"
+    after = _size(path)
+    return f"reclaimed {(before - after) / MIB:.1f} MiB: the store takes {after / MIB:.1f} MiB"

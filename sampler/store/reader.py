@@ -121,11 +121,11 @@ class StoreReader:
         self.db = schema.connect(path, readonly=True, timeout=1.0)
 
     def runs(self) -> list[Run]:
-        return [_run(row) for row in self.db.execute(f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY id")]
+        return [decode_run(row) for row in self.db.execute(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY id")]
 
     def run(self, run_id: int | None = None) -> Run:
         """Run ``run_id``, or the newest; ``LookupError`` if there is none."""
-        query = f"SELECT {_RUN_COLUMNS} FROM runs " + (
+        query = f"SELECT {RUN_COLUMNS} FROM runs " + (
             "WHERE id = ?" if run_id is not None else "ORDER BY id DESC LIMIT 1"
         )
         row = self.db.execute(query, () if run_id is None else (run_id,)).fetchone()
@@ -133,7 +133,7 @@ class StoreReader:
             raise LookupError(
                 f"{self.path} has no run {run_id}" if run_id is not None else f"{self.path} has no runs"
             )
-        return _run(row)
+        return decode_run(row)
 
     def names(self, run_id: int) -> list[str]:
         """Signal names the run logged, sorted."""
@@ -188,14 +188,16 @@ class StoreReader:
         self.close()
 
 
-_RUN_COLUMNS = (
+RUN_COLUMNS = (
     "id, started_at, ended_at, updated_at, host, pid, command, config, version, stats,"
     " rank, local_rank, world_size, local_world_size, launch_id"
 )
+"""The columns of ``runs`` that ``decode_run`` reads, in its order."""
 _POSTMORTEM_COLUMNS = "id, run_id, backend_pid, host, vanished_at, written_at, records, read_at"
 
 
-def _run(row: sqlite3.Row | tuple[Any, ...]) -> Run:
+def decode_run(row: sqlite3.Row | tuple[Any, ...]) -> Run:
+    """A ``Run`` from a row of ``SELECT RUN_COLUMNS FROM runs``."""
     run_id, started, ended, updated, host, pid, command, config, version, stats = row[:10]
     rank, local_rank, world_size, local_world_size, launch_id = row[10:]
     return Run(

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from sampler.quoting import printable
 from sampler.store.reader import Run, StoreReader
 
 WINDOW_POINTS = 120
@@ -504,15 +505,17 @@ def gpu_lines(gpus: Mapping[str, Mapping[str, Sequence[Point]]], spark: int = 20
 
 
 def render(view: View, now: float, width: int = 120, height: int | None = None) -> list[Line]:
-    """The whole screen for ``view`` at wall time ``now``: every line cut to
-    ``width`` characters; with a ``height``, at most that many lines, the last
-    saying how many rows did not fit."""
+    """The whole screen for ``view`` at wall time ``now``: every line with the
+    store's text escaped (``printable``: a host, a command line, a signal name
+    or an error others wrote cannot drive the terminal) and cut to ``width``
+    characters; with a ``height``, at most that many lines, the last saying how
+    many rows did not fit."""
     width = max(width, 1)
     lines = header_lines(view, now)
     if view.run is not None:
         lines.append(Line(""))
         lines += signal_lines(view.points, width, view.window)
-    lines = [Line(_fit(line.text, width), line.style) for line in lines]
+    lines = [Line(_fit(printable(line.text), width), line.style) for line in lines]
     if height is not None and len(lines) > height:
         height = max(height, 1)
         hidden = len(lines) - height + 1
