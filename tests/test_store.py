@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import shutil
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -16,11 +18,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FAST, Recorder, backend_script, old_store, wait_for
+from conftest import FAST, Recorder, backend_script, gone, old_store, wait_for
 
 import sampler
 from sampler.store import schema
 from sampler.store.reader import StoreReader
+from sampler.store.writer import FLUSH_SECONDS, REOPEN_SECONDS, RunInfo, RunWriter
 
 CPU = "resource/cpu/utilization_percent"
 
@@ -114,6 +117,154 @@ def test_nothing_logged_is_lost_at_interpreter_exit(tmp_path: Path) -> None:
         assert reader.series(run.id, "train/loss").steps == list(range(1000))
 
 
+def stored_steps(store: Path, name: str) -> list[int]:
+    """The steps of ``name`` the store holds now, read as another process reads them
+    (none while the file or its schema does not exist yet)."""
+    try:
+        db = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return []
+    try:
+        return [
+            row[0] for row in db.execute("SELECT step FROM signals WHERE name = ? ORDER BY step", (name,))
+        ]
+    except sqlite3.Error:
+        return []
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("isolation", ["process", "thread"])
+def test_a_sigkilled_backend_loses_about_a_second_of_what_it_logged_whatever_the_interval(
+    tmp_path: Path, isolation: str
+) -> None:
+    """Sampling every 15 s, a backend logs its loss 100 times a second and is SIGKILLed
+    3 s of logging after the store first held some: the store holds all of it but the
+    last second or so, not everything since the last sample."""
+    store = tmp_path / "runs.sqlite"
+    script = tmp_path / "train.py"
+    script.write_text(
+        backend_script(
+            f"""
+            mon = sampler.ResourceMonitor(categories=["cpu"], store={str(store)!r}, interval_seconds=15,
+                                          step_source="seconds", isolation={isolation!r}).start()
+            while {isolation!r} == "process" and mon.child_pid is None:
+                time.sleep(0.01)
+            print(mon.child_pid or 0, flush=True)
+            step = 0
+            while True:
+                sampler.signals.log_signal("train/loss", 1.0, step)
+                print(step, time.time(), flush=True)  # logged by now
+                step += 1
+                time.sleep(0.01)
+            """
+        )
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline() or 0)
+        logged_at: dict[int, float] = {}
+        first_stored_at = None
+        deadline = time.monotonic() + 60
+        for line in proc.stdout:
+            step, wall = line.split()
+            logged_at[int(step)] = float(wall)
+            if first_stored_at is None and int(step) % 10 == 0 and stored_steps(store, "train/loss"):
+                first_stored_at = float(wall)
+            if first_stored_at is not None and float(wall) - first_stored_at >= 3.0:
+                break
+            assert time.monotonic() < deadline, "the store never held the loss, or logging stalled"
+        proc.kill()
+        rest, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    for line in rest.split("\n")[:-1]:  # whole lines only: the kill may cut the last one short
+        step, wall = line.split()
+        logged_at[int(step)] = float(wall)
+    if child:
+        wait_for(lambda: gone(child), timeout=10, what="the sampling child to leave after its backend")
+    steps = stored_steps(store, "train/loss")
+    last = max(logged_at)
+    assert proc.returncode == -signal.SIGKILL and steps == list(range(len(steps))), steps[-5:]
+    lost_seconds = logged_at[last] - logged_at[steps[-1]]
+    assert lost_seconds < 1.5, f"steps {steps[-1] + 1}..{last} ({lost_seconds:.1f} s of logging) were lost"
+
+
+def test_what_is_logged_while_a_dead_child_awaits_its_restart_reaches_the_store(tmp_path: Path) -> None:
+    """The monitor thread waits out a minute of restart backoff: a point logged then
+    is written within about a second all the same."""
+    store = tmp_path / "runs.sqlite"
+    with sampler.ResourceMonitor(
+        categories=["cpu"], store=store, step_source="seconds", interval_seconds=15, _restart_backoff=(60, 60)
+    ) as mon:
+        wait_for(lambda: mon.stats()["store_points_written"] > 0, what="the first sample written")
+        os.kill(mon.child_pid, signal.SIGKILL)
+        wait_for(lambda: mon.stats()["deaths"], what="the death seen, the backoff begun")
+        logged_at = time.monotonic()
+        sampler.signals.log_signal("train/loss", 0.5, 1)
+        wait_for(lambda: stored_steps(store, "train/loss") == [1], timeout=10, what="the point written")
+        took = time.monotonic() - logged_at
+        assert mon.stats()["restarts"] == 0  # still in the backoff
+    assert took < 2.0, took
+
+
+def readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def test_the_queue_wakes_the_monitor_thread_once_and_is_due_a_second_after_its_oldest_point(
+    tmp_path: Path,
+) -> None:
+    """The writer's side of the timed write: with nothing queued there is no timer (the
+    thread sleeps until its next record), and the first point logged into the empty
+    queue makes ``wake_fd`` readable, one byte for however many follow; what is queued
+    is due ``FLUSH_SECONDS`` after its oldest point, and again a second after a write
+    another writer's lock refused, ``REOPEN_SECONDS`` after one a broken store refused."""
+    store = tmp_path / "runs.sqlite"
+    writer = RunWriter(str(store), RunInfo(1, ["train"], {}, time.time()))
+    try:
+        assert writer.next_flush() is None and not readable(writer.wake_fd)
+        began = time.monotonic()
+        for step in range(3):
+            writer.log("train/loss", 0.5, step)
+        assert os.read(writer.wake_fd, 16) == b"w"
+        due = writer.next_flush()
+        assert due is not None and began + FLUSH_SECONDS - 0.01 <= due <= time.monotonic() + FLUSH_SECONDS
+        writer.log("train/loss", 0.5, 3)
+        assert not readable(writer.wake_fd)  # the thread has a timer for this queue already
+        writer.flush()
+        assert writer.next_flush() is None and stored_steps(store, "train/loss") == [0, 1, 2, 3]
+
+        other = sqlite3.connect(store, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        writer.log("train/loss", 0.5, 4)
+        writer.woken()
+        failed_at = time.monotonic()
+        writer.flush()
+        due = writer.next_flush()
+        assert writer.error is not None and "locked" in writer.error
+        assert due is not None and failed_at + FLUSH_SECONDS <= due <= time.monotonic() + FLUSH_SECONDS
+        other.execute("ROLLBACK")
+        other.close()
+        writer.flush()
+        assert writer.next_flush() is None and stored_steps(store, "train/loss") == [0, 1, 2, 3, 4]
+    finally:
+        writer.close({})
+
+    broken = RunWriter("/proc/resource_monitor_runs.sqlite", RunInfo(1, ["train"], {}, time.time()))
+    try:
+        broken.log("train/loss", 0.5, 0)
+        failed_at = time.monotonic()
+        broken.flush()
+        due = broken.next_flush()
+        assert broken.error is not None and due is not None and due >= failed_at + REOPEN_SECONDS
+    finally:
+        broken.close({})
+
+
 def test_a_store_another_process_reads_while_it_is_written(tmp_path: Path) -> None:
     store = tmp_path / "runs.sqlite"
     with sampler.ResourceMonitor(categories=["cpu"], store=store, step_source="seconds", **FAST) as mon:
@@ -170,26 +321,33 @@ def unshare_works() -> bool:
 )
 def test_a_full_disk_is_said_once_and_what_is_queued_is_kept(tmp_path: Path) -> None:
     """A real 256 KiB filesystem: the store fills it; monitoring goes on, the
-    failure is reported once, and nothing is silently gone (queued or counted)."""
+    failure is reported once, and nothing is silently gone (written or counted).
+
+    The store is seen written before the filling starts: what the first write holds
+    would otherwise depend on how soon the sampling child starts (on a loaded machine,
+    late enough for the first write to hold more than the disk)."""
     script = tmp_path / "backend.py"
     script.write_text(
         backend_script(
             """
             import json
-            got = []
             with sampler.ResourceMonitor(categories=["cpu", "process"], store="/mnt/small/runs.sqlite",
-                                         sink=lambda *a: got.append(a), step_source="seconds",
-                                         interval_seconds=0.1, _min_interval_seconds=0.05) as mon:
-                step = 0
+                                         step_source="seconds", interval_seconds=0.1,
+                                         _min_interval_seconds=0.05) as mon:
+                sampler.signals.log_signal("train/loss", 0.0, 0)
+                while not mon.stats()["store_points_written"]:
+                    time.sleep(0.01)
+                step = 1
                 while mon.stats()["store_error"] is None and step < 200_000:
                     sampler.signals.log_signal("train/loss", float(step), step)
                     step += 1
                     if step % 1000 == 0:
                         time.sleep(0.05)
-                before = len(got)
-                time.sleep(1)
-                stats = mon.stats()
-            print(json.dumps({"logged": step, "samples_after_full": len(got) - before, "stats": stats}))
+                full = mon.stats()["records_logged"]
+                while mon.stats()["records_logged"] < full + 5:  # monitoring goes on
+                    time.sleep(0.01)
+                during = mon.stats()
+            print(json.dumps({"logged": step, "during": during, "after": mon.stats()}))
             """
         )
     )
@@ -203,9 +361,11 @@ def test_a_full_disk_is_said_once_and_what_is_queued_is_kept(tmp_path: Path) -> 
     )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    stats = result["stats"]
-    assert "full" in stats["store_error"] and result["samples_after_full"] >= 5
-    assert stats["error"] is None and stats["store_points_written"] > 0
+    during, after = result["during"], result["after"]
+    assert "full" in during["store_error"] and during["error"] is None and during["store_points_written"] > 0
+    # Every loss and every resource reading was written, or counted dropped at stop.
+    points = result["logged"] + after["signals_logged"]
+    assert after["store_points_written"] + after["store_points_dropped"] == points, after
     assert done.stderr.count("resource monitor: the store") == 1, done.stderr
 
 
@@ -384,7 +544,6 @@ def test_a_run_row_records_where_the_backend_sits(tmp_path: Path, monkeypatch: p
 
 def test_a_run_written_without_a_placement_is_rank_0_alone(tmp_path: Path) -> None:
     from sampler.placement import Placement
-    from sampler.store.writer import RunInfo, RunWriter
 
     store = str(tmp_path / "runs.sqlite")
     alone = RunWriter(store, RunInfo(pid=7, command=["a"], config={}, started_at=1.0))

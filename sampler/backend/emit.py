@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from sampler import signals
@@ -14,7 +14,7 @@ from sampler.backend.steps import StepStamper
 from sampler.placement import Placement
 from sampler.quoting import bounded_repr
 from sampler.ratelimit import RateLimitedWarning
-from sampler.store.writer import RunWriter
+from sampler.store.writer import FLUSH_SECONDS, RunWriter
 
 log = logging.getLogger("sampler")
 
@@ -35,6 +35,11 @@ class Sample:
 Sink = Callable[[str, float, int], object]
 SampleHook = Callable[[Sample], object]
 
+SAMPLE_SLACK_SECONDS = 0.25
+"""A sample expected no later than this after the run store's queue is due writes the
+queue instead (one wake-up, not two); should it be late, the wait for it ends this
+long after it was expected."""
+
 
 class Emitter:
     """Logs each record's readings at its step; O(signals) per record.
@@ -43,7 +48,9 @@ class Emitter:
     raises anything at all (``asyncio.CancelledError`` and ``SystemExit``
     included: they are user code's, not ours to obey) is counted and reported
     (rate-limited); it never stops the reader. With a ``recorder`` (the run
-    store), each record is written with what the pipeline queued since the last.
+    store), each record is written with what the pipeline queued since the last,
+    and the reader's waits end for the queue in between (``store_due``,
+    ``serve_store``), so a long interval does not hold it back.
     """
 
     def __init__(
@@ -60,6 +67,10 @@ class Emitter:
         self.stats = stats
         self.on_sample = on_sample
         self.recorder = recorder
+        self._writer = recorder
+        """The store's writer, kept for its ``wake_fd`` should the store be turned off."""
+        self.store_wake_fd = recorder.wake_fd if recorder is not None else None
+        """Readable once the pipeline logs into an empty queue: waits select on it too."""
         self.placement = placement
         self._failures = RateLimitedWarning()
         self._health: tuple[object, ...] = ()
@@ -109,23 +120,60 @@ class Emitter:
         self._record(sample, step, timestamp_ns)
         return step
 
+    def store_due(self, next_sample: float | None) -> float | None:
+        """When (monotonic s) a wait must end to write the run store's queue; None: no
+        store, or nothing queued (a point logged then makes ``store_wake_fd`` readable).
+        A sample expected at ``next_sample`` (monotonic s) writes the queue itself if it
+        comes about when the queue is due, or before: the wait then ends for it (or,
+        should it be late, ``SAMPLE_SLACK_SECONDS`` after it), and a sample that soon
+        also makes a wake-up for the first point logged needless."""
+        recorder = self.recorder
+        if recorder is None:
+            return None
+        now = time.monotonic()
+        by_sample = None if next_sample is None else next_sample + SAMPLE_SLACK_SECONDS
+        if by_sample is not None and not now < by_sample <= now + FLUSH_SECONDS + SAMPLE_SLACK_SECONDS:
+            by_sample = None  # late (it is overdue: wait no more for it), or too far off
+        due = recorder.next_flush(wake=by_sample is None)
+        if by_sample is not None and (due is None or by_sample <= due + 2 * SAMPLE_SLACK_SECONDS):
+            return by_sample
+        return due
+
+    def serve_store(self, ready: Collection[int], due: float | None) -> None:
+        """After a wait: take a wake-up from ``store_wake_fd`` (in ``ready``), and write
+        the run store's queue if ``due`` (from ``store_due`` before the wait) has come."""
+        if self._writer is not None and self.store_wake_fd in ready:
+            self._writer.woken()
+        recorder = self.recorder
+        if recorder is not None and due is not None and time.monotonic() >= due:
+            self._store(recorder, recorder.flush)
+
     def _record(self, values: dict[str, float] | None, step: int, timestamp_ns: int) -> None:
         """Hand the sample to the run store, with the monitor's stats when they changed."""
         recorder, stats = self.recorder, self.stats
         if recorder is None:
             return
         health = (stats.restarts, stats.records_lost, stats.quarantined, stats.error, stats.waiting_for)
+        changed = health != self._health
+        if self._store(
+            recorder,
+            lambda: recorder.record(values, step, timestamp_ns, stats.snapshot() if changed else None),
+        ):
+            self._health = health
+
+    def _store(self, recorder: RunWriter, write: Callable[[], None]) -> bool:
+        """Run ``write`` on the run store; False, and the store off from here on, if it raised."""
         try:
-            recorder.record(values, step, timestamp_ns, stats.snapshot() if health != self._health else None)
+            write()
         except Exception as exc:  # a bug in the store must not stop the monitoring
             self.recorder = None
             why = bounded_repr(exc)
             log.error(
                 "resource monitor: the run store failed (%s); it is off from here on", why, exc_info=True
             )
-            return
-        self._health = health
-        stats.note_store(recorder)
+            return False
+        self.stats.note_store(recorder)
+        return True
 
     def _warn_if_unheard(self) -> None:
         """Once, at the first sample: say so if its signals reach no one (the

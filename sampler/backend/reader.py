@@ -3,11 +3,14 @@ when the child died, is stuck, or has sent nothing for too long.
 
 The ``WL-ResourceMonitor`` thread spends its life in ``select()``, which
 releases the GIL, on the child's channel (a byte per record), the child's
-pidfd (readable once it exits) and the monitor's stop pipe. Its only timeout
-is the moment the child would be overdue (the current phase's deadline, read
-from the status block), so in steady state it wakes once per record and never
-polls. Where pidfds are missing it also wakes every ``FALLBACK_POLL_SECONDS``
-to ask whether the child still lives.
+pidfd (readable once it exits), the monitor's stop pipe and, with a run store,
+the store's wake-up pipe (a byte when the pipeline logs into an empty queue).
+Its only timeouts are the moment the child would be overdue (the current
+phase's deadline, read from the status block) and, while the store's queue
+holds points, the moment they are due to be written, so in steady state with
+nothing logged it wakes once per record and never polls. Where pidfds are
+missing it also wakes every ``FALLBACK_POLL_SECONDS`` to ask whether the child
+still lives.
 """
 
 from __future__ import annotations
@@ -100,21 +103,28 @@ class ChildReader:
         assert child.sock is not None
         sock_fd = child.sock.fileno()
         pidfd = child.pidfd
-        watched = [sock_fd, self.stop_fd] + ([pidfd] if pidfd is not None else [])
+        emitter = self.emitter
+        watched = [sock_fd, self.stop_fd] + [fd for fd in (pidfd, emitter.store_wake_fd) if fd is not None]
         started_ns = time.monotonic_ns()
         warn_at: int | None = started_ns + self.no_record_ns
         grace_until = 0
         due_at = self._deadline_ns(self.status.read())
+        next_record: float | None = None  # when the child's next record is expected (monotonic s)
         while True:
             wake_at = max(due_at, grace_until)
             if warn_at is not None:
                 wake_at = min(wake_at, warn_at)
+            store_due = emitter.store_due(next_record)
+            if store_due is not None:
+                wake_at = min(wake_at, int(store_due * 1e9))
             # Planned wake-up: the earliest deadline (maybe already past, if
             # we got here late), or the next poll where there is no pidfd.
             planned = min(wake_at, time.monotonic_ns() + (MAX_WAIT_NS if pidfd is not None else _POLL_NS))
             ready, _, _ = select.select(watched, [], [], max(0, planned - time.monotonic_ns()) / 1e9)
+            woke = time.monotonic_ns()
             if self.stop_fd in ready:
                 return Outcome.STOPPED
+            emitter.serve_store(ready, store_due)
             if sock_fd in ready:
                 alive = self._receive(sock_fd)
                 if self._drain():
@@ -122,6 +132,7 @@ class ChildReader:
                     # about now: its next deadline needs no status read, which
                     # keeps a wake-up as small as a bare thread's.
                     due_at = time.monotonic_ns() + self.interval_ns + self.hang_deadline_ns
+                    next_record = time.monotonic() + self.interval_ns / 1e9
                     if warn_at is not None:
                         warn_at = None
                         self.stats.waiting_for = None
@@ -134,7 +145,7 @@ class ChildReader:
                 self._drain()
                 return Outcome.EXITED
             now = time.monotonic_ns()
-            if now - planned > STALL_SLACK_NS:
+            if woke - planned > STALL_SLACK_NS:
                 # We woke far later than planned: this process or the whole
                 # machine stalled (a VM pause, a long sink call), and the child
                 # with it. Give it a moment to move before judging it.

@@ -112,10 +112,22 @@ class Supervisor:
         finally:
             self.on_exit()
 
-    def _wait_for_stop(self, seconds: float) -> bool:
-        """Sleep up to ``seconds`` without the GIL; True if stop() was called."""
-        ready, _, _ = select.select([self.stop_fd], [], [], seconds)
-        return bool(ready)
+    def _wait_for_stop(self, seconds: float, sample: bool = False) -> bool:
+        """Sleep up to ``seconds`` without the GIL, writing the run store's queue when it
+        is due (``sample``: a sample, which writes it too, follows the sleep); True if
+        stop() was called."""
+        emitter = self.emitter
+        watched = [self.stop_fd] + ([emitter.store_wake_fd] if emitter.store_wake_fd is not None else [])
+        until = time.monotonic() + seconds
+        while True:
+            due = emitter.store_due(until if sample else None)
+            wake_at = until if due is None else min(until, due)
+            ready, _, _ = select.select(watched, [], [], max(0.0, wake_at - time.monotonic()))
+            if self.stop_fd in ready:
+                return True
+            emitter.serve_store(ready, due)
+            if time.monotonic() >= until:
+                return False
 
     def _categories(self) -> list[str]:
         return [c for c in self.settings.categories if c not in self.stats.quarantined]
@@ -247,7 +259,7 @@ class Supervisor:
         fields = [name for c in collectors for name in c.names]
         cadence = Cadence(s.interval)
         try:
-            while not self._wait_for_stop(cadence.seconds_left()):
+            while not self._wait_for_stop(cadence.seconds_left(), sample=True):
                 timestamp_ns = time.monotonic_ns()
                 values: list[float] = []
                 for collector in collectors:

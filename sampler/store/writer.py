@@ -3,18 +3,26 @@
 A signal logged through ``sampler.signals.log_signal`` by any thread is only
 appended to an in-memory queue (``log``). The monitor thread, which wakes once
 per sample anyway, writes the queue and the sample's resource readings in one
-transaction (``record``). What cannot be written now (the store is locked by
-another writer, the disk is full, the directory is read-only) stays queued, up
-to ``MAX_QUEUED_POINTS``, and is written once it can be; the oldest beyond that
-bound are dropped and counted. Each kind of failure is reported once.
+transaction (``record``); between samples it writes the queue ``FLUSH_SECONDS``
+after the oldest point in it (``next_flush``, ``flush``), so a backend killed
+outright (SIGKILL, the OOM killer) loses about that much of what it logged,
+whatever the interval. A thread asleep with the queue empty learns of the first
+point from one byte on ``wake_fd``; later points cost nothing but the append.
+What cannot be written now (the store is locked by another writer, the disk is
+full, the directory is read-only) stays queued, up to ``MAX_QUEUED_POINTS``, and
+is written once it can be; the oldest beyond that bound are dropped and counted.
+Each kind of failure is reported once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import operator
+import os
 import sqlite3
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -39,6 +47,9 @@ FINAL_TIMEOUT_SECONDS = 2.0
 WRITE_EVERY_SECONDS = 0.5
 """At most one transaction per this long: at the 1 s floor that is one per sample;
 faster sampling (tests, benchmarks) batches several samples per transaction."""
+FLUSH_SECONDS = 1.0
+"""What the pipeline logs is written at most about this long after it was logged:
+all that a SIGKILL of the backend can lose of it."""
 TOUCH_EVERY_SECONDS = 5.0
 """How often ``runs.updated_at`` is refreshed while nothing else about the run changes
 (readers call a run lost after 30 s or more without it)."""
@@ -90,12 +101,55 @@ class RunWriter:
         self._next_open = 0.0
         self._written_at = 0.0
         self._touched_at = 0.0
+        self._retry_at = 0.0
+        """After a failure, no timed write before this (monotonic s)."""
         self._reported: set[str] = set()
+        self._pid = os.getpid()
+        self._wake_lock = threading.Lock()
+        self.wake_fd, self._wake_w = os.pipe()
+        """The monitor thread selects on ``wake_fd``: readable once a point is logged into an empty queue."""
+        os.set_blocking(self.wake_fd, False)
+        os.set_blocking(self._wake_w, False)
+        self._wake_wanted = False
+        """Set by the monitor thread when it sleeps with the queue empty; the next ``log`` wakes it."""
 
     def log(self, name: str, value: float, step: int) -> None:
-        """The pipeline subscriber: queue one signal (a deque append, thread-safe)."""
+        """The pipeline subscriber: queue one signal (a deque append, thread-safe;
+        into an empty queue, also one byte to ``wake_fd``)."""
         if not name.startswith(RESOURCE_PREFIX):
             self._logged.append((name, step, time.time(), value))
+            if self._wake_wanted:
+                self._wake()
+
+    def _wake(self) -> None:
+        """Wake the monitor thread asleep with the queue empty: one byte on ``wake_fd``."""
+        self._wake_wanted = False
+        if os.getpid() != self._pid:  # a forked copy: its points stay in its copy of the queue
+            return
+        with self._wake_lock, contextlib.suppress(OSError):  # full: a wake-up is pending anyway
+            if self._wake_w >= 0:  # not closed yet
+                os.write(self._wake_w, b"w")
+
+    def woken(self) -> None:
+        """Take what woke the monitor thread on ``wake_fd``."""
+        with contextlib.suppress(BlockingIOError):
+            os.read(self.wake_fd, 4096)
+
+    def next_flush(self, wake: bool = True) -> float | None:
+        """When (monotonic s) what is queued is to be written: ``FLUSH_SECONDS`` after
+        its oldest point, later after a failure (see ``_fail``). None when nothing is
+        queued; then, with ``wake`` (the thread has no reason to be up within
+        ``FLUSH_SECONDS``), the next point logged makes ``wake_fd`` readable."""
+        logged, queued = self._logged, self._queued
+        if not logged and not queued:
+            self._wake_wanted = wake
+            if not logged:  # looked at again: a point logged before the flag went up sent nothing
+                return None
+        self._wake_wanted = False
+        now = time.time()
+        oldest = min(queued[0][2] if queued else now, logged[0][2] if logged else now)
+        wait = min(FLUSH_SECONDS, oldest + FLUSH_SECONDS - now)  # a wall clock set back: no later
+        return max(time.monotonic() + wait, self._retry_at)
 
     def record(
         self, values: dict[str, float] | None, step: int, timestamp_ns: int, stats: dict[str, Any] | None
@@ -118,6 +172,10 @@ class RunWriter:
 
     def close(self, stats: dict[str, Any]) -> None:
         """The last write: everything queued, the final stats and the end time."""
+        with self._wake_lock:
+            for fd in (self.wake_fd, self._wake_w):
+                os.close(fd)
+            self.wake_fd = self._wake_w = -1
         self._queue(self._take_logged())
         if self._db is not None:
             self._db.execute(f"PRAGMA busy_timeout = {int(FINAL_TIMEOUT_SECONDS * 1000)}")
@@ -232,6 +290,7 @@ class RunWriter:
         self.points_written += len(self._queued)
         self._queued = []
         self.error = None
+        self._retry_at = 0.0
         if stats is not None or touch:
             self._touched_at = now
 
@@ -247,6 +306,11 @@ class RunWriter:
     def _fail(self, what: str, exc: BaseException) -> None:
         self.error = f"cannot {what} it: {bounded_repr(exc, 200)}"
         busy = isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+        # Another writer's lock is soon gone, a full disk is not; a store that could not be
+        # opened is tried again at _next_open.
+        self._retry_at = time.monotonic() + (FLUSH_SECONDS if busy else REOPEN_SECONDS)
+        if self._db is None:
+            self._retry_at = max(self._retry_at, self._next_open)
         if not busy:  # another writer's lock is transient: what is queued goes next time
             self._report(
                 what,
