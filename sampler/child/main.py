@@ -18,7 +18,6 @@ a slow backend never stalls sampling.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import signal
@@ -236,9 +235,16 @@ class Child:
                 self.exposed.update(values, time.time())
             self.status.count_sample(cpu_ns + time.process_time_ns() - before)
             cpu_ns = 0
-            # A full socket means the reader is behind; it finds the record in the ring anyway.
-            with contextlib.suppress(BlockingIOError):
+            try:
                 self.sock.send(RECORD, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                pass  # the reader is behind; it finds the record in the ring anyway
+            except (BrokenPipeError, ConnectionResetError):
+                # The backend is gone. The watchdog decides what that means and may be
+                # writing a postmortem of this ring: leaving now would close the ring and
+                # end the interpreter under it. It sets ``stop`` once done (bounded).
+                self.stop.wait(postmortem.EOF_DEATH_WAIT_SECONDS + postmortem.WRITE_CAP_SECONDS + 1)
+                return EXIT_CLEAN
             records.advance()
             inner.advance()
 

@@ -29,6 +29,7 @@ from sampler.backend.postmortems import (
 )
 from sampler.child.peaks import MEAN_SUFFIX, PEAK_SUFFIX
 from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, argument
+from sampler.quoting import printable
 
 LATEST = "latest"
 DEFAULT_LAST = 5
@@ -134,11 +135,11 @@ def _row(number: int, found: Found) -> tuple[str, ...]:
         str(number),
         local_time(found.vanished_at),
         str(found.backend_pid),
-        found.host or "?",
+        printable(found.host or "?"),
         "unreadable" if found.records is None else str(found.records),
         "-" if found.run_id is None else str(found.run_id),
         "yes" if found.read else "no",
-        found.where,
+        printable(found.where),
     )
 
 
@@ -174,7 +175,7 @@ def _show(found: list[Found], choice: int | str, last: int, out: TextIO) -> int:
     try:
         header, records = load(entry)
     except (OSError, ValueError, sqlite3.Error) as exc:
-        print(f"error: postmortem {number} ({entry.where}) cannot be read: {exc}", file=sys.stderr)
+        print(f"error: postmortem {number} ({printable(entry.where)}) cannot be read: {exc}", file=sys.stderr)
         return EXIT_USAGE
     _describe(number, entry, header, records, out)
     _signals(header, records, last, out)
@@ -184,12 +185,13 @@ def _show(found: list[Found], choice: int | str, last: int, out: TextIO) -> int:
 def _describe(
     number: int, entry: Found, header: dict[str, Any], records: list[dict[str, Any]], out: TextIO
 ) -> None:
-    print(f"postmortem {number}: {entry.where}", file=out)
+    print(f"postmortem {number}: {printable(entry.where)}", file=out)
     started = header.get("monitor_started_at")
     print(
-        f"backend pid {header['backend_pid']} on {header['host']} died at {local_time(header['vanished_at'])}"
+        f"backend pid {_shown(header['backend_pid'])} on {_shown(header['host'])} died at "
+        f"{local_time(header['vanished_at'])}"
         + (f"; its monitor started at {local_time(started)}" if isinstance(started, (int, float)) else "")
-        + f", sampling every {header.get('interval_seconds')} s",
+        + f", sampling every {_shown(header.get('interval_seconds'))} s",
         file=out,
     )
     if entry.run_id is not None:
@@ -197,15 +199,21 @@ def _describe(
     last_logged = header.get("last_logged_record")
     unlogged = sum(not r.get("logged") for r in records)
     print(
-        f"the ring held {len(records)} records (of {header.get('ring_capacity')}); "
+        f"the ring held {len(records)} records (of {_shown(header.get('ring_capacity'))}); "
         + (
             "the backend had logged none"
             if last_logged is None
-            else f"the backend logged through record {last_logged} (step {header.get('last_logged_step')})"
+            else f"the backend logged through record {_shown(last_logged)} "
+            f"(step {_shown(header.get('last_logged_step'))})"
         )
         + f"; {unlogged} never logged",
         file=out,
     )
+
+
+def _shown(value: object) -> str:
+    """A value read from a postmortem (a file others may write) as a terminal may be given it."""
+    return printable(str(value))
 
 
 def _signals(header: dict[str, Any], records: list[dict[str, Any]], last: int, out: TextIO) -> None:
@@ -226,7 +234,7 @@ def _signals(header: dict[str, Any], records: list[dict[str, Any]], last: int, o
         numbers = [v for v in readings if isinstance(v, (int, float))]
         rows.append(
             (
-                name,
+                printable(name),
                 *(_number(r["values"].get(name)) for r in tail),
                 _number(max(numbers) if numbers else None),
             )
