@@ -177,13 +177,14 @@ sys.path.insert(0, {root!r})
 from sampler.exporters.scrape_server import ScrapeServer, ACCEPT_PAUSE_SECONDS
 server = ScrapeServer("127.0.0.1", 0, lambda accept: (b"up 1\\n", "text/plain"))
 server.start()
-client = socket.create_connection(("127.0.0.1", server.port))  # queued before descriptors run out
 spent = []
 try:
     while True:
         spent.append(os.open("/dev/null", os.O_RDONLY))
 except OSError:
     pass
+os.close(spent.pop())  # one for the client's socket: the server's accept finds none
+client = socket.create_connection(("127.0.0.1", server.port))
 client.sendall(b"GET / HTTP/1.1\\r\\n\\r\\n")
 deadline = time.monotonic() + 4 * ACCEPT_PAUSE_SECONDS
 while time.monotonic() < deadline:
