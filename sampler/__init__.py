@@ -14,7 +14,6 @@ from sampler.backend.monitor import (
     stop_resource_monitor,
 )
 from sampler.backend.steps import watch_model
-from sampler.backend.weightslab import replace_weightslab_monitor
 from sampler.config import (
     DEFAULT_CATEGORIES,
     DEFAULT_INTERVAL_SECONDS,
@@ -22,6 +21,7 @@ from sampler.config import (
     STEP_SOURCES,
     load_resource_monitoring_config,
 )
+from sampler.integrations import replace_weightslab_monitor
 from sampler.placement import Placement
 
 __all__ = [

@@ -13,7 +13,7 @@ import pytest
 from conftest import FAST, Recorder, wait_for
 
 import sampler
-from sampler import signals
+from sampler import integrations, signals
 from sampler.backend import steps
 from sampler.backend import weightslab as wl_adapter
 
@@ -256,7 +256,7 @@ def test_replace_weightslab_monitor_makes_grpc_serve_start_this_one(
     from weightslab.monitoring import resource_monitor as theirs
 
     already = theirs.start_resource_monitor_from_config()
-    wl_adapter.replace_weightslab_monitor()
+    integrations.replace_weightslab_monitor()
     assert not already.running and theirs._singleton_instance is None
 
     started = grpc_serve_starts_the_monitor()
@@ -264,7 +264,7 @@ def test_replace_weightslab_monitor_makes_grpc_serve_start_this_one(
     assert sampler.get_resource_monitor() is started
     assert theirs._singleton_instance is None
 
-    wl_adapter.replace_weightslab_monitor()  # a second call keeps ours running
+    integrations.replace_weightslab_monitor()  # a second call keeps ours running
     assert sampler.get_resource_monitor() is started and started.running
     import weightslab.monitoring as package
 
@@ -277,7 +277,7 @@ def test_replace_weightslab_monitor_makes_grpc_serve_start_this_one(
 def test_replace_weightslab_monitor_without_weightslab_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "weightslab", None)  # not importable, whatever is installed
     with pytest.raises(ImportError, match=r"replace_weightslab_monitor\(\) needs WeightsLab"):
-        wl_adapter.replace_weightslab_monitor()
+        integrations.replace_weightslab_monitor()
 
 
 @pytest.fixture

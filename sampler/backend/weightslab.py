@@ -1,5 +1,6 @@
-"""WeightsLab integration: its model ledger for the age, its logger for signals,
-and handing its ``grpc_serve()`` this monitor instead of its own.
+"""WeightsLab, read only: its model ledger for the age, its logger for signals,
+and whether its own monitor runs beside this one (``sampler.integrations``
+hands its ``grpc_serve()`` this monitor instead).
 
 The monitor and the signal pipeline never import WeightsLab: importing
 ``weightslab.src`` costs seconds of CPU and has side effects (threads, log
@@ -11,7 +12,6 @@ never an exception in the monitor.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import sys
@@ -21,9 +21,8 @@ log = logging.getLogger("sampler")
 
 _SRC = "weightslab.src"
 _LEDGERS = "weightslab.backend.ledgers"
-_MONITORING = "weightslab.monitoring"
-_THEIR_MONITOR = "weightslab.monitoring.resource_monitor"
-_SINGLETON_FUNCTIONS = ("start_resource_monitor_from_config", "get_resource_monitor", "stop_resource_monitor")
+THEIR_MONITOR = "weightslab.monitoring.resource_monitor"
+"""WeightsLab's own resource monitor module."""
 
 _warn_lock = threading.Lock()
 _warned_both_monitors = False
@@ -84,42 +83,12 @@ def ledger_model_age() -> object:
     return ledgers.get_model().get_age()
 
 
-def replace_weightslab_monitor() -> None:
-    """Make WeightsLab start this monitor where it would start its own.
-
-    Call once before ``grpc_serve()``: it stops WeightsLab's monitor if one is
-    running and points ``start_resource_monitor_from_config``,
-    ``get_resource_monitor`` and ``stop_resource_monitor`` of
-    ``weightslab.monitoring`` (and its ``resource_monitor`` module) at this
-    project's, so each curve is logged once. Calling it again changes nothing.
-    Raises ImportError when WeightsLab's monitoring module cannot be imported.
-    """
-    # Imported here: sampler.backend.monitor imports the signal pipeline, which imports this module.
-    from sampler.backend import monitor as ours
-
-    try:
-        theirs = importlib.import_module(_THEIR_MONITOR)
-        package = importlib.import_module(_MONITORING)
-    except ImportError as exc:
-        raise ImportError(
-            f"sampler.replace_weightslab_monitor() needs WeightsLab with {_THEIR_MONITOR}, "
-            f"which cannot be imported: {exc}"
-        ) from exc
-    their_stop = getattr(theirs, "stop_resource_monitor", None)
-    # After a first call this is ours: calling it would stop the monitor just installed.
-    if callable(their_stop) and their_stop is not ours.stop_resource_monitor:
-        their_stop()
-    for module in (theirs, package):
-        for name in _SINGLETON_FUNCTIONS:
-            setattr(module, name, getattr(ours, name))
-
-
 def warn_if_weightslab_monitor_running() -> bool:
     """Whether WeightsLab's own monitor is running beside this one; the first
     time it is, log one warning for the process. Never raises, and costs one
     dictionary lookup while WeightsLab's monitoring is not imported."""
     global _warned_both_monitors
-    theirs = sys.modules.get(_THEIR_MONITOR)
+    theirs = sys.modules.get(THEIR_MONITOR)
     if theirs is None:
         return False
     try:
