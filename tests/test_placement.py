@@ -23,7 +23,8 @@ from conftest import run_monitor
 
 import sampler
 from sampler import config, placement
-from sampler.collectors.gpu import GpuCollector, owned
+from sampler.collectors.gpu import GpuCollector
+from sampler.collectors.gpu_devices import owned
 from sampler.placement import HOST_WIDE_CATEGORIES, Placement, from_environment
 
 HOST = placement.host_name()
