@@ -32,6 +32,7 @@ import threading
 import time
 from pathlib import Path
 
+from sampler.collectors.tree import SAMPLING_CHILD_PROGRAM
 from sampler.ipc.channel import FALLBACK_POLL_SECONDS, STOP, ChildParams, open_pidfd, send_hello
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -44,7 +45,7 @@ STOP_TIMEOUT_SECONDS = 1.0
 _BOOTSTRAP = (
     "import os, sys; os.closerange(3, max(256, os.sysconf('SC_OPEN_MAX')));"
     " sys.path[:] = sys.argv[1:]; del sys.argv[1:];"
-    " from sampler.child.main import main; sys.exit(main())"
+    f" {SAMPLING_CHILD_PROGRAM}; sys.exit(main())"
 )
 
 
