@@ -16,6 +16,7 @@ from conftest import run_command
 
 from sampler.commands import runs as runs_command
 from sampler.placement import Placement
+from sampler.store import prune
 from sampler.store.reader import StoreReader
 from sampler.store.writer import RunInfo, RunWriter
 
@@ -201,7 +202,7 @@ def test_a_store_another_connection_holds_keeps_its_size_and_reuses_the_space(
         other.execute("BEGIN")
         other.execute("SELECT COUNT(*) FROM points").fetchone()
     try:
-        message = runs_command.reclaim(db, [], path.stat().st_size, timeout=0.2)
+        message = prune.reclaim(db, path.stat().st_size, timeout=0.2)
     finally:
         other.execute("ROLLBACK")
         other.close()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import sqlite3
 import sys
 import time
@@ -23,8 +22,8 @@ from sampler import config
 from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, argument, open_store
 from sampler.placement import whole_number
 from sampler.quoting import printable
-from sampler.store import schema
-from sampler.store.reader import RUN_COLUMNS, Run, StoreReader, decode_run
+from sampler.store import prune, schema
+from sampler.store.reader import Run, StoreReader
 
 PRUNE_TIMEOUT_SECONDS = 5.0
 """How long pruning waits for a writer's lock (a writer holds it for milliseconds at a time)."""
@@ -32,7 +31,6 @@ AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 """``--older-than``'s units, in seconds."""
 MAX_AGE_DAYS = 36500
 """``--older-than``'s ceiling, 100 years: no run is older."""
-MIB = 1024**2
 
 
 def _age(text: str) -> float:
@@ -141,53 +139,23 @@ def _duration(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-# --------------------------------------------------------------------------- pruning
-
-
-def prunable(db: sqlite3.Connection, cutoff: float) -> list[tuple[Run, str, int, int]]:
-    """The runs to prune: (run, its status, points, postmortems) of each run last written
-    before ``cutoff`` (s since the epoch) that ended or was lost (``Run.status``) now."""
-    found = []
-    for row in db.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE updated_at < ? ORDER BY id", (cutoff,)):
-        run = decode_run(row)
-        status = run.status
-        if status != "running":
-            ((points,),) = db.execute("SELECT COUNT(*) FROM points WHERE run_id = ?", (run.id,))
-            ((postmortems,),) = db.execute("SELECT COUNT(*) FROM postmortems WHERE run_id = ?", (run.id,))
-            found.append((run, status, points, postmortems))
-    return found
-
-
 def _prune(reader: StoreReader, cutoff: float, dry_run: bool, out: TextIO) -> int:
-    """Prune (or with ``dry_run`` list) the runs of ``prunable``, saying what went and how the
-    space they held is reclaimed."""
+    """Prune (or with ``dry_run`` list) the runs of ``prune.prunable``, saying what went and how
+    the space they held is reclaimed."""
     if dry_run:
-        _report(prunable(reader.db, cutoff), cutoff, "would remove", out)
+        _report(prune.prunable(reader.db, cutoff), cutoff, "would remove", out)
         return 0
-    before = _size(reader.path)
+    before = prune.size(reader.path)
     try:
         db = schema.connect(reader.path, timeout=PRUNE_TIMEOUT_SECONDS)
     except (sqlite3.Error, OSError) as exc:
         print(f"error: cannot open {reader.path} for writing: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        db.execute("BEGIN IMMEDIATE")  # no writer may touch a run between its status read and its removal
-        try:
-            gone = prunable(db, cutoff)
-            ids = [(run.id,) for run, *_ in gone]
-            db.executemany("DELETE FROM points WHERE run_id = ?", ids)
-            db.executemany("DELETE FROM postmortems WHERE run_id = ?", ids)
-            db.executemany("DELETE FROM runs WHERE id = ?", ids)
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
+        gone = prune.remove(db, cutoff)
         _report(gone, cutoff, "removed", out)
         if gone:
-            kept = map(decode_run, db.execute(f"SELECT {RUN_COLUMNS} FROM runs"))
-            live = [run for run in kept if run.status == "running"]
-            print(reclaim(db, live, before, PRUNE_TIMEOUT_SECONDS), file=out)
+            print(prune.reclaim(db, before, PRUNE_TIMEOUT_SECONDS), file=out)
     except sqlite3.Error as exc:
         print(f"error: cannot prune {reader.path}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -196,7 +164,7 @@ def _prune(reader: StoreReader, cutoff: float, dry_run: bool, out: TextIO) -> in
     return 0
 
 
-def _report(gone: list[tuple[Run, str, int, int]], cutoff: float, verb: str, out: TextIO) -> None:
+def _report(gone: list[prune.Prunable], cutoff: float, verb: str, out: TextIO) -> None:
     """One line per run pruned, then the totals."""
     if not gone:
         print(f"nothing to prune: no run that ended or was lost last wrote before {_local(cutoff)}", file=out)
@@ -214,42 +182,3 @@ def _report(gone: list[tuple[Run, str, int, int]], cutoff: float, verb: str, out
         f" postmortem{'s' * (postmortems != 1)} (last written before {_local(cutoff)})",
         file=out,
     )
-
-
-def _size(path: str) -> int:
-    """Bytes the store takes on disk: its file and its write-ahead log."""
-    return sum(os.path.getsize(name) for name in (path, f"{path}-wal") if os.path.exists(name))
-
-
-def reclaim(db: sqlite3.Connection, live: list[Run], before: int, timeout: float) -> str:
-    """Give the space pruning freed back to the filesystem (``VACUUM``) where that cannot get
-    in anyone's way: no run is ``live`` and no other connection holds the store (checkpointing
-    its write-ahead log in full waits up to ``timeout`` s for that). Else the space stays in the
-    file, for new points. ``before``: the bytes the store took before pruning. Returns what was
-    done, as a sentence."""
-    ((pages,),) = db.execute("PRAGMA freelist_count")
-    ((page_size,),) = db.execute("PRAGMA page_size")
-    freed = f"{pages * page_size / MIB:.1f} MiB freed"
-    path = db.execute("PRAGMA database_list").fetchone()[2]
-    db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-    try:
-        # What was deleted went through the write-ahead log: copied back, and the log cut
-        # short, or it keeps that size. VACUUM writes the whole store anew through the log:
-        # only into an empty log no reader pins, or the log would grow to the store's size.
-        ((busy, _, _),) = db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        if live:
-            return (
-                f"run {live[0].id} is live: the {freed} is reused by new points"
-                " (prune when no run is live to shrink the file)"
-            )
-        if busy:
-            return f"the store is in use: the {freed} is reused by new points"
-        db.execute("VACUUM")
-        ((busy, _, _),) = db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    except sqlite3.OperationalError as exc:  # "database is locked": a writer came meanwhile
-        return f"the store is in use ({exc}): the {freed} is reused by new points"
-    ((size,),) = db.execute("PRAGMA page_count")
-    if busy:  # a reader came between: the log goes back into the file when it lets go
-        return f"compacted the store: it shrinks to {size * page_size / MIB:.1f} MiB once its readers let go"
-    after = _size(path)
-    return f"reclaimed {(before - after) / MIB:.1f} MiB: the store takes {after / MIB:.1f} MiB"
