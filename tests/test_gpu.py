@@ -587,6 +587,8 @@ def test_no_device_left_means_no_gpu_signals(opened: Opener, caplog: pytest.LogC
         ("MIG-dddd", [1], None),
         (f"MIG-{UUID_B}/0/0", [2], None),
         ("GPU-aaaa,1", [], "'GPU-aaaa' matches no GPU"),
+        ("0," + "1" * 5000, [0], "'1111"),  # past int()'s 4,300 digits: no index, not a crash
+        ("\u0661", [], "matches no GPU"),  # an Arabic-Indic one is no index either
     ],
 )
 def test_visible_reads_cuda_visible_devices_as_cuda_does(

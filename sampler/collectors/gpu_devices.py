@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import Any
 
 from sampler.collectors.base import attempt
+from sampler.placement import whole_number
 from sampler.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
@@ -102,8 +103,9 @@ class Uuids:
 
     def index(self, entry: str) -> int | None:
         text = entry.strip().lower()
-        if text.isascii() and text.isdigit():
-            return int(text) if int(text) in self._handles else None
+        number = whole_number(text)
+        if number is not None:
+            return number if number in self._handles else None
         if text.startswith("mig-gpu-"):
             text = text[len("mig-") :].split("/", 1)[0]
         if text.startswith("gpu-"):
