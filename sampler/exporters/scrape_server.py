@@ -68,11 +68,7 @@ class _Connection:
 
 def _parse(request: bytes) -> tuple[str, str, dict[str, str]] | None:
     """(method, path, lower-cased headers) of a request's head, None if it is not HTTP."""
-    try:
-        head = request.decode("latin-1")
-    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
-        return None
-    line, *lines = head.split("\r\n")
+    line, *lines = request.decode("latin-1").split("\r\n")  # latin-1 decodes every byte
     parts = line.split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/"):
         return None
