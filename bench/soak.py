@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import sampler
 from ringbuf import NAME_PREFIX
-from sampler.backend.spawn import is_sampling_child
+from sampler.supervision.spawn import is_sampling_child
 
 
 class Model:

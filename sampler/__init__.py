@@ -6,23 +6,23 @@ sample with the watched model's age and logs it as ``resource/...`` signals.
 """
 
 from sampler import signals
-from sampler.backend.emit import Sample
-from sampler.backend.monitor import (
+from sampler.api.integrations import replace_weightslab_monitor
+from sampler.api.monitor import (
     ResourceMonitor,
     get_resource_monitor,
     start_resource_monitor_from_config,
     stop_resource_monitor,
 )
-from sampler.backend.steps import watch_model
-from sampler.config import (
+from sampler.pipeline.emit import Sample
+from sampler.pipeline.steps import watch_model
+from sampler.settings import (
     DEFAULT_CATEGORIES,
     DEFAULT_INTERVAL_SECONDS,
     DEFAULT_STEP_SOURCE,
     STEP_SOURCES,
     load_resource_monitoring_config,
 )
-from sampler.integrations import replace_weightslab_monitor
-from sampler.placement import Placement
+from sampler.settings.placement import Placement
 
 __all__ = [
     "DEFAULT_CATEGORIES",

@@ -10,8 +10,8 @@ import os
 import threading
 from collections.abc import Callable
 
-from sampler.backend import weightslab as wl_adapter
-from sampler.ratelimit import RateLimitedWarning
+from sampler.pipeline import weightslab as wl_adapter
+from sampler.util.ratelimit import RateLimitedWarning
 
 Subscriber = Callable[[str, float, int], object]
 

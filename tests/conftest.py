@@ -20,17 +20,17 @@ import pytest
 
 import sampler
 from ringbuf import NAME_PREFIX
-from sampler import commands, config
-from sampler.backend import steps
-from sampler.placement import LAUNCHER_VARS
+from sampler import commands, settings
+from sampler.pipeline import steps
+from sampler.settings.placement import LAUNCHER_VARS
 from sampler.store import schema
 
 FAST = {"interval_seconds": 0.1, "_min_interval_seconds": 0.05}
 """Monitor settings for tests: below the 1 s floor, which only tests and benchmarks may use."""
 
 ENV_VARS = (
-    *(field.env for field in config.FIELDS if field.env is not None),
-    config.ENV_CONFIG_PATH,
+    *(field.env for field in settings.FIELDS if field.env is not None),
+    settings.ENV_CONFIG_PATH,
     "CUDA_VISIBLE_DEVICES",
     "FAKE_NVML",
     *LAUNCHER_VARS,

@@ -18,8 +18,8 @@ from conftest import free_ports, scrape
 
 import sampler
 from sampler import commands as cli
-from sampler.backend.emit import Sample
 from sampler.commands import run as run_command
+from sampler.pipeline.emit import Sample
 
 REPO = Path(__file__).resolve().parent.parent
 

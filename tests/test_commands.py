@@ -20,7 +20,7 @@ import pytest
 from conftest import FAST, wait_for
 
 import sampler
-from sampler.placement import Placement
+from sampler.settings.placement import Placement
 from sampler.store.reader import StoreReader
 from sampler.store.writer import RunInfo, RunWriter
 

@@ -1,4 +1,4 @@
-"""Tests for ``sampler.config``: defaults, env vars, the YAML file, lookup order, bad input (SPEC 4).
+"""Tests for ``sampler.settings``: defaults, env vars, the YAML file, lookup order, bad input (SPEC 4).
 
 Every test is hermetic: it passes an explicit ``environ`` dict, a ``cwd`` and a ``package_dir`` under
 pytest's ``tmp_path``, so neither the real environment nor the repository's own
@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 import sampler
-from sampler import config
-from sampler.quoting import bounded_repr as quote
+from sampler import settings
+from sampler.util.quoting import bounded_repr as quote
 
-ALL_ON = dict.fromkeys(config.DEFAULT_CATEGORIES, True)
+ALL_ON = dict.fromkeys(settings.DEFAULT_CATEGORIES, True)
 ROOT = os.path.abspath(os.sep)
 FILE_NAME = "resource_monitoring.yaml"
 DOT_FILE_NAME = ".resource_monitoring.yaml"
@@ -54,7 +54,7 @@ class Tree:
         cwd: Path | None = None,
         package_dir: Path | None = None,
     ) -> dict[str, Any]:
-        return config.load_resource_monitoring_config(
+        return settings.load_resource_monitoring_config(
             environ={} if environ is None else dict(environ),
             cwd=self.work if cwd is None else cwd,
             package_dir=self.pkg if package_dir is None else package_dir,
@@ -67,8 +67,8 @@ class Tree:
         package_dir: Path | None = None,
         *,
         log_warnings: bool = True,
-    ) -> config.Resolution:
-        return config.resolve_config(
+    ) -> settings.Resolution:
+        return settings.resolve_config(
             environ={} if environ is None else dict(environ),
             cwd=self.work if cwd is None else cwd,
             package_dir=self.pkg if package_dir is None else package_dir,
@@ -153,7 +153,7 @@ def test_defaults_with_empty_environment_and_no_file(tree: Tree, caplog: pytest.
 
 
 def test_module_constants() -> None:
-    assert config.DEFAULT_CATEGORIES == (
+    assert settings.DEFAULT_CATEGORIES == (
         "cpu",
         "memory",
         "gpu",
@@ -163,9 +163,9 @@ def test_module_constants() -> None:
         "process_tree",
         "container",
     )
-    assert config.STEP_SOURCES == ("model_age", "seconds")
-    assert config.DEFAULT_STEP_SOURCE == "model_age"
-    assert config.DEFAULT_INTERVAL_SECONDS == 15.0
+    assert settings.STEP_SOURCES == ("model_age", "seconds")
+    assert settings.DEFAULT_STEP_SOURCE == "model_age"
+    assert settings.DEFAULT_INTERVAL_SECONDS == 15.0
 
 
 @pytest.mark.parametrize(
@@ -173,11 +173,11 @@ def test_module_constants() -> None:
 )
 def test_constants_exported_from_package(name: str) -> None:
     assert name in sampler.__all__
-    assert getattr(sampler, name) == getattr(config, name)
+    assert getattr(sampler, name) == getattr(settings, name)
 
 
 def test_load_is_exported_from_package() -> None:
-    assert sampler.load_resource_monitoring_config is config.load_resource_monitoring_config
+    assert sampler.load_resource_monitoring_config is settings.load_resource_monitoring_config
 
 
 def test_calls_do_not_share_state(tree: Tree) -> None:
@@ -192,37 +192,37 @@ def test_calls_do_not_share_state(tree: Tree) -> None:
 
 @pytest.mark.parametrize("raw", ["1", "true", "YES", "On", "TRUE", " yes "])
 def test_disable_env_truthy_disables(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
-    assert tree.load({config.ENV_DISABLE: raw})["enabled"] is False
+    assert tree.load({settings.ENV_DISABLE: raw})["enabled"] is False
     assert_no_warnings(caplog)
 
 
 @pytest.mark.parametrize("raw", ["0", "false", "no", "off", "", "OFF"])
 def test_disable_env_falsy_keeps_enabled(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
-    assert tree.load({config.ENV_DISABLE: raw})["enabled"] is True
+    assert tree.load({settings.ENV_DISABLE: raw})["enabled"] is True
     assert_no_warnings(caplog)
 
 
 def test_disable_env_garbage_warns_and_stays_enabled(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    assert tree.load({config.ENV_DISABLE: "maybe"})["enabled"] is True
+    assert tree.load({settings.ENV_DISABLE: "maybe"})["enabled"] is True
     assert_one_warning(caplog, "WEIGHTSLAB_DISABLE_RESOURCE_MONITORING", "'maybe'", "enabled")
 
 
 @pytest.mark.parametrize(("raw", "expected"), [("30", 30.0), ("2.5", 2.5), (" 60 ", 60.0), ("1", 1.0)])
 def test_interval_env_valid(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str, expected: float) -> None:
-    value = tree.load({config.ENV_INTERVAL: raw})["interval_seconds"]
+    value = tree.load({settings.ENV_INTERVAL: raw})["interval_seconds"]
     assert value == expected
     assert isinstance(value, float)
     assert_no_warnings(caplog)
 
 
 def test_interval_env_below_floor_is_clamped(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    assert tree.load({config.ENV_INTERVAL: "0.2"})["interval_seconds"] == 1.0
+    assert tree.load({settings.ENV_INTERVAL: "0.2"})["interval_seconds"] == 1.0
     assert_one_warning(caplog, "interval_seconds", "0.2", "1.0")
 
 
 def test_interval_env_clamp_warning_names_the_variable(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     # SPEC 4: a value of the wrong range gets one warning naming the file or variable.
-    tree.load({config.ENV_INTERVAL: "0.2"})
+    tree.load({settings.ENV_INTERVAL: "0.2"})
     assert_one_warning(caplog, "WL_RESOURCE_MONITOR_INTERVAL_SECONDS", "0.2", "1.0")
 
 
@@ -230,21 +230,21 @@ def test_interval_env_clamp_warning_names_the_variable(tree: Tree, caplog: pytes
 def test_interval_env_invalid_warns_and_keeps_default(
     tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
 ) -> None:
-    assert tree.load({config.ENV_INTERVAL: raw})["interval_seconds"] == 15.0
+    assert tree.load({settings.ENV_INTERVAL: raw})["interval_seconds"] == 15.0
     assert_one_warning(caplog, "WL_RESOURCE_MONITOR_INTERVAL_SECONDS", "interval_seconds", repr(raw), "15.0")
 
 
 def test_categories_env_allowlist(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    cats = tree.load({config.ENV_CATEGORIES: "cpu, GPU"})["categories"]
-    assert cats == {**dict.fromkeys(config.DEFAULT_CATEGORIES, False), "cpu": True, "gpu": True}
+    cats = tree.load({settings.ENV_CATEGORIES: "cpu, GPU"})["categories"]
+    assert cats == {**dict.fromkeys(settings.DEFAULT_CATEGORIES, False), "cpu": True, "gpu": True}
     assert_no_warnings(caplog)
 
 
 def test_categories_env_unknown_name_warns_and_known_ones_apply(
     tree: Tree, caplog: pytest.LogCaptureFixture
 ) -> None:
-    cats = tree.load({config.ENV_CATEGORIES: "cpu,bogus,disk"})["categories"]
-    assert cats == {**dict.fromkeys(config.DEFAULT_CATEGORIES, False), "cpu": True, "disk": True}
+    cats = tree.load({settings.ENV_CATEGORIES: "cpu,bogus,disk"})["categories"]
+    assert cats == {**dict.fromkeys(settings.DEFAULT_CATEGORIES, False), "cpu": True, "disk": True}
     assert_one_warning(
         caplog, "WL_RESOURCE_MONITOR_CATEGORIES", "'bogus'", "ignor", "using categories=cpu,disk"
     )
@@ -258,19 +258,19 @@ def test_categories_env_unset_means_all_on(tree: Tree, caplog: pytest.LogCapture
 def test_disk_path_env_existing_dir_is_used(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     disk = tree.base / "data"
     disk.mkdir()
-    assert tree.load({config.ENV_DISK_PATH: str(disk)})["disk_path"] == str(disk)
+    assert tree.load({settings.ENV_DISK_PATH: str(disk)})["disk_path"] == str(disk)
     assert_no_warnings(caplog)
 
 
 def test_disk_path_env_missing_is_kept_with_one_warning(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     # SPEC 4: a disk_path that does not exist (yet) is kept, never replaced by another filesystem's.
     missing = str(tree.base / "no" / "such" / "dir")
-    assert tree.load({config.ENV_DISK_PATH: missing})["disk_path"] == missing
-    assert_one_warning(caplog, config.ENV_DISK_PATH, quote(missing), "does not exist", "keeping it")
+    assert tree.load({settings.ENV_DISK_PATH: missing})["disk_path"] == missing
+    assert_one_warning(caplog, settings.ENV_DISK_PATH, quote(missing), "does not exist", "keeping it")
 
 
 def test_disk_path_env_relative_is_made_absolute(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    assert tree.load({config.ENV_DISK_PATH: "."})["disk_path"] == os.getcwd()
+    assert tree.load({settings.ENV_DISK_PATH: "."})["disk_path"] == os.getcwd()
     assert_no_warnings(caplog)
 
 
@@ -278,18 +278,18 @@ def test_disk_path_env_relative_is_made_absolute(tree: Tree, caplog: pytest.LogC
 def test_disk_path_env_blank_warns_and_keeps_root(
     tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
 ) -> None:
-    assert tree.load({config.ENV_DISK_PATH: raw})["disk_path"] == ROOT
+    assert tree.load({settings.ENV_DISK_PATH: raw})["disk_path"] == ROOT
     assert_one_warning(caplog, "WL_RESOURCE_MONITOR_DISK_PATH", repr(raw), "non-empty", repr(ROOT))
 
 
 @pytest.mark.parametrize("raw", ["seconds", "Seconds", "model_age"])
 def test_step_source_env_valid(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
-    assert tree.load({config.ENV_STEP_SOURCE: raw})["step_source"] == raw.lower()
+    assert tree.load({settings.ENV_STEP_SOURCE: raw})["step_source"] == raw.lower()
     assert_no_warnings(caplog)
 
 
 def test_step_source_env_bogus_warns_and_uses_model_age(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    assert tree.load({config.ENV_STEP_SOURCE: "bogus"})["step_source"] == "model_age"
+    assert tree.load({settings.ENV_STEP_SOURCE: "bogus"})["step_source"] == "model_age"
     assert_one_warning(caplog, "WL_RESOURCE_MONITOR_STEP_SOURCE", "step_source", "'bogus'", "'model_age'")
 
 
@@ -297,27 +297,27 @@ def test_step_source_env_bogus_warns_and_uses_model_age(tree: Tree, caplog: pyte
 def test_categories_env_naming_no_known_category_warns_and_keeps_all_on(
     tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
 ) -> None:
-    assert tree.load({config.ENV_CATEGORIES: raw})["categories"] == ALL_ON
+    assert tree.load({settings.ENV_CATEGORIES: raw})["categories"] == ALL_ON
     assert_one_warning(
         caplog,
         "WL_RESOURCE_MONITOR_CATEGORIES",
         repr(raw),
         "names no known category",
-        f"using categories={','.join(config.DEFAULT_CATEGORIES)} instead",
+        f"using categories={','.join(settings.DEFAULT_CATEGORIES)} instead",
     )
 
 
 def test_categories_env_several_unknown_names_one_warning_naming_each(
     tree: Tree, caplog: pytest.LogCaptureFixture
 ) -> None:
-    cats = tree.load({config.ENV_CATEGORIES: "gpu,tpu,Memory,npu"})["categories"]
-    assert cats == {name: name in ("gpu", "memory") for name in config.DEFAULT_CATEGORIES}
+    cats = tree.load({settings.ENV_CATEGORIES: "gpu,tpu,Memory,npu"})["categories"]
+    assert cats == {name: name in ("gpu", "memory") for name in settings.DEFAULT_CATEGORIES}
     assert_one_warning(caplog, "'tpu'", "'npu'", "known: cpu, memory", "using categories=memory,gpu")
 
 
 @pytest.mark.parametrize("raw", ["", "   ", "\t"])
 def test_categories_env_blank_means_unset(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
-    assert tree.load({config.ENV_CATEGORIES: raw})["categories"] == ALL_ON
+    assert tree.load({settings.ENV_CATEGORIES: raw})["categories"] == ALL_ON
     assert_no_warnings(caplog)
 
 
@@ -325,12 +325,16 @@ def test_categories_env_blank_means_unset(tree: Tree, caplog: pytest.LogCaptureF
 def test_interval_env_above_one_day_is_clamped(
     tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
 ) -> None:
-    assert tree.load({config.ENV_INTERVAL: raw})["interval_seconds"] == config.MAX_INTERVAL_SECONDS == 86400.0
+    assert (
+        tree.load({settings.ENV_INTERVAL: raw})["interval_seconds"]
+        == settings.MAX_INTERVAL_SECONDS
+        == 86400.0
+    )
     assert_one_warning(caplog, "WL_RESOURCE_MONITOR_INTERVAL_SECONDS", "ceiling", "interval_seconds=86400.0")
 
 
 def test_interval_env_one_day_is_allowed(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    assert tree.load({config.ENV_INTERVAL: "86400"})["interval_seconds"] == 86400.0
+    assert tree.load({settings.ENV_INTERVAL: "86400"})["interval_seconds"] == 86400.0
     assert_no_warnings(caplog)
 
 
@@ -338,19 +342,19 @@ def test_interval_env_one_day_is_allowed(tree: Tree, caplog: pytest.LogCaptureFi
 def test_interval_env_negative_beyond_float_range_is_invalid(
     tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
 ) -> None:
-    assert tree.load({config.ENV_INTERVAL: raw})["interval_seconds"] == 15.0
+    assert tree.load({settings.ENV_INTERVAL: raw})["interval_seconds"] == 15.0
     message = assert_one_warning(caplog, "WL_RESOURCE_MONITOR_INTERVAL_SECONDS", "> 0", "15.0")
     assert len(message) < 300
 
 
 def test_disable_env_blank_keeps_enabled(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    assert tree.load({config.ENV_DISABLE: "   "})["enabled"] is True
+    assert tree.load({settings.ENV_DISABLE: "   "})["enabled"] is True
     assert_no_warnings(caplog)
 
 
 def test_env_warning_quotes_a_long_value_bounded(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     raw = "x" * 100_000
-    cfg = tree.load({config.ENV_STEP_SOURCE: raw, config.ENV_CATEGORIES: raw, config.ENV_INTERVAL: raw})
+    cfg = tree.load({settings.ENV_STEP_SOURCE: raw, settings.ENV_CATEGORIES: raw, settings.ENV_INTERVAL: raw})
     assert (cfg["step_source"], cfg["categories"], cfg["interval_seconds"]) == ("model_age", ALL_ON, 15.0)
     messages = sampler_warnings(caplog)
     assert len(messages) == 3
@@ -362,7 +366,7 @@ def test_env_warning_quotes_a_long_value_bounded(tree: Tree, caplog: pytest.LogC
 
 def test_file_interval_beats_env(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     write(tree.work / FILE_NAME, section("interval_seconds: 5"))
-    cfg = tree.load({config.ENV_INTERVAL: "30"})
+    cfg = tree.load({settings.ENV_INTERVAL: "30"})
     assert cfg["interval_seconds"] == 5.0
     assert isinstance(cfg["interval_seconds"], float)
     assert_no_warnings(caplog)
@@ -374,24 +378,24 @@ def test_file_omitted_keys_keep_env_values(tree: Tree, caplog: pytest.LogCapture
     write(tree.work / FILE_NAME, section("interval_seconds: 5"))
     cfg = tree.load(
         {
-            config.ENV_STEP_SOURCE: "seconds",
-            config.ENV_DISK_PATH: str(disk),
-            config.ENV_CATEGORIES: "cpu",
-            config.ENV_DISABLE: "1",
+            settings.ENV_STEP_SOURCE: "seconds",
+            settings.ENV_DISK_PATH: str(disk),
+            settings.ENV_CATEGORIES: "cpu",
+            settings.ENV_DISABLE: "1",
         }
     )
     assert cfg["interval_seconds"] == 5.0
     assert cfg["step_source"] == "seconds"
     assert cfg["disk_path"] == str(disk)
-    assert cfg["categories"] == {name: name == "cpu" for name in config.DEFAULT_CATEGORIES}
+    assert cfg["categories"] == {name: name == "cpu" for name in settings.DEFAULT_CATEGORIES}
     assert cfg["enabled"] is False
     assert_no_warnings(caplog)
 
 
 def test_file_categories_override_per_key(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     write(tree.work / FILE_NAME, section("categories: {memory: true, gpu: false}"))
-    cats = tree.load({config.ENV_CATEGORIES: "cpu,gpu"})["categories"]
-    assert cats == {**dict.fromkeys(config.DEFAULT_CATEGORIES, False), "cpu": True, "memory": True}
+    cats = tree.load({settings.ENV_CATEGORIES: "cpu,gpu"})["categories"]
+    assert cats == {**dict.fromkeys(settings.DEFAULT_CATEGORIES, False), "cpu": True, "memory": True}
     assert_no_warnings(caplog)
 
 
@@ -411,7 +415,7 @@ def test_file_enabled_false_disables(tree: Tree, caplog: pytest.LogCaptureFixtur
 def test_file_enabled_true_beats_env_disable(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     # SPEC 4: any key present in the file overrides the env var.
     write(tree.work / FILE_NAME, section("enabled: true"))
-    assert tree.load({config.ENV_DISABLE: "1"})["enabled"] is True
+    assert tree.load({settings.ENV_DISABLE: "1"})["enabled"] is True
     assert_no_warnings(caplog)
 
 
@@ -421,7 +425,7 @@ def test_file_step_source_and_disk_path_beat_env(tree: Tree, caplog: pytest.LogC
     env_disk.mkdir()
     file_disk.mkdir()
     write(tree.work / FILE_NAME, section(f"step_source: seconds\ndisk_path: '{file_disk}'"))
-    cfg = tree.load({config.ENV_STEP_SOURCE: "model_age", config.ENV_DISK_PATH: str(env_disk)})
+    cfg = tree.load({settings.ENV_STEP_SOURCE: "model_age", settings.ENV_DISK_PATH: str(env_disk)})
     assert cfg["step_source"] == "seconds"
     assert cfg["disk_path"] == str(file_disk)
     assert_no_warnings(caplog)
@@ -448,7 +452,7 @@ def test_config_path_dotfile_beats_plain_file(tree: Tree) -> None:
     cfg_dir = tree.base / "cfg"
     dot = write(cfg_dir / DOT_FILE_NAME, section("interval_seconds: 2"))
     write(cfg_dir / FILE_NAME, section("interval_seconds: 3"))
-    cfg = tree.load({config.ENV_CONFIG_PATH: str(cfg_dir)})
+    cfg = tree.load({settings.ENV_CONFIG_PATH: str(cfg_dir)})
     assert cfg["interval_seconds"] == 2.0
     assert cfg["config_file"] == str(dot)
 
@@ -458,7 +462,7 @@ def test_config_path_plain_file_beats_repository_root(tree: Tree) -> None:
     write(root / FILE_NAME, section("interval_seconds: 4"))
     cfg_dir = tree.base / "cfg"
     plain = write(cfg_dir / FILE_NAME, section("interval_seconds: 3"))
-    cfg = tree.load({config.ENV_CONFIG_PATH: str(cfg_dir)}, cwd=nested)
+    cfg = tree.load({settings.ENV_CONFIG_PATH: str(cfg_dir)}, cwd=nested)
     assert cfg["interval_seconds"] == 3.0
     assert cfg["config_file"] == str(plain)
 
@@ -468,7 +472,7 @@ def test_config_path_without_files_falls_through(tree: Tree, caplog: pytest.LogC
     root_file = write(root / FILE_NAME, section("interval_seconds: 4"))
     cfg_dir = tree.base / "cfg"
     cfg_dir.mkdir()
-    cfg = tree.load({config.ENV_CONFIG_PATH: str(cfg_dir)}, cwd=nested)
+    cfg = tree.load({settings.ENV_CONFIG_PATH: str(cfg_dir)}, cwd=nested)
     assert cfg["config_file"] == str(root_file)
     assert_no_warnings(caplog)
 
@@ -521,7 +525,7 @@ def test_only_the_first_file_found_is_used(tree: Tree, caplog: pytest.LogCapture
     write(root / FILE_NAME, section(f"disk_path: '{disk}'\nenabled: false"))
     write(tree.pkg / FILE_NAME, section("categories: {gpu: false}"))
     write(nested / FILE_NAME, section("categories: {disk: false}"))
-    cfg = tree.load({config.ENV_CONFIG_PATH: str(cfg_dir)}, cwd=nested)
+    cfg = tree.load({settings.ENV_CONFIG_PATH: str(cfg_dir)}, cwd=nested)
     assert cfg == {
         "enabled": True,
         "interval_seconds": 2.0,
@@ -531,7 +535,7 @@ def test_only_the_first_file_found_is_used(tree: Tree, caplog: pytest.LogCapture
         "store": None,
         "inner_rate_hz": 10.0,
         "gpu_devices": "all",
-        "postmortem_dir": str(nested.resolve() / config.DEFAULT_POSTMORTEM_DIR),
+        "postmortem_dir": str(nested.resolve() / settings.DEFAULT_POSTMORTEM_DIR),
         **NEW_DEFAULTS,
         "config_file": str(cfg_dir / DOT_FILE_NAME),
     }
@@ -547,7 +551,7 @@ def test_config_path_not_a_directory_warns_and_search_goes_on(
         not_dir.write_text("x", encoding="utf-8")
     root, nested = make_repo(tree.base)
     root_file = write(root / FILE_NAME, section("interval_seconds: 4"))
-    cfg = tree.load({config.ENV_CONFIG_PATH: str(not_dir)}, cwd=nested)
+    cfg = tree.load({settings.ENV_CONFIG_PATH: str(not_dir)}, cwd=nested)
     assert cfg["config_file"] == str(root_file)
     assert cfg["interval_seconds"] == 4.0
     assert_one_warning(caplog, "WL_RESOURCE_MONITOR_CONFIG_PATH", quote(str(not_dir)), "not a directory")
@@ -556,7 +560,7 @@ def test_config_path_not_a_directory_warns_and_search_goes_on(
 # --------------------------------------------------------------------------- bad YAML input
 
 
-ENV_30 = {config.ENV_INTERVAL: "30", config.ENV_STEP_SOURCE: "seconds"}
+ENV_30 = {settings.ENV_INTERVAL: "30", settings.ENV_STEP_SOURCE: "seconds"}
 
 
 def test_unparseable_file_warns_and_uses_env(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
@@ -675,7 +679,7 @@ def test_file_interval_above_one_day_is_clamped(
 
 def test_file_step_source_invalid_warns(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     path = write(tree.work / FILE_NAME, section("step_source: sideways\ninterval_seconds: 7"))
-    cfg = tree.load({config.ENV_STEP_SOURCE: "seconds"})
+    cfg = tree.load({settings.ENV_STEP_SOURCE: "seconds"})
     assert cfg["step_source"] == "seconds"
     assert cfg["interval_seconds"] == 7.0
     assert_one_warning(caplog, str(path), "step_source", "'sideways'", "'seconds'")
@@ -705,7 +709,7 @@ def test_file_disk_path_invalid_warns_and_keeps_env(
     disk = tree.base / "data"
     disk.mkdir()
     path = write(tree.work / FILE_NAME, section(f"disk_path: {yaml_value}"))
-    assert tree.load({config.ENV_DISK_PATH: str(disk)})["disk_path"] == str(disk)
+    assert tree.load({settings.ENV_DISK_PATH: str(disk)})["disk_path"] == str(disk)
     assert_one_warning(caplog, str(path), "disk_path", repr(parsed), quote(str(disk)))
 
 
@@ -722,7 +726,7 @@ def test_file_category_flag_not_a_bool_warns(
     tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, parsed: object
 ) -> None:
     path = write(tree.work / FILE_NAME, section(f"categories: {{cpu: {yaml_value}, gpu: false}}"))
-    cats = tree.load({config.ENV_CATEGORIES: "cpu,gpu,memory"})["categories"]
+    cats = tree.load({settings.ENV_CATEGORIES: "cpu,gpu,memory"})["categories"]
     assert cats["cpu"] is True  # keeps the env value
     assert cats["gpu"] is False  # the valid flag still applies
     assert_one_warning(caplog, str(path), "cpu", repr(parsed), "True")
@@ -747,8 +751,8 @@ def test_file_category_flag_quoted_true_word_turns_it_on(
     tree: Tree, caplog: pytest.LogCaptureFixture, word: str
 ) -> None:
     write(tree.work / FILE_NAME, section(f"categories: {{disk: {word}}}"))
-    cats = tree.load({config.ENV_CATEGORIES: "cpu"})["categories"]
-    assert cats == {name: name in ("cpu", "disk") for name in config.DEFAULT_CATEGORIES}
+    cats = tree.load({settings.ENV_CATEGORIES: "cpu"})["categories"]
+    assert cats == {name: name in ("cpu", "disk") for name in settings.DEFAULT_CATEGORIES}
     assert_no_warnings(caplog)
 
 
@@ -761,8 +765,8 @@ def test_file_category_names_are_read_in_any_case(tree: Tree, caplog: pytest.Log
 def test_file_categories_as_list_means_only_these(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     # Issue 8: a list, as the env var and the API already take, means "only these"; it beats the env var.
     write(tree.work / FILE_NAME, section("categories: [cpu, GPU]\ninterval_seconds: 7"))
-    cfg = tree.load({config.ENV_CATEGORIES: "memory"})
-    assert cfg["categories"] == {name: name in ("cpu", "gpu") for name in config.DEFAULT_CATEGORIES}
+    cfg = tree.load({settings.ENV_CATEGORIES: "memory"})
+    assert cfg["categories"] == {name: name in ("cpu", "gpu") for name in settings.DEFAULT_CATEGORIES}
     assert cfg["interval_seconds"] == 7.0
     assert_no_warnings(caplog)
 
@@ -771,7 +775,7 @@ def test_file_categories_empty_list_turns_every_category_off(
     tree: Tree, caplog: pytest.LogCaptureFixture
 ) -> None:
     write(tree.work / FILE_NAME, section("categories: []"))
-    assert tree.load()["categories"] == dict.fromkeys(config.DEFAULT_CATEGORIES, False)
+    assert tree.load()["categories"] == dict.fromkeys(settings.DEFAULT_CATEGORIES, False)
     assert_no_warnings(caplog)
 
 
@@ -779,8 +783,8 @@ def test_file_categories_list_with_unknown_names_uses_the_known_ones(
     tree: Tree, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = write(tree.work / FILE_NAME, section("categories: [cpu, tpu, process]"))
-    cats = tree.load({config.ENV_CATEGORIES: "memory"})["categories"]
-    assert cats == {name: name in ("cpu", "process") for name in config.DEFAULT_CATEGORIES}
+    cats = tree.load({settings.ENV_CATEGORIES: "memory"})["categories"]
+    assert cats == {name: name in ("cpu", "process") for name in settings.DEFAULT_CATEGORIES}
     assert_one_warning(
         caplog, f"{path}: resource_monitoring.categories=", "'tpu'", "ignoring that part", "cpu,process"
     )
@@ -790,8 +794,8 @@ def test_file_categories_list_of_unknown_names_only_keeps_the_env_value(
     tree: Tree, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = write(tree.work / FILE_NAME, section("categories: [tpu, npu]"))
-    cats = tree.load({config.ENV_CATEGORIES: "memory"})["categories"]
-    assert cats == {name: name == "memory" for name in config.DEFAULT_CATEGORIES}
+    cats = tree.load({settings.ENV_CATEGORIES: "memory"})["categories"]
+    assert cats == {name: name == "memory" for name in settings.DEFAULT_CATEGORIES}
     assert_one_warning(caplog, str(path), "names no known category", "using categories=memory instead")
 
 
@@ -800,8 +804,8 @@ def test_file_categories_list_not_of_strings_warns_and_keeps_the_env_value(
     tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, parsed: object
 ) -> None:
     path = write(tree.work / FILE_NAME, section(f"categories: {yaml_value}\ninterval_seconds: 7"))
-    cfg = tree.load({config.ENV_CATEGORIES: "memory"})
-    assert cfg["categories"] == {name: name == "memory" for name in config.DEFAULT_CATEGORIES}
+    cfg = tree.load({settings.ENV_CATEGORIES: "memory"})
+    assert cfg["categories"] == {name: name == "memory" for name in settings.DEFAULT_CATEGORIES}
     assert cfg["interval_seconds"] == 7.0
     assert_one_warning(
         caplog, str(path), "categories", repr(parsed), "list of category names", "using categories=memory"
@@ -845,7 +849,7 @@ def test_file_enabled_quoted_true_word_beats_env_disable(
     tree: Tree, caplog: pytest.LogCaptureFixture, word: str
 ) -> None:
     write(tree.work / FILE_NAME, section(f"enabled: {word}"))
-    assert tree.load({config.ENV_DISABLE: "1"})["enabled"] is True
+    assert tree.load({settings.ENV_DISABLE: "1"})["enabled"] is True
     assert_no_warnings(caplog)
 
 
@@ -892,7 +896,7 @@ def test_removed_working_directory_skips_the_places_found_from_it(
     pkg_file = write(tree.pkg / FILE_NAME, section("interval_seconds: 5"))
     monkeypatch.chdir(gone)
     gone.rmdir()
-    cfg = config.load_resource_monitoring_config(environ={}, package_dir=tree.pkg)
+    cfg = settings.load_resource_monitoring_config(environ={}, package_dir=tree.pkg)
     assert (cfg["interval_seconds"], cfg["config_file"]) == (5.0, str(pkg_file))
     assert_no_warnings(caplog)
 
@@ -901,7 +905,7 @@ def test_removed_working_directory_skips_the_places_found_from_it(
 
 
 def test_every_field_is_a_key_of_the_resolved_config(tree: Tree) -> None:
-    keys = [field.key for field in config.FIELDS]
+    keys = [field.key for field in settings.FIELDS]
     assert keys == [
         "enabled",
         "interval_seconds",
@@ -915,22 +919,22 @@ def test_every_field_is_a_key_of_the_resolved_config(tree: Tree) -> None:
         *NEW_DEFAULTS,
     ]
     assert set(tree.load()) == {*keys, "config_file"}
-    envs = (config.ENV_DISABLE, config.ENV_INTERVAL, config.ENV_CATEGORIES, config.ENV_DISK_PATH)
-    assert [field.env for field in config.FIELDS] == [
+    envs = (settings.ENV_DISABLE, settings.ENV_INTERVAL, settings.ENV_CATEGORIES, settings.ENV_DISK_PATH)
+    assert [field.env for field in settings.FIELDS] == [
         *envs,
-        config.ENV_STEP_SOURCE,
-        config.ENV_STORE,
-        config.ENV_INNER_RATE,
-        config.ENV_GPU_DEVICES,
-        config.ENV_POSTMORTEM_DIR,
-        config.ENV_PROMETHEUS_PORT,
-        config.ENV_PROMETHEUS_ADDRESS,
-        config.ENV_PROMETHEUS_SD_DIR,
-        config.ENV_HOST_SAMPLING,
-        config.ENV_RUN_ID,
+        settings.ENV_STEP_SOURCE,
+        settings.ENV_STORE,
+        settings.ENV_INNER_RATE,
+        settings.ENV_GPU_DEVICES,
+        settings.ENV_POSTMORTEM_DIR,
+        settings.ENV_PROMETHEUS_PORT,
+        settings.ENV_PROMETHEUS_ADDRESS,
+        settings.ENV_PROMETHEUS_SD_DIR,
+        settings.ENV_HOST_SAMPLING,
+        settings.ENV_RUN_ID,
     ]
-    assert config.ENV_STORE == "WL_RESOURCE_MONITOR_STORE"
-    assert [field.flag for field in config.FIELDS][5:] == [
+    assert settings.ENV_STORE == "WL_RESOURCE_MONITOR_STORE"
+    assert [field.flag for field in settings.FIELDS][5:] == [
         "--store",
         "--inner-rate",
         "--gpu-devices",
@@ -944,16 +948,16 @@ def test_every_field_is_a_key_of_the_resolved_config(tree: Tree) -> None:
 
 
 def test_defaults_are_fresh_copies() -> None:
-    first = config.defaults()
+    first = settings.defaults()
     first["categories"]["cpu"] = False
-    assert config.defaults()["categories"] == ALL_ON
-    assert config.CATEGORIES.default == ALL_ON
+    assert settings.defaults()["categories"] == ALL_ON
+    assert settings.CATEGORIES.default == ALL_ON
 
 
 # --------------------------------------------------------------------------- the Python API
 
 
-def resolve(**overrides: object) -> config.ApiSettings:
+def resolve(**overrides: object) -> settings.ApiSettings:
     arguments: dict[str, Any] = {
         "interval_seconds": 15.0,
         "categories": None,
@@ -961,18 +965,18 @@ def resolve(**overrides: object) -> config.ApiSettings:
         "step_source": "model_age",
         **overrides,
     }
-    return config.resolve_api_settings(**arguments)
+    return settings.resolve_api_settings(**arguments)
 
 
 def test_api_defaults(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="sampler")
     settings = resolve()
-    assert settings == config.ApiSettings(
+    assert settings == settings.ApiSettings(
         15.0,
-        config.DEFAULT_CATEGORIES,
+        settings.DEFAULT_CATEGORIES,
         ROOT,
         "model_age",
-        postmortem_dir=os.path.abspath(config.DEFAULT_POSTMORTEM_DIR),
+        postmortem_dir=os.path.abspath(settings.DEFAULT_POSTMORTEM_DIR),
     )
     assert isinstance(settings.interval_seconds, float)
     with pytest.raises(AttributeError):
@@ -1032,7 +1036,7 @@ def test_api_interval_out_of_range_is_a_value_error(raw: object) -> None:
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [
-        (None, config.DEFAULT_CATEGORIES),
+        (None, settings.DEFAULT_CATEGORIES),
         (["gpu", "cpu"], ("cpu", "gpu")),
         (("process",), ("process",)),
         ([], ()),
@@ -1136,7 +1140,7 @@ def test_api_bad_step_source(raw: object, error: type[Exception]) -> None:
 
 def test_api_store_defaults_to_none() -> None:
     assert resolve().store is None
-    assert config.ApiSettings(15.0, (), ROOT, "model_age").store is None
+    assert settings.ApiSettings(15.0, (), ROOT, "model_age").store is None
 
 
 def test_api_store_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1185,7 +1189,7 @@ def test_store_env_is_made_absolute(
     tree: Tree, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tree.base)
-    result = tree.resolve({config.ENV_STORE: "runs.sqlite"})
+    result = tree.resolve({settings.ENV_STORE: "runs.sqlite"})
     assert result.values["store"] == str(tree.base / "runs.sqlite")
     assert result.sources["store"] == "WL_RESOURCE_MONITOR_STORE"
     assert_no_warnings(caplog)
@@ -1193,15 +1197,15 @@ def test_store_env_is_made_absolute(
 
 @pytest.mark.parametrize("raw", ["", "   "])
 def test_store_env_empty_is_unset(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
-    result = tree.resolve({config.ENV_STORE: raw})
+    result = tree.resolve({settings.ENV_STORE: raw})
     assert result.values["store"] is None
-    assert result.sources["store"] == config.DEFAULT_SOURCE
+    assert result.sources["store"] == settings.DEFAULT_SOURCE
     assert_no_warnings(caplog)
 
 
 @pytest.mark.parametrize("raw", ["0", "false", "OFF", "no"])
 def test_store_env_false_word_is_off(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
-    result = tree.resolve({config.ENV_STORE: raw})
+    result = tree.resolve({settings.ENV_STORE: raw})
     assert result.values["store"] is None
     assert result.sources["store"] == "WL_RESOURCE_MONITOR_STORE"
     assert_no_warnings(caplog)
@@ -1211,16 +1215,16 @@ def test_store_env_in_a_missing_directory_warns_and_falls_back(
     tree: Tree, caplog: pytest.LogCaptureFixture
 ) -> None:
     missing = tree.base / "nowhere" / "runs.sqlite"
-    result = tree.resolve({config.ENV_STORE: str(missing)})
+    result = tree.resolve({settings.ENV_STORE: str(missing)})
     assert result.values["store"] is None
-    assert result.sources["store"] == config.DEFAULT_SOURCE
+    assert result.sources["store"] == settings.DEFAULT_SOURCE
     assert_one_warning(
         caplog, "WL_RESOURCE_MONITOR_STORE=", "does not exist", quote(str(missing.parent)), "store=None"
     )
 
 
 def test_store_env_true_word_is_not_a_path(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    assert tree.load({config.ENV_STORE: "1"})["store"] is None
+    assert tree.load({settings.ENV_STORE: "1"})["store"] is None
     assert_one_warning(caplog, "WL_RESOURCE_MONITOR_STORE='1'", "path of a SQLite file", "./1")
 
 
@@ -1231,7 +1235,7 @@ def test_store_file_beats_env_and_is_made_absolute(
     (tree.base / "env").mkdir()
     path = write(tree.work / FILE_NAME, section("store: runs/here.sqlite"))
     (tree.work / "runs").mkdir()
-    result = tree.resolve({config.ENV_STORE: str(tree.base / "env" / "x.db")})
+    result = tree.resolve({settings.ENV_STORE: str(tree.base / "env" / "x.db")})
     assert result.values["store"] == str(tree.work / "runs" / "here.sqlite")
     assert result.sources["store"] == f"{path}: resource_monitoring.store"
     assert_no_warnings(caplog)
@@ -1242,7 +1246,7 @@ def test_store_file_null_or_false_turns_the_env_store_off(
     tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str
 ) -> None:
     path = write(tree.work / FILE_NAME, section(f"store: {yaml_value}"))
-    result = tree.resolve({config.ENV_STORE: str(tree.base / "x.db")})
+    result = tree.resolve({settings.ENV_STORE: str(tree.base / "x.db")})
     assert result.values["store"] is None
     assert result.sources["store"] == f"{path}: resource_monitoring.store"
     assert_no_warnings(caplog)
@@ -1265,7 +1269,7 @@ def test_store_file_invalid_warns_and_keeps_env(
 ) -> None:
     env_store = str(tree.base / "env.db")
     path = write(tree.work / FILE_NAME, section(f"store: {yaml_value}"))
-    result = tree.resolve({config.ENV_STORE: env_store})
+    result = tree.resolve({settings.ENV_STORE: env_store})
     assert result.values["store"] == env_store
     assert result.sources["store"] == "WL_RESOURCE_MONITOR_STORE"
     assert_one_warning(caplog, f"{path}: resource_monitoring.store=", fragment, quote(env_store))
@@ -1277,8 +1281,8 @@ def test_store_file_invalid_warns_and_keeps_env(
 def test_resolution_of_nothing_is_all_defaults(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     result = tree.resolve()
     assert result.values == tree.load()
-    assert set(result.sources) == {field.key for field in config.FIELDS} | {
-        f"categories.{name}" for name in config.DEFAULT_CATEGORIES
+    assert set(result.sources) == {field.key for field in settings.FIELDS} | {
+        f"categories.{name}" for name in settings.DEFAULT_CATEGORIES
     }
     assert set(result.sources.values()) == {"built-in default"}
     assert (result.used_file, result.found_file, result.warnings) == (None, None, ())
@@ -1290,7 +1294,7 @@ def test_resolution_of_nothing_is_all_defaults(tree: Tree, caplog: pytest.LogCap
 
 def test_load_is_the_values_of_the_resolution(tree: Tree) -> None:
     write(tree.work / FILE_NAME, section("interval_seconds: 7\ncategories: {gpu: false}"))
-    env = {config.ENV_STEP_SOURCE: "seconds"}
+    env = {settings.ENV_STEP_SOURCE: "seconds"}
     assert tree.load(env) == tree.resolve(env).values
 
 
@@ -1298,25 +1302,25 @@ def test_sources_name_each_env_var(tree: Tree, caplog: pytest.LogCaptureFixture)
     disk = tree.base / "data"
     disk.mkdir()
     environ = {
-        config.ENV_DISABLE: "0",
-        config.ENV_INTERVAL: "30",
-        config.ENV_CATEGORIES: "cpu",
-        config.ENV_DISK_PATH: str(disk),
-        config.ENV_STEP_SOURCE: "seconds",
-        config.ENV_STORE: str(tree.base / "runs.db"),
-        config.ENV_INNER_RATE: "20",
-        config.ENV_GPU_DEVICES: "visible",
-        config.ENV_POSTMORTEM_DIR: str(tree.base / "pm"),
-        config.ENV_PROMETHEUS_PORT: "9400",
-        config.ENV_PROMETHEUS_ADDRESS: "0.0.0.0",
-        config.ENV_PROMETHEUS_SD_DIR: str(tree.base / "sd"),
-        config.ENV_HOST_SAMPLING: "every_rank",
-        config.ENV_RUN_ID: "job-7",
+        settings.ENV_DISABLE: "0",
+        settings.ENV_INTERVAL: "30",
+        settings.ENV_CATEGORIES: "cpu",
+        settings.ENV_DISK_PATH: str(disk),
+        settings.ENV_STEP_SOURCE: "seconds",
+        settings.ENV_STORE: str(tree.base / "runs.db"),
+        settings.ENV_INNER_RATE: "20",
+        settings.ENV_GPU_DEVICES: "visible",
+        settings.ENV_POSTMORTEM_DIR: str(tree.base / "pm"),
+        settings.ENV_PROMETHEUS_PORT: "9400",
+        settings.ENV_PROMETHEUS_ADDRESS: "0.0.0.0",
+        settings.ENV_PROMETHEUS_SD_DIR: str(tree.base / "sd"),
+        settings.ENV_HOST_SAMPLING: "every_rank",
+        settings.ENV_RUN_ID: "job-7",
     }
     result = tree.resolve(environ)
-    for field in config.FIELDS:
+    for field in settings.FIELDS:
         assert result.sources[field.key] == field.env
-    for name in config.DEFAULT_CATEGORIES:
+    for name in settings.DEFAULT_CATEGORIES:
         assert result.sources[f"categories.{name}"] == "WL_RESOURCE_MONITOR_CATEGORIES"
     assert result.values["store"] == str(tree.base / "runs.db")
     assert_no_warnings(caplog)
@@ -1335,21 +1339,23 @@ def test_sources_name_the_file_and_key_that_beat_the_env(
         "run_id: job-7"
     )
     path = write(tree.work / FILE_NAME, section(body))
-    environ = {config.ENV_INTERVAL: "30", config.ENV_CATEGORIES: "memory", config.ENV_STORE: "off"}
+    environ = {settings.ENV_INTERVAL: "30", settings.ENV_CATEGORIES: "memory", settings.ENV_STORE: "off"}
     result = tree.resolve(environ)
-    for field in config.FIELDS:
+    for field in settings.FIELDS:
         assert result.sources[field.key] == f"{path}: resource_monitoring.{field.key}"
-    for name in config.DEFAULT_CATEGORIES:
+    for name in settings.DEFAULT_CATEGORIES:
         assert result.sources[f"categories.{name}"] == f"{path}: resource_monitoring.categories"
-    assert result.values["categories"] == {name: name in ("cpu", "gpu") for name in config.DEFAULT_CATEGORIES}
+    assert result.values["categories"] == {
+        name: name in ("cpu", "gpu") for name in settings.DEFAULT_CATEGORIES
+    }
     assert_no_warnings(caplog)
 
 
 def test_sources_of_file_mapping_are_per_category(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     path = write(tree.work / FILE_NAME, section("categories: {gpu: false, Disk: 'yes'}"))
-    result = tree.resolve({config.ENV_CATEGORIES: "cpu,gpu"})
+    result = tree.resolve({settings.ENV_CATEGORIES: "cpu,gpu"})
     assert result.values["categories"] == {
-        name: name in ("cpu", "disk") for name in config.DEFAULT_CATEGORIES
+        name: name in ("cpu", "disk") for name in settings.DEFAULT_CATEGORIES
     }
     where = f"{path}: resource_monitoring.categories"
     assert result.sources["categories.gpu"] == f"{where}.gpu"
@@ -1362,9 +1368,9 @@ def test_sources_of_file_mapping_are_per_category(tree: Tree, caplog: pytest.Log
 
 
 def test_file_mapping_of_every_category_is_the_source_of_all(tree: Tree) -> None:
-    flags = ", ".join(f"{name}: true" for name in config.DEFAULT_CATEGORIES)
+    flags = ", ".join(f"{name}: true" for name in settings.DEFAULT_CATEGORIES)
     path = write(tree.work / FILE_NAME, section(f"categories: {{{flags}}}"))
-    result = tree.resolve({config.ENV_CATEGORIES: "cpu"})
+    result = tree.resolve({settings.ENV_CATEGORIES: "cpu"})
     assert result.sources["categories"] == f"{path}: resource_monitoring.categories"
 
 
@@ -1373,7 +1379,9 @@ def test_a_value_that_is_not_used_is_not_a_source(tree: Tree) -> None:
         tree.work / FILE_NAME,
         section("interval_seconds: abc\ncategories: {cpu: maybe, tpu: true}\nstep_source: sideways"),
     )
-    result = tree.resolve({config.ENV_INTERVAL: "30", config.ENV_DISK_PATH: "", config.ENV_CATEGORIES: "x"})
+    result = tree.resolve(
+        {settings.ENV_INTERVAL: "30", settings.ENV_DISK_PATH: "", settings.ENV_CATEGORIES: "x"}
+    )
     assert result.values["interval_seconds"] == 30.0
     assert result.sources["interval_seconds"] == "WL_RESOURCE_MONITOR_INTERVAL_SECONDS"
     assert result.sources["disk_path"] == "built-in default"
@@ -1386,7 +1394,7 @@ def test_a_value_that_is_not_used_is_not_a_source(tree: Tree) -> None:
 
 def test_a_value_used_in_part_or_clamped_is_a_source(tree: Tree) -> None:
     path = write(tree.work / FILE_NAME, section("interval_seconds: 0.2"))
-    result = tree.resolve({config.ENV_CATEGORIES: "cpu,bogus"})
+    result = tree.resolve({settings.ENV_CATEGORIES: "cpu,bogus"})
     assert result.sources["categories"] == "WL_RESOURCE_MONITOR_CATEGORIES"
     assert result.sources["interval_seconds"] == f"{path}: resource_monitoring.interval_seconds"
     assert len(result.warnings) == 2
@@ -1398,7 +1406,7 @@ def test_looked_for_in_lookup_order_and_the_file_used(tree: Tree, caplog: pytest
     cfg_dir.mkdir()
     root_file = write(root / FILE_NAME, section("interval_seconds: 4"))
     write(tree.pkg / FILE_NAME, section("interval_seconds: 5"))
-    result = tree.resolve({config.ENV_CONFIG_PATH: str(cfg_dir)}, cwd=nested)
+    result = tree.resolve({settings.ENV_CONFIG_PATH: str(cfg_dir)}, cwd=nested)
     assert result.looked_for == (
         cfg_dir / DOT_FILE_NAME,
         cfg_dir / FILE_NAME,
@@ -1431,7 +1439,7 @@ def test_a_file_found_but_unusable_is_not_used(tree: Tree) -> None:
 
 def test_warnings_are_captured_in_order_and_logged(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     path = write(tree.work / FILE_NAME, section("step_source: sideways\nbogus: 1"))
-    environ = {config.ENV_INTERVAL: "abc", config.ENV_CONFIG_PATH: str(tree.base / "nope")}
+    environ = {settings.ENV_INTERVAL: "abc", settings.ENV_CONFIG_PATH: str(tree.base / "nope")}
     result = tree.resolve(environ)
     assert list(result.warnings) == sampler_warnings(caplog)
     assert len(result.warnings) == 4
@@ -1444,17 +1452,17 @@ def test_warnings_are_captured_in_order_and_logged(tree: Tree, caplog: pytest.Lo
 
 
 def test_warnings_can_be_captured_without_logging(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    result = tree.resolve({config.ENV_INTERVAL: "abc"}, log_warnings=False)
+    result = tree.resolve({settings.ENV_INTERVAL: "abc"}, log_warnings=False)
     assert len(result.warnings) == 1 and "'abc'" in result.warnings[0]
     assert_no_warnings(caplog)
-    tree.resolve({config.ENV_INTERVAL: "abc"})  # the switch does not outlive the call
+    tree.resolve({settings.ENV_INTERVAL: "abc"})  # the switch does not outlive the call
     assert len(sampler_warnings(caplog)) == 1
 
 
 def test_each_resolution_reports_a_missing_disk_path(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     missing = str(tree.base / "not" / "yet")
     for _ in range(2):
-        (message,) = tree.resolve({config.ENV_DISK_PATH: missing}).warnings
+        (message,) = tree.resolve({settings.ENV_DISK_PATH: missing}).warnings
         assert "does not exist (yet)" in message
     # ... while the API, given the same path after the configuration, does not repeat it.
     caplog.clear()
@@ -1505,7 +1513,7 @@ def test_yml_files_in_the_config_directory(tree: Tree, caplog: pytest.LogCapture
     cfg_dir = tree.base / "cfg"
     dot_yml = write(cfg_dir / ".resource_monitoring.yml", section("interval_seconds: 2"))
     plain_yml = write(cfg_dir / "resource_monitoring.yml", section("interval_seconds: 3"))
-    result = tree.resolve({config.ENV_CONFIG_PATH: str(cfg_dir)})
+    result = tree.resolve({settings.ENV_CONFIG_PATH: str(cfg_dir)})
     assert result.values["interval_seconds"] == 15.0
     assert len(result.warnings) == 2
     expected = "read only when named .resource_monitoring.yaml or resource_monitoring.yaml"
@@ -1557,11 +1565,11 @@ NO_ENDPOINT = "using prometheus_port=None (no endpoint) instead"
 
 def test_new_env_var_names() -> None:
     assert (
-        config.ENV_PROMETHEUS_PORT,
-        config.ENV_PROMETHEUS_ADDRESS,
-        config.ENV_PROMETHEUS_SD_DIR,
-        config.ENV_HOST_SAMPLING,
-        config.ENV_RUN_ID,
+        settings.ENV_PROMETHEUS_PORT,
+        settings.ENV_PROMETHEUS_ADDRESS,
+        settings.ENV_PROMETHEUS_SD_DIR,
+        settings.ENV_HOST_SAMPLING,
+        settings.ENV_RUN_ID,
     ) == (
         PORT_ENV,
         "WL_RESOURCE_MONITOR_PROMETHEUS_ADDRESS",
@@ -1611,7 +1619,7 @@ def test_prometheus_port_env_invalid_warns_once_and_has_no_endpoint(
 ) -> None:
     result = tree.resolve({PORT_ENV: raw})
     assert result.values["prometheus_port"] is None
-    assert result.sources["prometheus_port"] == config.DEFAULT_SOURCE
+    assert result.sources["prometheus_port"] == settings.DEFAULT_SOURCE
     assert_one_warning(caplog, f"{PORT_ENV}={quote(raw)} is invalid", fragment, NO_ENDPOINT)
 
 
@@ -1684,8 +1692,8 @@ def test_prometheus_address_env_blank_warns_and_stays_local(
     tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
 ) -> None:
     result = tree.resolve({ADDRESS_ENV: raw})
-    assert result.values["prometheus_address"] == config.DEFAULT_PROMETHEUS_ADDRESS == "127.0.0.1"
-    assert result.sources["prometheus_address"] == config.DEFAULT_SOURCE
+    assert result.values["prometheus_address"] == settings.DEFAULT_PROMETHEUS_ADDRESS == "127.0.0.1"
+    assert result.sources["prometheus_address"] == settings.DEFAULT_SOURCE
     assert_one_warning(
         caplog, f"{ADDRESS_ENV}={quote(raw)} is invalid", "host name or IP address", LOCAL_ONLY
     )
@@ -1747,7 +1755,7 @@ def test_prometheus_sd_dir_env_is_made_absolute(
 
 
 @pytest.mark.parametrize(
-    ("raw", "source"), [("", config.DEFAULT_SOURCE), ("  ", config.DEFAULT_SOURCE), ("off", SD_ENV)]
+    ("raw", "source"), [("", settings.DEFAULT_SOURCE), ("  ", settings.DEFAULT_SOURCE), ("off", SD_ENV)]
 )
 def test_prometheus_sd_dir_env_blank_or_false_is_none(
     tree: Tree, caplog: pytest.LogCaptureFixture, raw: str, source: str
@@ -1834,7 +1842,7 @@ def test_host_sampling_env_invalid_warns_once_and_keeps_local_rank_0(
 ) -> None:
     result = tree.resolve({SAMPLING_ENV: raw})
     assert result.values["host_sampling"] == "local_rank_0"
-    assert result.sources["host_sampling"] == config.DEFAULT_SOURCE
+    assert result.sources["host_sampling"] == settings.DEFAULT_SOURCE
     assert_one_warning(
         caplog,
         f"{SAMPLING_ENV}={quote(raw)} is invalid",
@@ -1889,7 +1897,7 @@ def test_run_id_env_valid(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
 def test_run_id_env_blank_is_unset(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
     result = tree.resolve({RUN_ID_ENV: raw})
     assert result.values["run_id"] is None
-    assert result.sources["run_id"] == config.DEFAULT_SOURCE
+    assert result.sources["run_id"] == settings.DEFAULT_SOURCE
     assert_no_warnings(caplog)
 
 
@@ -1946,9 +1954,9 @@ def test_postmortem_dir_env_true_word_is_refused_with_one_warning(
     tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
 ) -> None:
     result = tree.resolve({POSTMORTEM_ENV: raw})
-    default = str(tree.work / config.DEFAULT_POSTMORTEM_DIR)
+    default = str(tree.work / settings.DEFAULT_POSTMORTEM_DIR)
     assert result.values["postmortem_dir"] == default
-    assert result.sources["postmortem_dir"] == config.DEFAULT_SOURCE
+    assert result.sources["postmortem_dir"] == settings.DEFAULT_SOURCE
     assert_one_warning(
         caplog,
         f"{POSTMORTEM_ENV}={quote(raw)} is invalid",
@@ -1980,15 +1988,15 @@ def test_api_postmortem_dir_true_word_is_a_value_error_and_dot_slash_is_a_path(
 
 def test_every_setting_but_the_switch_is_a_keyword_of_the_monitor() -> None:
     parameters = inspect.signature(sampler.ResourceMonitor).parameters
-    keys = [field.key for field in config.MONITOR_FIELDS]
-    assert keys == [field.key for field in config.FIELDS if field is not config.ENABLED]
+    keys = [field.key for field in settings.MONITOR_FIELDS]
+    assert keys == [field.key for field in settings.FIELDS if field is not settings.ENABLED]
     assert set(keys) <= set(parameters) and "enabled" not in parameters
 
 
 def test_the_monitor_started_from_config_takes_every_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(config.ENV_RUN_ID, "from-env")
-    monkeypatch.setenv(config.ENV_HOST_SAMPLING, "every_rank")
-    monkeypatch.setenv(config.ENV_INNER_RATE, "5")
+    monkeypatch.setenv(settings.ENV_RUN_ID, "from-env")
+    monkeypatch.setenv(settings.ENV_HOST_SAMPLING, "every_rank")
+    monkeypatch.setenv(settings.ENV_INNER_RATE, "5")
     monitor = sampler.start_resource_monitor_from_config()
     assert monitor is not None
     sampler.stop_resource_monitor()
@@ -1998,7 +2006,7 @@ def test_the_monitor_started_from_config_takes_every_setting(monkeypatch: pytest
 
 FILE_INVALID = [
     # (field, env text, value the env var gives, YAML value, a fragment of the warning)
-    *((config.PROMETHEUS_PORT, "9000", 9000, raw, why) for raw, why in [
+    *((settings.PROMETHEUS_PORT, "9000", 9000, raw, why) for raw, why in [
         ("0", "in 1..65535"),
         ("'0'", "in 1..65535, or false/off for none"),  # a port, not a false word
         ("70000", "in 1..65535"),
@@ -2007,17 +2015,17 @@ FILE_INVALID = [
         ("9400.0", "got float"),
         ("[9400]", "got list"),
     ]),
-    *((config.PROMETHEUS_ADDRESS, "10.0.0.1", "10.0.0.1", raw, why) for raw, why in [
+    *((settings.PROMETHEUS_ADDRESS, "10.0.0.1", "10.0.0.1", raw, why) for raw, why in [
         ("''", "such as 127.0.0.1"), ("'  '", "such as 127.0.0.1"), ("'a b'", "such as 127.0.0.1"),
         ("5", "got int"), ("null", "got NoneType"),
     ]),
-    *((config.PROMETHEUS_SD_DIR, "/srv/prometheus/sd", "/srv/prometheus/sd", raw, why) for raw, why in [
+    *((settings.PROMETHEUS_SD_DIR, "/srv/prometheus/sd", "/srv/prometheus/sd", raw, why) for raw, why in [
         ("true", "got bool"), ("'on'", "./on"), ("5", "got int")
     ]),
-    *((config.HOST_SAMPLING, "every_rank", "every_rank", raw, why) for raw, why in [
+    *((settings.HOST_SAMPLING, "every_rank", "every_rank", raw, why) for raw, why in [
         ("sideways", "expected one of local_rank_0, every_rank"), ("5", "got int")
     ]),
-    *((config.RUN_ID, "from-env", "from-env", raw, why) for raw, why in [
+    *((settings.RUN_ID, "from-env", "from-env", raw, why) for raw, why in [
         ("x" * 200, "at most 128"), ('"a\\tb"', "printable"), ("true", "got bool"), ("1.5", "got float")
     ]),
 ]  # fmt: skip
@@ -2027,7 +2035,7 @@ FILE_INVALID = [
 def test_a_bad_file_value_of_the_new_fields_warns_once_and_keeps_the_env_var(
     tree: Tree,
     caplog: pytest.LogCaptureFixture,
-    field: config.Field,
+    field: settings.Field,
     env_text: str,
     kept: object,
     yaml_value: str,
@@ -2052,11 +2060,11 @@ def test_a_bad_file_value_of_the_new_fields_warns_once_and_keeps_the_env_var(
 @pytest.mark.parametrize("raw", ["\u0661", "\u00b2", "\uff11", "1_0", "+1"])
 def test_a_gpu_index_is_plain_ascii_digits(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
     # U+0661 (Arabic-Indic one) and "²" pass str.isdigit(); int() reads the first as 1, refuses the second.
-    result = tree.resolve({config.ENV_GPU_DEVICES: f"0,{raw}"})
+    result = tree.resolve({settings.ENV_GPU_DEVICES: f"0,{raw}"})
     assert result.values["gpu_devices"] == "all"
     assert_one_warning(
         caplog,
-        f"{config.ENV_GPU_DEVICES}=",
+        f"{settings.ENV_GPU_DEVICES}=",
         "is invalid",
         "neither an index nor a UUID",
         "using gpu_devices=all",
@@ -2070,6 +2078,6 @@ def test_a_huge_gpu_index_in_the_file_warns(tree: Tree, caplog: pytest.LogCaptur
 
 
 def test_gpu_indices_and_uuids_in_plain_digits_are_kept(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    assert tree.load({config.ENV_GPU_DEVICES: " 1 , 03,GPU-ab"})["gpu_devices"] == ("1", "03", "GPU-ab")
+    assert tree.load({settings.ENV_GPU_DEVICES: " 1 , 03,GPU-ab"})["gpu_devices"] == ("1", "03", "GPU-ab")
     assert resolve(gpu_devices=[2, "0"]).gpu_devices == ("2", "0")
     assert_no_warnings(caplog)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import parse_command, run_command
 
-from sampler import config
+from sampler import settings
 from sampler.commands import config as command
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,9 +50,9 @@ def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         encoding="utf-8",
     )
     (root / "resource_monitoring.yml").write_text("resource_monitoring: {}\n", encoding="utf-8")
-    monkeypatch.setenv(config.ENV_CATEGORIES, "cpu,gpu,disk")
-    monkeypatch.setenv(config.ENV_STEP_SOURCE, "seconds")
-    monkeypatch.setenv(config.ENV_INTERVAL, "30")
+    monkeypatch.setenv(settings.ENV_CATEGORIES, "cpu,gpu,disk")
+    monkeypatch.setenv(settings.ENV_STEP_SOURCE, "seconds")
+    monkeypatch.setenv(settings.ENV_INTERVAL, "30")
     monkeypatch.chdir(root / "src")
     return root
 
@@ -86,7 +86,7 @@ def test_text_report(scratch: Path, caplog: pytest.LogCaptureFixture) -> None:
     assert row(text, "cpu") == ["cpu", "on", "WL_RESOURCE_MONITOR_CATEGORIES"]
     assert row(text, "memory") == ["memory", "off", "WL_RESOURCE_MONITOR_CATEGORIES"]
     assert row(text, "store") == ["store", str(scratch / "runs.sqlite"), f"{where}.store"]
-    assert row(text, "disk_path") == ["disk_path", config.DEFAULT_DISK_PATH, "built-in default"]
+    assert row(text, "disk_path") == ["disk_path", settings.DEFAULT_DISK_PATH, "built-in default"]
     files = text.split("files looked for, in lookup order (the first one found is used):\n")[1]
     lines = files.split("\n\n")[0].splitlines()
     assert lines[0].split() == ["*", "1.", str(used), "used"]
@@ -107,12 +107,12 @@ def test_json_report(scratch: Path) -> None:
     data: dict[str, Any] = json.loads(text)
     used = scratch / FILE_NAME
     where = f"{used}: resource_monitoring"
-    assert data["values"].pop("postmortem_dir") == str(Path.cwd().resolve() / config.DEFAULT_POSTMORTEM_DIR)
+    assert data["values"].pop("postmortem_dir") == str(Path.cwd().resolve() / settings.DEFAULT_POSTMORTEM_DIR)
     assert data["values"] == {
         "enabled": True,
         "interval_seconds": 5.0,
-        "categories": {name: name in ("cpu", "disk") for name in config.DEFAULT_CATEGORIES},
-        "disk_path": config.DEFAULT_DISK_PATH,
+        "categories": {name: name in ("cpu", "disk") for name in settings.DEFAULT_CATEGORIES},
+        "disk_path": settings.DEFAULT_DISK_PATH,
         "step_source": "seconds",
         "store": str(scratch / "runs.sqlite"),
         "inner_rate_hz": 10.0,
@@ -140,7 +140,7 @@ def test_json_report(scratch: Path) -> None:
 
 def test_no_file_no_warnings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv(config.ENV_STORE, raising=False)
+    monkeypatch.delenv(settings.ENV_STORE, raising=False)
     status, text = run()
     assert status == 0
     assert text.rstrip().endswith("\n\nno warnings")
@@ -189,8 +189,8 @@ def test_odd_paths_never_break_the_report(tmp_path: Path, monkeypatch: pytest.Mo
     # An undecodable byte (kept as a surrogate) and a newline in the config directory's name, and a
     # disk path an ASCII stream cannot hold.
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv(config.ENV_CONFIG_PATH, os.fsdecode(b"/nowhere/\xff\nx"))
-    monkeypatch.setenv(config.ENV_DISK_PATH, "/nowhere/caf\u00e9")  # printable, but not ASCII
+    monkeypatch.setenv(settings.ENV_CONFIG_PATH, os.fsdecode(b"/nowhere/\xff\nx"))
+    monkeypatch.setenv(settings.ENV_DISK_PATH, "/nowhere/caf\u00e9")  # printable, but not ASCII
     for argv in ((), ("--json",)):
         args = parse_command("config", *argv)
         raw = io.BytesIO()

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from sampler import config
+from sampler import settings
 
 pytestmark = pytest.mark.timeout(20)
 
 FILE_NAME = "resource_monitoring.yaml"
-ENV = {config.ENV_INTERVAL: "30", config.ENV_STEP_SOURCE: "seconds"}
+ENV = {settings.ENV_INTERVAL: "30", settings.ENV_STEP_SOURCE: "seconds"}
 """Env values every test sets, so that a fallback is visible as 30.0 and "seconds"."""
 MESSAGE_BUDGET = 400
 """Characters a warning may use besides the file's path."""
@@ -35,7 +35,7 @@ def load(tmp_path: Path, text: str | bytes) -> tuple[dict[str, Any], Path]:
         path.write_text(text, encoding="utf-8")
     else:
         path.write_bytes(text)
-    cfg = config.load_resource_monitoring_config(environ=dict(ENV), cwd=work, package_dir=tmp_path / "pkg")
+    cfg = settings.load_resource_monitoring_config(environ=dict(ENV), cwd=work, package_dir=tmp_path / "pkg")
     return cfg, path
 
 
@@ -92,7 +92,7 @@ def test_deep_nesting_of_mappings(tmp_path: Path, caplog: pytest.LogCaptureFixtu
 
 
 def test_file_over_the_size_cap_is_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    text = section("interval_seconds: 5") + "#" * config.MAX_CONFIG_FILE_BYTES + "\n"
+    text = section("interval_seconds: 5") + "#" * settings.MAX_CONFIG_FILE_BYTES + "\n"
     cfg, path = load(tmp_path, text)
     assert (cfg["interval_seconds"], cfg["config_file"]) == (30.0, None)
     one_warning(caplog, path, "larger than 64 KiB", "env vars and defaults")
@@ -100,7 +100,7 @@ def test_file_over_the_size_cap_is_ignored(tmp_path: Path, caplog: pytest.LogCap
 
 def test_file_at_the_size_cap_is_read(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     head = section("interval_seconds: 5")
-    text = head + "#" * (config.MAX_CONFIG_FILE_BYTES - len(head))
+    text = head + "#" * (settings.MAX_CONFIG_FILE_BYTES - len(head))
     cfg, _ = load(tmp_path, text)
     assert cfg["interval_seconds"] == 5.0
     assert not caplog.records
@@ -152,7 +152,7 @@ def test_huge_integers_are_quoted_bounded(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, number: str, key: str
 ) -> None:
     cfg, path = load(tmp_path, section(f"{key}: {number}"))
-    assert cfg["step_source"] == "seconds" and cfg["disk_path"] == config.DEFAULT_DISK_PATH
+    assert cfg["step_source"] == "seconds" and cfg["disk_path"] == settings.DEFAULT_DISK_PATH
     assert cfg["enabled"] is True and all(cfg["categories"].values())
     one_warning(caplog, path, f"resource_monitoring.{key}=")
 
@@ -242,7 +242,7 @@ def test_non_string_keys_are_unknown_keys(
     cfg, path = load(tmp_path, text)
     assert cfg["interval_seconds"] == 5.0  # the rest of the file applies
     if level == "categories":
-        assert cfg["categories"] == {name: name != "gpu" for name in config.DEFAULT_CATEGORIES}
+        assert cfg["categories"] == {name: name != "gpu" for name in settings.DEFAULT_CATEGORIES}
     message = one_warning(caplog, path, "ignoring it")
     assert "unknown" in message or "not a known category" in message
 
@@ -270,7 +270,7 @@ def test_many_unknown_categories_in_a_list_are_named_bounded(
 ) -> None:
     names = ", ".join(["cpu"] + [f"bogus{i}" for i in range(5_000)])
     cfg, path = load(tmp_path, section(f"categories: [{names}]"))
-    assert cfg["categories"] == {name: name == "cpu" for name in config.DEFAULT_CATEGORIES}
+    assert cfg["categories"] == {name: name == "cpu" for name in settings.DEFAULT_CATEGORIES}
     one_warning(caplog, path, "'bogus0'", "ignoring that part", "using categories=cpu")
 
 
@@ -288,7 +288,7 @@ def test_resolution_keeps_the_same_bounded_warning(tmp_path: Path, caplog: pytes
     work.mkdir()
     path = work / FILE_NAME
     path.write_text(section(f"interval_seconds: {billion_laughs()}"), encoding="utf-8")
-    result = config.resolve_config(environ=dict(ENV), cwd=work, package_dir=tmp_path / "pkg")
+    result = settings.resolve_config(environ=dict(ENV), cwd=work, package_dir=tmp_path / "pkg")
     (message,) = result.warnings
     assert message == one_warning(caplog, path, "...")
     assert result.used_file == path

@@ -20,10 +20,10 @@ import pytest
 from conftest import FAST, Recorder, backend_script, free_ports, gone, scrape, wait_for
 
 import sampler
-from sampler.backend import exposition
-from sampler.exporters import metrics
 from sampler.ipc.channel import PrometheusTarget
 from sampler.ipc.status import ENDPOINT_BAD_ADDRESS, ENDPOINT_NO_CLIENT, ENDPOINT_UNAVAILABLE
+from sampler.prometheus import metrics
+from sampler.supervision import exposition
 
 parser = pytest.importorskip("prometheus_client.parser")
 

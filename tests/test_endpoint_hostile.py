@@ -25,9 +25,9 @@ import pytest
 from conftest import FAST, Recorder, backend_script, free_ports, scrape, wait_for
 
 import sampler
-from sampler.exporters import scrape_server
-from sampler.exporters.scrape_server import MAX_CONNECTIONS, READ_TIMEOUT_SECONDS, ScrapeServer
 from sampler.ipc.status import EXIT_STARVED
+from sampler.prometheus import scrape_server
+from sampler.prometheus.scrape_server import MAX_CONNECTIONS, READ_TIMEOUT_SECONDS, ScrapeServer
 
 pytest.importorskip("prometheus_client")
 
@@ -174,7 +174,7 @@ def test_close_releases_the_port_and_every_connection(server: ScrapeServer) -> N
 ACCEPT_FAILS = """
 import os, socket, sys, time
 sys.path.insert(0, {root!r})
-from sampler.exporters.scrape_server import ScrapeServer, ACCEPT_PAUSE_SECONDS
+from sampler.prometheus.scrape_server import ScrapeServer, ACCEPT_PAUSE_SECONDS
 server = ScrapeServer("127.0.0.1", 0, lambda accept: (b"up 1\\n", "text/plain"))
 server.start()
 spent = []

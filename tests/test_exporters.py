@@ -17,7 +17,7 @@ import pytest
 from conftest import FAST, run_monitor, wait_for
 
 import sampler
-from sampler.backend.emit import Sample
+from sampler.pipeline.emit import Sample
 
 NON_GPU = ["cpu", "memory", "disk", "network", "process"]
 

@@ -23,8 +23,9 @@ from conftest import FAST, Recorder, free_ports, old_store, run_command, wait_fo
 import sampler
 from sampler.child import postmortem
 from sampler.commands import export, plot
-from sampler.exporters import discovery
-from sampler.placement import Placement
+from sampler.postmortems import files as postmortem_files
+from sampler.prometheus import discovery
+from sampler.settings.placement import Placement
 from sampler.store import schema
 from sampler.store.reader import StoreReader
 
@@ -81,7 +82,7 @@ def test_a_symlink_planted_at_a_postmortem_s_names_is_never_followed(tmp_path: P
     with child_side([MEMORY], 3, directory, None) as (params, ring, status):
         snap = postmortem.take(params, ring, status, 1_700_000_000.25)
     assert params.postmortem is not None
-    name = directory / postmortem.file_name(snap.vanished_at, os.getpid())
+    name = directory / postmortem_files.file_name(snap.vanished_at, os.getpid())
     plant([name, name.with_name(name.stem + f"-{os.getpid()}.jsonl")], victim)
     written = postmortem.write(snap, params.postmortem)
     assert untouched(victim)

@@ -331,7 +331,7 @@ def test_a_fork_while_another_thread_holds_a_lock_leaves_the_copy_usable() -> No
     """Locks are copied held when another thread holds them at the fork; the
     copy's own calls must not wait forever for a thread it does not have."""
     from sampler import signals
-    from sampler.backend import monitor
+    from sampler.api import monitor
 
     held = threading.Event()
     release = threading.Event()

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from sampler.backend.emit import Emitter
-from sampler.backend.reader import ChildReader, Outcome
-from sampler.backend.stats import MonitorStats
-from sampler.backend.steps import StepStamper
 from sampler.ipc.status import ChildStatus, phase_of
+from sampler.pipeline.emit import Emitter
+from sampler.pipeline.stats import MonitorStats
+from sampler.pipeline.steps import StepStamper
+from sampler.supervision.reader import ChildReader, Outcome
 
 
 @dataclass

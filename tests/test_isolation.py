@@ -16,7 +16,7 @@ import pytest
 from conftest import FAST, Recorder, backend_script, gone, open_fds, shm_segments, wait_for
 
 import sampler
-from sampler.backend import spawn
+from sampler.supervision import spawn
 
 
 def test_script_without_main_guard_runs_its_body_once(tmp_path: Path) -> None:

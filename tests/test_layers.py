@@ -96,3 +96,56 @@ def test_the_ring_imports_nothing_of_the_monitor() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
+
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("sampler", "sampler.__main__", "sampler.commands"),
+    ("sampler.api",),
+    ("sampler.views",),
+    ("sampler.supervision",),
+    ("sampler.pipeline", "sampler.signals", "sampler.child"),
+    ("sampler.store", "sampler.prometheus", "sampler.postmortems"),
+    ("sampler.ipc",),
+    ("sampler.collectors",),
+    ("sampler.settings",),
+    ("sampler.catalogue",),
+    ("sampler.util",),
+    ("ringbuf",),
+)
+"""The folders along the data path, the public face on top: a module may import
+its own layer and those below it, never one above."""
+
+
+def layer_of(module: str) -> int:
+    """The index in ``LAYERS`` of the longest prefix naming ``module``'s folder."""
+    best, depth = -1, -1
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            deeper = prefix.count(".") > depth
+            if (module == prefix or module.startswith(prefix + ".")) and deeper:
+                best, depth = index, prefix.count(".")
+    assert best >= 0, f"{module} is in no layer: add its folder to LAYERS"
+    return best
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if layer_of(target) < layer_of(module)
+    )
+
+
+def test_no_module_imports_from_a_layer_above_its_own() -> None:
+    assert upward_imports(import_graph()) == []
+
+
+def test_an_upward_import_is_found() -> None:
+    graph = {"sampler.collectors.host": {"sampler.api.monitor"}, "sampler.api.monitor": {"ringbuf"}}
+    assert upward_imports(graph) == ["sampler.collectors.host -> sampler.api.monitor"]
+
+
+def test_every_folder_is_in_a_layer() -> None:
+    for module in import_graph():
+        layer_of(module)

@@ -13,8 +13,8 @@ from sampler.child.peaks import PeakTracker
 from sampler.collectors import Sources, build_collectors
 from sampler.collectors.base import Collector
 from sampler.collectors.container import CPU_NAMES, MEMORY_NAMES
-from sampler.config import DEFAULT_CATEGORIES
-from sampler.exporters import metrics
+from sampler.prometheus import metrics
+from sampler.settings import DEFAULT_CATEGORIES
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")

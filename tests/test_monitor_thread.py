@@ -15,7 +15,7 @@ import pytest
 from conftest import FAST, Recorder, backend_script, gone, open_fds, wait_for
 
 import sampler
-from sampler.backend import reader
+from sampler.supervision import reader
 
 CPU = "resource/cpu/utilization_percent"
 

@@ -1,4 +1,4 @@
-"""Where a backend sits in a job (``sampler.placement``), and what each rank of a host samples.
+"""Where a backend sits in a job (``sampler.settings.placement``), and what each rank of a host samples.
 
 torchrun starts one backend per GPU and tells each its place through ``RANK``, ``LOCAL_RANK``,
 ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` and ``TORCHELASTIC_RUN_ID``. These tests pass an explicit
@@ -22,10 +22,11 @@ import pytest
 from conftest import run_monitor
 
 import sampler
-from sampler import config, placement
+from sampler import settings
 from sampler.collectors.gpu import GpuCollector
 from sampler.collectors.gpu_devices import owned
-from sampler.placement import HOST_WIDE_CATEGORIES, Placement, from_environment
+from sampler.settings import placement
+from sampler.settings.placement import HOST_WIDE_CATEGORIES, Placement, from_environment
 
 HOST = placement.host_name()
 FALLBACK = "monitoring this backend as rank 0 of a world of one"
@@ -400,12 +401,12 @@ def test_rank_1_leaves_the_host_wide_categories_to_local_rank_0(monkeypatch: pyt
     assert monitor.categories == ("gpu", "process", "process_tree")
     assert monitor.placement == Placement(HOST, 1, 1, 2, 2, f"{HOST}-{os.getpid()}")
     every = sampler.ResourceMonitor(step_source="seconds", host_sampling="every_rank")
-    assert every.categories == config.DEFAULT_CATEGORIES and every.host_sampling == "every_rank"
+    assert every.categories == settings.DEFAULT_CATEGORIES and every.host_sampling == "every_rank"
 
 
 def test_local_rank_0_samples_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
     launched_as(monkeypatch, RANK="2", LOCAL_RANK="0", WORLD_SIZE="4", LOCAL_WORLD_SIZE="2")
-    assert sampler.ResourceMonitor(step_source="seconds").categories == config.DEFAULT_CATEGORIES
+    assert sampler.ResourceMonitor(step_source="seconds").categories == settings.DEFAULT_CATEGORIES
 
 
 def test_rank_1_logs_no_host_wide_signal(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,15 +33,17 @@ from conftest import FAST, Recorder, backend_script, gone, old_store, run_comman
 
 import sampler
 from ringbuf import Ring
-from sampler.backend import postmortems, spawn
 from sampler.child import postmortem
 from sampler.collectors import Sources
 from sampler.commands import postmortem as command
 from sampler.commands.common import EXIT_USAGE
 from sampler.ipc.channel import ChildParams, PostmortemTarget, open_pidfd
 from sampler.ipc.status import ChildStatus
+from sampler.postmortems import files as postmortem_files
+from sampler.postmortems import reading as postmortems
 from sampler.store import schema
 from sampler.store.reader import StoreReader
+from sampler.supervision import spawn
 
 FALLBACK = f"{postmortem.FALLBACK_DIR_NAME}-{os.geteuid()}"
 """The fallback directory's name under the temporary directory."""
@@ -170,7 +172,7 @@ def announced_in_a_new_process(directory: Path | None, store: Path | None) -> st
     """What a fresh process's monitor start would announce for these places."""
     code = (
         "import logging, sys; logging.basicConfig(format='%(message)s')\n"
-        "from sampler.backend import postmortems\n"
+        "from sampler.postmortems import reading as postmortems\n"
         "postmortems.announce(sys.argv[1] or None, sys.argv[2] or None)\n"
     )
     done = subprocess.run(
@@ -226,7 +228,7 @@ def test_a_sigkilled_backend_leaves_a_postmortem_the_next_monitor_announces_once
     [path] = files(directory)
     header, records = parse(path.read_text())
     check_records(header, records, backend.pid)
-    assert path.name == postmortem.file_name(header["vanished_at"], backend.pid)
+    assert path.name == postmortem_files.file_name(header["vanished_at"], backend.pid)
     assert not records[-1]["logged"]  # the record the sink stalled on, at least
     assert f"pid {backend.pid}) died" in err and str(path) in err, err
 
@@ -462,10 +464,10 @@ def test_a_full_stderr_pipe_does_not_hold_the_child(tmp_path: Path, backends: li
 
 def write_postmortem(directory: Path, vanished_at: float, pid: int) -> Path:
     """A minimal postmortem file, as the format describes it."""
-    header = {"format": postmortem.FORMAT, "version": 1, "backend_pid": pid, "host": "h",
+    header = {"format": postmortem_files.FORMAT, "version": 1, "backend_pid": pid, "host": "h",
               "vanished_at": vanished_at, "fields": [MEMORY], "records": 1}  # fmt: skip
     record = {"record": 0, "wall_time": vanished_at - 1, "logged": True, "values": {MEMORY: 12.5}}
-    path = directory / postmortem.file_name(vanished_at, pid)
+    path = directory / postmortem_files.file_name(vanished_at, pid)
     path.write_text(json.dumps(header) + "\n" + json.dumps(record) + "\n")
     return path
 
@@ -477,10 +479,12 @@ def test_foreign_and_corrupt_files_do_not_break_the_announcement(
     directory.mkdir()
     good = write_postmortem(directory, 1_700_000_000.0, 4242)
     (directory / "notes.txt").write_text("mine")
-    (directory / postmortem.file_name(1_700_000_001.0, 7)).write_text("{truncated")
-    (directory / postmortem.file_name(1_700_000_002.0, 8)).write_bytes(b"\xff\xfe binary")
-    (directory / postmortem.file_name(1_700_000_002.5, 10)).write_text("[" * 100_000)  # too deep for json
-    (directory / postmortem.file_name(1_700_000_003.0, 9)).mkdir()
+    (directory / postmortem_files.file_name(1_700_000_001.0, 7)).write_text("{truncated")
+    (directory / postmortem_files.file_name(1_700_000_002.0, 8)).write_bytes(b"\xff\xfe binary")
+    (directory / postmortem_files.file_name(1_700_000_002.5, 10)).write_text(
+        "[" * 100_000
+    )  # too deep for json
+    (directory / postmortem_files.file_name(1_700_000_003.0, 9)).mkdir()
     (directory / "postmortem-29991399T000000.000Z-pid1.jsonl").write_text("{}")  # no such date
     (directory / f".{good.name}.abc.tmp").write_text("half a postm")
     caplog.set_level(logging.DEBUG, logger="sampler")

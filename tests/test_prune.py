@@ -15,7 +15,7 @@ import pytest
 from conftest import run_command
 
 from sampler.commands import runs as runs_command
-from sampler.placement import Placement
+from sampler.settings.placement import Placement
 from sampler.store import prune
 from sampler.store.reader import StoreReader
 from sampler.store.writer import RunInfo, RunWriter

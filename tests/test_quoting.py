@@ -1,10 +1,10 @@
-"""``sampler.quoting.printable``: store text shown on a terminal without driving it."""
+"""``sampler.util.quoting.printable``: store text shown on a terminal without driving it."""
 
 from __future__ import annotations
 
 import pytest
 
-from sampler.quoting import printable
+from sampler.util.quoting import printable
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,8 @@ from conftest import FAST, Recorder, wait_for
 
 import sampler
 from ringbuf import Ring
-from sampler.backend import supervisor
-from sampler.collectors import cadence
+from sampler.child import cadence
+from sampler.supervision import supervisor
 
 # --- the ring: a slot lapped during the vectorised copy ---------------------------------------
 

@@ -20,8 +20,8 @@ from conftest import FAST, Recorder, shm_segments, wait_for
 
 import sampler
 from ringbuf import NAME_PREFIX, Ring, segment
-from sampler.backend import spawn
 from sampler.ipc.status import ChildStatus
+from sampler.supervision import spawn
 
 ATTACKER_UID = 65534
 BACKEND_UID = 65533

@@ -13,7 +13,6 @@ import pytest
 from conftest import TESTS_DIR
 
 from sampler.collectors import Sources
-from sampler.config import DEFAULT_CATEGORIES
 from sampler.ipc.channel import ChildParams, PostmortemTarget
 from sampler.ipc.status import (
     ENDPOINT_BAD_ADDRESS,
@@ -27,6 +26,7 @@ from sampler.ipc.status import (
     ChildStatus,
     Health,
 )
+from sampler.settings import DEFAULT_CATEGORIES
 
 WRITER = textwrap.dedent(
     """

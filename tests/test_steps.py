@@ -7,7 +7,7 @@ import pytest
 from conftest import FAST, Recorder, wait_for
 
 import sampler
-from sampler.backend.steps import StepStamper, as_step, watch_model, watched_model_age
+from sampler.pipeline.steps import StepStamper, as_step, watch_model, watched_model_age
 
 CPU = "resource/cpu/utilization_percent"
 

@@ -543,7 +543,7 @@ def test_a_run_row_records_where_the_backend_sits(tmp_path: Path, monkeypatch: p
 
 
 def test_a_run_written_without_a_placement_is_rank_0_alone(tmp_path: Path) -> None:
-    from sampler.placement import Placement
+    from sampler.settings.placement import Placement
 
     store = str(tmp_path / "runs.sqlite")
     alone = RunWriter(store, RunInfo(pid=7, command=["a"], config={}, started_at=1.0))

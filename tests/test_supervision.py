@@ -18,7 +18,7 @@ from conftest import FAST, Recorder, wait_for
 
 import sampler
 from ringbuf import segment
-from sampler.backend import reader, spawn
+from sampler.supervision import reader, spawn
 
 CPU = "resource/cpu/utilization_percent"
 GPU_TEMP = "resource/gpu/0/temperature_celsius"

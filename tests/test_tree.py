@@ -18,9 +18,9 @@ import pytest
 from conftest import FAST, Recorder, backend_script, wait_for
 
 import sampler
-from sampler.backend import spawn
 from sampler.collectors.base import MB
 from sampler.collectors.tree import COUNT, SAMPLING_CHILD_PROGRAM, ProcessTreeCollector, runs_a_sampling_child
+from sampler.supervision import spawn
 
 ALWAYS = math.inf
 """``pss_cpu_share`` that makes every ``sample()`` a PSS pass."""

@@ -13,9 +13,10 @@ import pytest
 from conftest import FAST, Recorder, wait_for
 
 import sampler
-from sampler import integrations, signals
-from sampler.backend import steps
-from sampler.backend import weightslab as wl_adapter
+from sampler import signals
+from sampler.api import integrations
+from sampler.pipeline import steps
+from sampler.pipeline import weightslab as wl_adapter
 
 CPU = "resource/cpu/utilization_percent"
 MARKER = "weightslab.src was imported"

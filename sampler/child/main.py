@@ -30,13 +30,11 @@ import psutil
 
 from ringbuf import Ring
 from sampler.child import postmortem
+from sampler.child.cadence import Cadence
 from sampler.child.peaks import PeakTracker
 from sampler.collectors import Collector, build_collector
 from sampler.collectors.base import starvation
-from sampler.collectors.cadence import Cadence
 from sampler.collectors.gpu import GpuCollector
-from sampler.exporters import discovery
-from sampler.exporters.prometheus import Endpoint, RecordCollector, open_endpoint
 from sampler.ipc.channel import (
     FALLBACK_POLL_SECONDS,
     RECORD,
@@ -54,6 +52,8 @@ from sampler.ipc.status import (
     ChildStatus,
     phase_of,
 )
+from sampler.prometheus import discovery
+from sampler.prometheus.endpoint import Endpoint, RecordCollector, open_endpoint
 
 _EXIT_GRACE_SECONDS = 0.4
 """How long the watchdog lets the main thread finish cleanly before forcing exit."""

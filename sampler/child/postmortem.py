@@ -23,7 +23,7 @@ Format: JSON lines (no NaN: a reading that failed is left out).
 Where: with a run store, a row of its ``postmortems`` table (``sampler.store.schema``);
 otherwise a file ``postmortem-<UTC time>-pid<N>.jsonl`` in the postmortem
 directory (mode 0600), written under a temporary name and then renamed, never
-through a link planted at either name (``sampler.atomicfile``), so a reader
+through a link planted at either name (``sampler.util.atomicfile``), so a reader
 never sees half of one. What cannot be written falls back, said on stderr: a
 store to the directory (or the temporary one), a directory to
 ``fallback_directory()``, this user's own under the shared temporary directory
@@ -34,13 +34,11 @@ child alive.
 
 from __future__ import annotations
 
-import calendar
 import contextlib
 import errno
 import json
 import math
 import os
-import re
 import select
 import socket
 import sqlite3
@@ -55,18 +53,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ringbuf import Ring
-from sampler import atomicfile
 from sampler.ipc.channel import ChildParams, PostmortemTarget
 from sampler.ipc.status import ChildStatus
+from sampler.postmortems.files import FORMAT, VERSION, file_name
 from sampler.store import schema
+from sampler.util import atomicfile
 
-FORMAT = "wl-resource-monitor postmortem"
-VERSION = 1
-FILE_NAME = re.compile(r"postmortem-(\d{8}T\d{6})\.(\d{3})Z-pid(\d+)(?:-\d+)?(\.read)?\.jsonl")
-"""A postmortem file's name: UTC time of the death (s, ms), backend pid, then
-``.read`` once someone has read it (``python -m sampler postmortem``)."""
-READ_MARK = ".read"
-_TIME_FORMAT = "%Y%m%dT%H%M%S"
 FALLBACK_DIR_NAME = "resource_monitor_postmortems"
 MODE = 0o600
 """A postmortem file's mode: its readings are its owner's."""
@@ -112,28 +104,6 @@ def _private(directory: str) -> None:
         raise PermissionError(
             errno.EPERM, f"not a private directory of uid {os.geteuid()} (a link, or another user's)"
         )
-
-
-def file_name(vanished_at: float, backend_pid: int) -> str:
-    """The postmortem file's name: sorts by time, names the pid."""
-    seconds = math.floor(vanished_at)
-    millis = min(999, round((vanished_at - seconds) * 1000))
-    utc = time.strftime(_TIME_FORMAT, time.gmtime(seconds))
-    return f"postmortem-{utc}.{millis:03d}Z-pid{backend_pid}.jsonl"
-
-
-def parse_file_name(name: str) -> tuple[float, int, bool] | None:
-    """(death time in s since the epoch, backend pid, read) of a postmortem file's
-    name, None for any other name."""
-    match = FILE_NAME.fullmatch(name)
-    if match is None:
-        return None
-    utc, millis, pid, read = match.groups()
-    try:
-        seconds = calendar.timegm(time.strptime(utc, _TIME_FORMAT))
-    except ValueError:  # digits in the right places, but no date ("20251399T...")
-        return None
-    return seconds + int(millis) / 1000, int(pid), read is not None
 
 
 @dataclass(frozen=True)

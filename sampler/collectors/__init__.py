@@ -15,7 +15,7 @@ from sampler.collectors.gpu import GpuCollector
 from sampler.collectors.host import CpuCollector, DiskCollector, MemoryCollector, NetworkCollector
 from sampler.collectors.process import ProcessCollector
 from sampler.collectors.tree import ProcessTreeCollector
-from sampler.config import DEFAULT_CATEGORIES
+from sampler.settings import DEFAULT_CATEGORIES
 
 __all__ = ["Collector", "Sources", "build_collector", "build_collectors"]
 

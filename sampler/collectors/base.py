@@ -10,7 +10,7 @@ from typing import ClassVar, TypeVar
 
 import psutil
 
-from sampler.quoting import bounded_repr
+from sampler.util.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
 

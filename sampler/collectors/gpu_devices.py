@@ -11,8 +11,8 @@ from types import ModuleType
 from typing import Any
 
 from sampler.collectors.base import attempt
-from sampler.placement import whole_number
-from sampler.quoting import bounded_repr
+from sampler.settings.placement import whole_number
+from sampler.util.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
 

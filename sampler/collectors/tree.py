@@ -15,7 +15,7 @@ CPU = "resource/process_tree/cpu_utilization_percent"
 MEMORY = "resource/process_tree/memory_in_use_mb"
 
 SAMPLING_CHILD_PROGRAM = "from sampler.child.main import main"
-"""What the ``-c`` program of every sampling child runs: ``sampler.backend.spawn`` builds its
+"""What the ``-c`` program of every sampling child runs: ``sampler.supervision.spawn`` builds its
 bootstrap around it, and the tree knows any monitor's child by it, whichever backend, and
 whichever version of this package, started it."""
 

@@ -14,9 +14,9 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO, TypeVar
 
-from sampler import config
-from sampler.quoting import bounded_repr
+from sampler import settings
 from sampler.store.reader import StoreReader
+from sampler.util.quoting import bounded_repr
 
 T = TypeVar("T")
 
@@ -31,22 +31,22 @@ EXIT_BROKEN_PIPE = 141
 
 
 def argument(parse: Callable[[str], T]) -> Callable[[str], T]:
-    """An argparse ``type`` from a parser that raises ``config.Invalid``: the
+    """An argparse ``type`` from a parser that raises ``settings.Invalid``: the
     reason it gives becomes the usage error, after the (bounded) value."""
 
     def convert(text: str) -> T:
         try:
             return parse(text)
-        except config.Invalid as exc:
+        except settings.Invalid as exc:
             raise argparse.ArgumentTypeError(f"{bounded_repr(text)}: {exc}") from None
 
     return convert
 
 
-def field_argument(field: config.Field, flag: str) -> Callable[[str], Any]:
+def field_argument(field: settings.Field, flag: str) -> Callable[[str], Any]:
     """The argparse ``type`` of a field's ``flag``: the field's own text parser,
     whose remarks (a clamped value) are warnings naming the flag."""
-    return argument(lambda text: field.from_text(text, functools.partial(config.warn, flag, text)))
+    return argument(lambda text: field.from_text(text, functools.partial(settings.warn, flag, text)))
 
 
 def seconds_argument(maximum: float, why: str) -> Callable[[str], float]:
@@ -54,9 +54,9 @@ def seconds_argument(maximum: float, why: str) -> Callable[[str], float]:
     ``why`` follows the limit in the message for a larger one."""
 
     def parse(text: str) -> float:
-        seconds = config.parse_seconds(text)
+        seconds = settings.parse_seconds(text)
         if seconds > maximum:
-            raise config.Invalid(f"at most {maximum:.0f} seconds {why}")
+            raise settings.Invalid(f"at most {maximum:.0f} seconds {why}")
         return seconds
 
     return argument(parse)

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from sampler import config
+from sampler import settings
 from sampler.commands.common import EXIT_BROKEN_PIPE, silence
 
 USED = "used"
@@ -45,7 +45,7 @@ def add_parser(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """``python -m sampler config``; returns 0 (141 when the reader of ``out`` went away)."""
     out: TextIO = getattr(args, "out", None) or sys.stdout
-    resolution = config.resolve_config(log_warnings=False)
+    resolution = settings.resolve_config(log_warnings=False)
     text = json.dumps(as_json(resolution), indent=2) if args.json else format_text(resolution)
     try:
         _write(out, text + "\n")
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- what is shown
 
 
-def file_statuses(resolution: config.Resolution) -> list[tuple[Path, str]]:
+def file_statuses(resolution: settings.Resolution) -> list[tuple[Path, str]]:
     """Each file looked for, in lookup order, with what became of it."""
     statuses: list[tuple[Path, str]] = []
     reached = True
@@ -75,7 +75,7 @@ def file_statuses(resolution: config.Resolution) -> list[tuple[Path, str]]:
     return statuses
 
 
-def as_json(resolution: config.Resolution) -> dict[str, Any]:
+def as_json(resolution: settings.Resolution) -> dict[str, Any]:
     """The resolution as JSON-ready data: ``values``, ``sources``, ``files``
     (each ``{"path", "status"}`` in lookup order), ``used_file`` and ``warnings``."""
     return {
@@ -103,17 +103,17 @@ def _one_line(text: str) -> str:
     return text if text.isprintable() else repr(text)
 
 
-def format_text(resolution: config.Resolution) -> str:
+def format_text(resolution: settings.Resolution) -> str:
     """The report ``python -m sampler config`` prints: a line per key with its
     value and source (and per category), the files looked for, the warnings."""
     values, sources = resolution.values, resolution.sources
     rows: list[tuple[str, str, str]] = []
-    for field in config.FIELDS:
+    for field in settings.FIELDS:
         value = values[field.key]
-        shown = config.CATEGORIES.show(value) if field is config.CATEGORIES else _show(value)
+        shown = settings.CATEGORIES.show(value) if field is settings.CATEGORIES else _show(value)
         rows.append((field.key, shown, sources[field.key]))
-        if field is config.CATEGORIES:
-            for name in config.DEFAULT_CATEGORIES:
+        if field is settings.CATEGORIES:
+            for name in settings.DEFAULT_CATEGORIES:
                 rows.append((f"  {name}", "on" if value[name] else "off", sources[f"{field.key}.{name}"]))
     key_width = max(len(key) for key, _, _ in rows)
     value_width = max(len(value) for _, value, _ in rows)

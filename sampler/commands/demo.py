@@ -21,9 +21,9 @@ import numpy as np
 import numpy.typing as npt
 
 from sampler import signals
-from sampler.backend.monitor import ResourceMonitor
-from sampler.backend.steps import watch_model
+from sampler.api.monitor import ResourceMonitor
 from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, seconds_argument
+from sampler.pipeline.steps import watch_model
 from sampler.store.reader import StoreReader
 
 Array = npt.NDArray[np.float64]

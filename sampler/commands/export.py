@@ -23,9 +23,9 @@ import sys
 from collections.abc import Generator
 from typing import Any, TextIO
 
-from sampler import atomicfile
 from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, open_store, output_problem
 from sampler.store.reader import StoreReader
+from sampler.util import atomicfile
 
 LONG_COLUMNS = ("run_id", "name", "step", "wall_time", "value")
 

@@ -16,8 +16,10 @@ import sqlite3
 import sys
 from typing import Any, TextIO
 
-from sampler import config
-from sampler.backend.postmortems import (
+from sampler import settings
+from sampler.child.peaks import MEAN_SUFFIX, PEAK_SUFFIX
+from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, argument
+from sampler.postmortems.reading import (
     Found,
     by_death,
     in_directory,
@@ -27,9 +29,7 @@ from sampler.backend.postmortems import (
     mark_read,
     with_header,
 )
-from sampler.child.peaks import MEAN_SUFFIX, PEAK_SUFFIX
-from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, argument
-from sampler.quoting import printable
+from sampler.util.quoting import printable
 
 LATEST = "latest"
 DEFAULT_LAST = 5
@@ -42,9 +42,9 @@ def _choice(text: str) -> int | str:
     try:
         number = int(text)
     except ValueError:
-        raise config.Invalid(f"expected a postmortem's number or {LATEST}") from None
+        raise settings.Invalid(f"expected a postmortem's number or {LATEST}") from None
     if number < 1:
-        raise config.Invalid("postmortems are numbered from 1")
+        raise settings.Invalid("postmortems are numbered from 1")
     return number
 
 
@@ -52,9 +52,9 @@ def _count(text: str) -> int:
     try:
         count = int(text)
     except ValueError:
-        raise config.Invalid("expected a whole number") from None
+        raise settings.Invalid("expected a whole number") from None
     if count < 1:
-        raise config.Invalid("expected at least 1")
+        raise settings.Invalid("expected at least 1")
     return count
 
 
@@ -64,7 +64,7 @@ def add_parser(commands: Any) -> None:
         help="list and show what was recorded when a backend died under its monitor",
         description=__doc__.split("\n\n")[0],
     )
-    parser.add_argument("--dir", help=f"postmortem directory (default ./{config.DEFAULT_POSTMORTEM_DIR})")
+    parser.add_argument("--dir", help=f"postmortem directory (default ./{settings.DEFAULT_POSTMORTEM_DIR})")
     parser.add_argument("--store", help=f"run store (default ./{DEFAULT_STORE})")
     parser.add_argument(
         "--show",
@@ -94,7 +94,7 @@ def main(args: argparse.Namespace) -> int:
     places = (
         [("--dir", args.dir), ("--store", args.store)]
         if explicit
-        else [("--dir", config.DEFAULT_POSTMORTEM_DIR), ("--store", DEFAULT_STORE)]
+        else [("--dir", settings.DEFAULT_POSTMORTEM_DIR), ("--store", DEFAULT_STORE)]
     )
     found: list[Found] = []
     for flag, place in places:

@@ -2,7 +2,7 @@
 each sample as a compact table until Ctrl-C or ``--duration``.
 
 Settings come from the configuration (SPEC 4); flags beat it, and are read by
-the same parsers (``sampler.config.FIELDS``). A foreground run has no model, so
+the same parsers (``sampler.settings.FIELDS``). A foreground run has no model, so
 it steps by whole seconds unless ``--step-source`` says otherwise. When the
 reader of stdout goes away (``python -m sampler run | head``), the run ends
 quietly with exit status 141, as a Unix tool killed by SIGPIPE would. With
@@ -21,13 +21,13 @@ from typing import Any, TextIO
 
 import psutil
 
-from sampler import config
-from sampler.backend.emit import Sample
-from sampler.backend.monitor import ResourceMonitor
+from sampler import settings
+from sampler.api.monitor import ResourceMonitor
 from sampler.commands.common import DEFAULT_STORE, EXIT_BROKEN_PIPE, field_argument, seconds_argument, silence
 from sampler.ipc.channel import open_pidfd
-from sampler.placement import whole_number
-from sampler.quoting import bounded_repr
+from sampler.pipeline.emit import Sample
+from sampler.settings.placement import whole_number
+from sampler.util.quoting import bounded_repr
 
 MAX_DURATION_SECONDS = 30 * 86400.0
 """``--duration``'s ceiling, 30 days: longer is a service, not a foreground run
@@ -134,37 +134,37 @@ class _Printer:
             self.samples += 1
 
 
-def _effective(args: argparse.Namespace, resolution: config.Resolution) -> dict[str, tuple[Any, str]]:
+def _effective(args: argparse.Namespace, resolution: settings.Resolution) -> dict[str, tuple[Any, str]]:
     """Each setting this run uses and where it came from: a flag beats the
     configuration, which beats this command's own defaults."""
     values, sources = resolution.values, resolution.sources
-    settings: dict[str, tuple[Any, str]] = {}
-    for field in config.MONITOR_FIELDS:
+    chosen: dict[str, tuple[Any, str]] = {}
+    for field in settings.MONITOR_FIELDS:
         flagged = getattr(args, field.key, None)
         if flagged is not None:
-            settings[field.key] = (flagged, field.flag or "")
+            chosen[field.key] = (flagged, field.flag or "")
         else:
-            settings[field.key] = (values[field.key], sources[field.key])
-    if args.step_source is None and sources["step_source"] == config.DEFAULT_SOURCE:
-        settings["step_source"] = (FOREGROUND_STEP_SOURCE, "run's default (no model to age here)")
+            chosen[field.key] = (values[field.key], sources[field.key])
+    if args.step_source is None and sources["step_source"] == settings.DEFAULT_SOURCE:
+        chosen["step_source"] = (FOREGROUND_STEP_SOURCE, "run's default (no model to age here)")
     if args.no_store:
-        settings["store"] = (None, "--no-store")
-    elif settings["store"][0] is None:
-        settings["store"] = (os.path.abspath(DEFAULT_STORE), "run's default")
+        chosen["store"] = (None, "--no-store")
+    elif chosen["store"][0] is None:
+        chosen["store"] = (os.path.abspath(DEFAULT_STORE), "run's default")
     pid = args.pid if args.pid is not None else os.getpid()
-    settings["pid"] = (pid, "--pid" if args.pid is not None else "this process")
-    return settings
+    chosen["pid"] = (pid, "--pid" if args.pid is not None else "this process")
+    return chosen
 
 
-def _describe(settings: dict[str, tuple[Any, str]]) -> str:
+def _describe(chosen: dict[str, tuple[Any, str]]) -> str:
     """The effective settings, one line each with where it came from."""
 
     def shown(key: str, value: Any) -> str:
         if key == "categories":
-            return str(config.CATEGORIES.show(value))
+            return str(settings.CATEGORIES.show(value))
         return "none" if value is None else str(value)
 
-    rows = [(key, shown(key, value), source) for key, (value, source) in settings.items()]
+    rows = [(key, shown(key, value), source) for key, (value, source) in chosen.items()]
     key_width = max(len(key) for key, _, _ in rows)
     value_width = max(len(value) for _, value, _ in rows)
     lines = [f"  {key:<{key_width}}  {value:<{value_width}}  {source}" for key, value, source in rows]
@@ -177,9 +177,9 @@ def add_parser(commands: Any) -> None:
         help="sample in the foreground, print every sample and record it in the run store",
         description=__doc__.split("\n\n")[0],
     )
-    for field in config.FIELDS:
-        if field.flag is not None and field is not config.STORE:
-            default = f" (default here: {FOREGROUND_STEP_SOURCE})" if field is config.STEP_SOURCE else ""
+    for field in settings.FIELDS:
+        if field.flag is not None and field is not settings.STORE:
+            default = f" (default here: {FOREGROUND_STEP_SOURCE})" if field is settings.STEP_SOURCE else ""
             run.add_argument(
                 field.flag,
                 dest=field.key,
@@ -191,7 +191,7 @@ def add_parser(commands: Any) -> None:
     store.add_argument(
         "--store",
         dest="store",
-        type=field_argument(config.STORE, "--store"),
+        type=field_argument(settings.STORE, "--store"),
         metavar="PATH",
         help=f"the run store to record into (default here: ./{DEFAULT_STORE})",
     )
@@ -223,15 +223,15 @@ def main(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, watched: _Watched | None) -> int:
     out: TextIO = args.out
-    resolution = config.resolve_config()
-    settings = _effective(args, resolution)
+    resolution = settings.resolve_config()
+    chosen = _effective(args, resolution)
     if not resolution.values["enabled"]:
         print("note: monitoring is disabled by configuration; running anyway as asked", file=sys.stderr)
-    print(_describe(settings), file=sys.stderr, flush=True)
+    print(_describe(chosen), file=sys.stderr, flush=True)
     closed = threading.Event()
     printer = _Printer(out, closed)
     monitor = ResourceMonitor(
-        **{field.key: settings[field.key][0] for field in config.MONITOR_FIELDS},
+        **{field.key: chosen[field.key][0] for field in settings.MONITOR_FIELDS},
         pid=args.pid,
         sink=lambda name, value, step: None,
         nvml_module=args.nvml_module,

@@ -18,12 +18,12 @@ import sys
 import time
 from typing import Any, TextIO
 
-from sampler import config
+from sampler import settings
 from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, argument, open_store
-from sampler.placement import whole_number
-from sampler.quoting import printable
+from sampler.settings.placement import whole_number
 from sampler.store import prune, schema
 from sampler.store.reader import Run, StoreReader
+from sampler.util.quoting import printable
 
 PRUNE_TIMEOUT_SECONDS = 5.0
 """How long pruning waits for a writer's lock (a writer holds it for milliseconds at a time)."""
@@ -38,10 +38,10 @@ def _age(text: str) -> float:
     word = text.strip().lower()
     number = whole_number(word[:-1]) if word[-1:] in AGE_UNITS else None
     if number is None:
-        raise config.Invalid("expected an age such as 7d, 12h or 30m (a number, then s, m, h, d or w)")
+        raise settings.Invalid("expected an age such as 7d, 12h or 30m (a number, then s, m, h, d or w)")
     seconds = number * AGE_UNITS[word[-1]]
     if seconds > MAX_AGE_DAYS * 86400:
-        raise config.Invalid(f"at most {MAX_AGE_DAYS} days")
+        raise settings.Invalid(f"at most {MAX_AGE_DAYS} days")
     return float(seconds)
 
 
@@ -52,7 +52,7 @@ def _date(text: str) -> float:
         moment = datetime.datetime.fromisoformat(text.strip()).timestamp()
         _local(moment)  # one this host can show
     except (ValueError, OverflowError, OSError):
-        raise config.Invalid("expected an ISO date such as 2024-05-01 or 2024-05-01T12:00") from None
+        raise settings.Invalid("expected an ISO date such as 2024-05-01 or 2024-05-01T12:00") from None
     return moment
 
 

@@ -19,7 +19,7 @@ import os
 import time
 from typing import Any, TextIO
 
-from sampler import config
+from sampler import settings
 from sampler.commands.common import DEFAULT_STORE, EXIT_BROKEN_PIPE, EXIT_USAGE, argument, silence
 from sampler.views.top import Line, StoreWatch, View, frame_text, render
 
@@ -48,7 +48,7 @@ def add_parser(commands: Any) -> None:
     )
     top.add_argument(
         "--interval",
-        type=argument(lambda text: max(config.parse_seconds(text), MIN_REFRESH_SECONDS)),
+        type=argument(lambda text: max(settings.parse_seconds(text), MIN_REFRESH_SECONDS)),
         metavar="SECONDS",
         help="seconds between refreshes (default: the run's sampling interval, at most "
         f"{MAX_REFRESH_SECONDS:g})",

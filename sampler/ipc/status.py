@@ -57,7 +57,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ringbuf import segment
-from sampler.config import DEFAULT_CATEGORIES
+from sampler.settings import DEFAULT_CATEGORIES
 
 PHASE_STARTING = -2
 """Interpreter start-up and imports, before any collector is built."""

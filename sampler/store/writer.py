@@ -28,9 +28,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from sampler.placement import Placement, host_name
-from sampler.quoting import bounded_repr
+from sampler.settings.placement import Placement, host_name
 from sampler.store import schema
+from sampler.util.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
 

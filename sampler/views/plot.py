@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sampler import atomicfile
 from sampler.store.reader import Run, Series, StoreReader
+from sampler.util import atomicfile
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -507,7 +507,7 @@ def render(
     output: str | Path,
 ) -> Path:
     """Draw ``runs`` (see :func:`figure`) into the PNG ``output`` (atomically, never
-    through a link: ``sampler.atomicfile``); returns its path. Raises what
+    through a link: ``sampler.util.atomicfile``); returns its path. Raises what
     :func:`figure` raises, and ``OSError`` if the file cannot be written."""
     fig = figure(reader, runs, pattern=pattern, x=x)
     path = Path(output)

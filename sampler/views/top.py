@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from sampler.quoting import printable
 from sampler.store.reader import Run, StoreReader
+from sampler.util.quoting import printable
 
 WINDOW_POINTS = 120
 """Recent points kept per signal: what min/max and the sparkline cover."""

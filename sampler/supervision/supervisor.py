@@ -17,13 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sampler.backend.emit import Emitter
-from sampler.backend.exposition import Exposition
-from sampler.backend.reader import ChildReader, Outcome
-from sampler.backend.spawn import SamplingChild
-from sampler.backend.stats import Death, MonitorStats
+from sampler.child.cadence import Cadence
 from sampler.collectors import Sources, build_collectors
-from sampler.collectors.cadence import Cadence
 from sampler.ipc.channel import ChildParams, PostmortemTarget, PrometheusTarget
 from sampler.ipc.status import (
     EXIT_NO_SHARED_MEMORY,
@@ -32,7 +27,12 @@ from sampler.ipc.status import (
     ChildStatus,
     category_of,
 )
-from sampler.quoting import bounded_repr
+from sampler.pipeline.emit import Emitter
+from sampler.pipeline.stats import Death, MonitorStats
+from sampler.supervision.exposition import Exposition
+from sampler.supervision.reader import ChildReader, Outcome
+from sampler.supervision.spawn import SamplingChild
+from sampler.util.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
 

@@ -36,8 +36,8 @@ from typing import Any
 
 import yaml
 
-from sampler.placement import DEFAULT_HOST_SAMPLING, HOST_SAMPLING_MODES, MAX_DIGITS, whole_number
-from sampler.quoting import bounded_repr
+from sampler.settings.placement import DEFAULT_HOST_SAMPLING, HOST_SAMPLING_MODES, MAX_DIGITS, whole_number
+from sampler.util.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
 
@@ -109,7 +109,7 @@ _TRUE_WORDS = ("1", "true", "yes", "on")
 _FALSE_WORDS = ("0", "false", "no", "off")
 _WORDS = "1/true/yes/on or 0/false/no/off"
 _KNOWN = ", ".join(DEFAULT_CATEGORIES)
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _EVERY_KEY = "using env vars and defaults for every key"
 
 

@@ -28,19 +28,21 @@ from typing import Any
 
 import psutil
 
-from sampler import config, placement, signals
-from sampler.backend import exposition, postmortems
-from sampler.backend.emit import Emitter, SampleHook, Sink
-from sampler.backend.exposition import Exposition
-from sampler.backend.spawn import STOP_TIMEOUT_SECONDS
-from sampler.backend.stats import MonitorStats
-from sampler.backend.steps import AgeSource, StepStamper
-from sampler.backend.supervisor import Settings, Supervisor
+from sampler import settings, signals
 from sampler.collectors import Sources
 from sampler.ipc.channel import PostmortemTarget
-from sampler.placement import HOST_WIDE_CATEGORIES, Placement
-from sampler.quoting import bounded_repr
+from sampler.pipeline.emit import Emitter, SampleHook, Sink
+from sampler.pipeline.stats import MonitorStats
+from sampler.pipeline.steps import AgeSource, StepStamper
+from sampler.postmortems import reading as postmortems
+from sampler.settings import placement
+from sampler.settings.placement import HOST_WIDE_CATEGORIES, Placement
 from sampler.store.writer import RunInfo, RunWriter
+from sampler.supervision import exposition
+from sampler.supervision.exposition import Exposition
+from sampler.supervision.spawn import STOP_TIMEOUT_SECONDS
+from sampler.supervision.supervisor import Settings, Supervisor
+from sampler.util.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
 
@@ -136,10 +138,10 @@ class ResourceMonitor:
 
     def __init__(
         self,
-        interval_seconds: float = config.DEFAULT_INTERVAL_SECONDS,
+        interval_seconds: float = settings.DEFAULT_INTERVAL_SECONDS,
         categories: Iterable[str] | Mapping[str, bool] | None = None,
-        disk_path: str = config.DEFAULT_DISK_PATH,
-        step_source: str = config.DEFAULT_STEP_SOURCE,
+        disk_path: str = settings.DEFAULT_DISK_PATH,
+        step_source: str = settings.DEFAULT_STEP_SOURCE,
         sink: Sink | None = None,
         age_source: AgeSource | None = None,
         nvml_module: str = "pynvml",
@@ -149,19 +151,19 @@ class ResourceMonitor:
         on_sample: SampleHook | None = None,
         store: str | os.PathLike[str] | None = None,
         pid: int | None = None,
-        inner_rate_hz: float = config.DEFAULT_INNER_RATE_HZ,
+        inner_rate_hz: float = settings.DEFAULT_INNER_RATE_HZ,
         gpu_devices: str | Iterable[int | str] = "all",
-        postmortem_dir: str | os.PathLike[str] | None = config.DEFAULT_POSTMORTEM_DIR,
+        postmortem_dir: str | os.PathLike[str] | None = settings.DEFAULT_POSTMORTEM_DIR,
         prometheus_port: int | None = None,
-        prometheus_address: str = config.DEFAULT_PROMETHEUS_ADDRESS,
+        prometheus_address: str = settings.DEFAULT_PROMETHEUS_ADDRESS,
         prometheus_sd_dir: str | os.PathLike[str] | None = None,
         host_sampling: str = placement.DEFAULT_HOST_SAMPLING,
         run_id: str | None = None,
-        _min_interval_seconds: float = config.MIN_INTERVAL_SECONDS,
+        _min_interval_seconds: float = settings.MIN_INTERVAL_SECONDS,
         _ring_capacity: int = RING_CAPACITY,
         _restart_backoff: tuple[float, float] = RESTART_BACKOFF_SECONDS,
     ) -> None:
-        api = config.resolve_api_settings(
+        api = settings.resolve_api_settings(
             interval_seconds=interval_seconds,
             categories=categories,
             disk_path=disk_path,
@@ -479,8 +481,8 @@ def _pid(raw: object) -> int:
 def _hang_deadline(raw: object) -> float:
     """Seconds one collector call may run: a number > 0, clamped to one day."""
     try:
-        seconds = config.parse_seconds(raw)
-    except config.Invalid as exc:
+        seconds = settings.parse_seconds(raw)
+    except settings.Invalid as exc:
         error = TypeError if exc.wrong_type else ValueError
         raise error(f"hang_deadline_seconds={bounded_repr(raw)}: {exc}") from None
     if seconds > MAX_HANG_DEADLINE_SECONDS:
@@ -511,11 +513,11 @@ def start_resource_monitor_from_config() -> ResourceMonitor | None:
     with _singleton_lock:
         if _singleton is not None and _singleton_pid == os.getpid():
             return _singleton
-        cfg = config.load_resource_monitoring_config()
+        cfg = settings.load_resource_monitoring_config()
         if not cfg["enabled"]:
             log.info("resource monitor: disabled by configuration")
             return None
-        monitor = ResourceMonitor(**{field.key: cfg[field.key] for field in config.MONITOR_FIELDS})
+        monitor = ResourceMonitor(**{field.key: cfg[field.key] for field in settings.MONITOR_FIELDS})
         _singleton, _singleton_pid = monitor.start(), os.getpid()
         return _singleton
 

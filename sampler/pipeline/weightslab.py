@@ -1,5 +1,5 @@
 """WeightsLab, read only: its model ledger for the age, its logger for signals,
-and whether its own monitor runs beside this one (``sampler.integrations``
+and whether its own monitor runs beside this one (``sampler.api.integrations``
 hands its ``grpc_serve()`` this monitor instead).
 
 The monitor and the signal pipeline never import WeightsLab: importing

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sampler.child.postmortem import FORMAT, READ_MARK, parse_file_name
-from sampler.quoting import bounded_repr
+from sampler.postmortems.files import FORMAT, READ_MARK, parse_file_name
 from sampler.store import schema
 from sampler.store.reader import StoreReader
+from sampler.util.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
 

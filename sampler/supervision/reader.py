@@ -23,12 +23,12 @@ import socket
 import time
 
 from ringbuf import Ring
-from sampler.backend.emit import Emitter
-from sampler.backend.exposition import Exposition
-from sampler.backend.spawn import SamplingChild
-from sampler.backend.stats import MonitorStats
 from sampler.ipc.channel import FALLBACK_POLL_SECONDS
 from sampler.ipc.status import PHASE_IDLE, PHASE_STARTING, ChildStatus, Snapshot, category_of
+from sampler.pipeline.emit import Emitter
+from sampler.pipeline.stats import MonitorStats
+from sampler.supervision.exposition import Exposition
+from sampler.supervision.spawn import SamplingChild
 
 log = logging.getLogger("sampler")
 

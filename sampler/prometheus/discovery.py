@@ -17,8 +17,8 @@ import logging
 import os
 import re
 
-from sampler import atomicfile
-from sampler.placement import Placement
+from sampler.settings.placement import Placement
+from sampler.util import atomicfile
 
 log = logging.getLogger("sampler")
 

@@ -8,13 +8,13 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from sampler import signals
-from sampler.backend import weightslab as wl_adapter
-from sampler.backend.stats import MonitorStats
-from sampler.backend.steps import StepStamper
-from sampler.placement import Placement
-from sampler.quoting import bounded_repr
-from sampler.ratelimit import RateLimitedWarning
+from sampler.pipeline import weightslab as wl_adapter
+from sampler.pipeline.stats import MonitorStats
+from sampler.pipeline.steps import StepStamper
+from sampler.settings.placement import Placement
 from sampler.store.writer import FLUSH_SECONDS, RunWriter
+from sampler.util.quoting import bounded_repr
+from sampler.util.ratelimit import RateLimitedWarning
 
 log = logging.getLogger("sampler")
 

@@ -3,15 +3,15 @@
 WeightsLab's ``grpc_serve()`` starts its own monitor; ``replace_weightslab_monitor``
 has it start this one instead, so each curve is logged once. (Reading
 WeightsLab's model age and forwarding signals to its logger is the pipeline's
-job: ``sampler.backend.weightslab``.)
+job: ``sampler.pipeline.weightslab``.)
 """
 
 from __future__ import annotations
 
 import importlib
 
-from sampler.backend import monitor as ours
-from sampler.backend.weightslab import THEIR_MONITOR
+from sampler.api import monitor as ours
+from sampler.pipeline.weightslab import THEIR_MONITOR
 
 _MONITORING = "weightslab.monitoring"
 _SINGLETON_FUNCTIONS = ("start_resource_monitor_from_config", "get_resource_monitor", "stop_resource_monitor")

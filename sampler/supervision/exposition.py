@@ -13,14 +13,14 @@ import errno
 import logging
 import os
 
-from sampler import config
-from sampler.backend.stats import MonitorStats
-from sampler.exporters import discovery
+from sampler import settings
 from sampler.ipc.channel import PrometheusTarget
 from sampler.ipc.status import ENDPOINT_BAD_ADDRESS, ENDPOINT_NO_CLIENT, ENDPOINT_NONE, ENDPOINT_UNAVAILABLE
-from sampler.placement import Placement
-from sampler.quoting import bounded_repr
+from sampler.pipeline.stats import MonitorStats
+from sampler.prometheus import discovery
+from sampler.settings.placement import Placement
 from sampler.store.writer import package_version
+from sampler.util.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
 
@@ -30,12 +30,12 @@ def rank_port(port: int | None, where: Placement) -> int | None:
     endpoint, also (with a warning) past the last port."""
     if port is None:
         return None
-    if port + where.local_rank > config.MAX_PORT:
+    if port + where.local_rank > settings.MAX_PORT:
         log.warning(
             "resource monitor: prometheus_port=%d plus local rank %d is past port %d; no Prometheus endpoint",
             port,
             where.local_rank,
-            config.MAX_PORT,
+            settings.MAX_PORT,
         )
         return None
     return port + where.local_rank

@@ -19,7 +19,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sampler.quoting import bounded_repr
+from sampler.util.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
 

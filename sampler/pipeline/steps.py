@@ -12,7 +12,7 @@ import math
 import operator
 from collections.abc import Callable
 
-from sampler.backend import weightslab as wl_adapter
+from sampler.pipeline import weightslab as wl_adapter
 
 AgeSource = Callable[[], object]
 

@@ -18,8 +18,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sampler.exporters import metrics
-from sampler.exporters.scrape_server import ScrapeServer
 from sampler.ipc.channel import PrometheusTarget
 from sampler.ipc.status import (
     ENDPOINT_BAD_ADDRESS,
@@ -29,6 +27,8 @@ from sampler.ipc.status import (
     RESTART_CAUSES,
     ChildStatus,
 )
+from sampler.prometheus import metrics
+from sampler.prometheus.scrape_server import ScrapeServer
 
 GPU_LABELS = ("gpu", "gpu_uuid")
 

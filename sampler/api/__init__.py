@@ -1,0 +1,1 @@
+"""The public face: ``ResourceMonitor``, the process-wide monitor, integrations."""

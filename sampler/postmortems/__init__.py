@@ -1,0 +1,1 @@
+"""Postmortems: the files the child leaves and reading them back."""

@@ -1,0 +1,1 @@
+"""The backend's side of the child: spawning it, supervising it, reading its records."""

@@ -1,0 +1,1 @@
+"""Small helpers every layer uses: bounded quoting, atomic files, rate-limited warnings."""
