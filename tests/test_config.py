@@ -5,13 +5,13 @@ pytest's ``tmp_path``, so neither the real environment nor the repository's own
 ``resource_monitoring.yaml`` can leak in. Warnings go through the ``sampler`` logger and are captured
 with ``caplog``; each bad input must produce exactly one warning that names the source (env var or
 file), the key, the bad value (quoted bounded, as ``quote`` does: a long path is cut) and what is
-used instead. The Python API's validation, ``resolve_api_settings``, shares the parsers and is tested
+used instead. The Python API's validation, ``resolve_settings``, shares the parsers and is tested
 at the end.
 """
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import logging
 import math
 import os
@@ -957,7 +957,7 @@ def test_defaults_are_fresh_copies() -> None:
 # --------------------------------------------------------------------------- the Python API
 
 
-def resolve(**overrides: object) -> settings.ApiSettings:
+def resolve(**overrides: object) -> settings.MonitorSettings:
     arguments: dict[str, Any] = {
         "interval_seconds": 15.0,
         "categories": None,
@@ -965,22 +965,23 @@ def resolve(**overrides: object) -> settings.ApiSettings:
         "step_source": "model_age",
         **overrides,
     }
-    return settings.resolve_api_settings(**arguments)
+    floor = arguments.pop("min_interval_seconds", settings.MIN_INTERVAL_SECONDS)
+    return settings.resolve_settings(arguments, min_interval_seconds=floor)[0]
 
 
 def test_api_defaults(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="sampler")
-    settings = resolve()
-    assert settings == settings.ApiSettings(
-        15.0,
-        settings.DEFAULT_CATEGORIES,
-        ROOT,
-        "model_age",
+    resolved = resolve()
+    assert resolved == settings.MonitorSettings(
+        interval_seconds=15.0,
+        categories=settings.DEFAULT_CATEGORIES,
+        disk_path=ROOT,
+        step_source="model_age",
         postmortem_dir=os.path.abspath(settings.DEFAULT_POSTMORTEM_DIR),
     )
-    assert isinstance(settings.interval_seconds, float)
-    with pytest.raises(AttributeError):
-        settings.interval_seconds = 2.0  # type: ignore[misc]
+    assert isinstance(resolved.interval_seconds, float)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        resolved.interval_seconds = 2.0  # type: ignore[misc]
     assert_no_warnings(caplog)
 
 
@@ -1140,7 +1141,7 @@ def test_api_bad_step_source(raw: object, error: type[Exception]) -> None:
 
 def test_api_store_defaults_to_none() -> None:
     assert resolve().store is None
-    assert settings.ApiSettings(15.0, (), ROOT, "model_age").store is None
+    assert settings.MonitorSettings().store is None
 
 
 def test_api_store_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1987,10 +1988,12 @@ def test_api_postmortem_dir_true_word_is_a_value_error_and_dot_slash_is_a_path(
 
 
 def test_every_setting_but_the_switch_is_a_keyword_of_the_monitor() -> None:
-    parameters = inspect.signature(sampler.ResourceMonitor).parameters
     keys = [field.key for field in settings.MONITOR_FIELDS]
     assert keys == [field.key for field in settings.FIELDS if field is not settings.ENABLED]
-    assert set(keys) <= set(parameters) and "enabled" not in parameters
+    assert set(keys) <= {field.key for field in settings.API_FIELDS}
+    assert "enabled" not in {field.key for field in settings.API_FIELDS}
+    with pytest.raises(TypeError, match="unexpected keyword argument 'enabled'"):
+        sampler.ResourceMonitor(enabled=False)
 
 
 def test_the_monitor_started_from_config_takes_every_setting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -2081,3 +2084,18 @@ def test_gpu_indices_and_uuids_in_plain_digits_are_kept(tree: Tree, caplog: pyte
     assert tree.load({settings.ENV_GPU_DEVICES: " 1 , 03,GPU-ab"})["gpu_devices"] == ("1", "03", "GPU-ab")
     assert resolve(gpu_devices=[2, "0"]).gpu_devices == ("2", "0")
     assert_no_warnings(caplog)
+
+
+def test_a_monitor_built_explicitly_takes_what_it_is_not_given_from_the_configuration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(settings.ENV_STORE, str(tmp_path / "from-env.sqlite"))
+    monkeypatch.setenv(settings.ENV_INTERVAL, "7")
+    (tmp_path / "resource_monitoring.yaml").write_text("resource_monitoring:\n  inner_rate_hz: 4\n")
+    mon = sampler.ResourceMonitor(interval_seconds=3)
+    assert mon.store == str(tmp_path / "from-env.sqlite")
+    assert mon.inner_rate_hz == 4.0
+    assert mon.interval_seconds == 3.0  # an argument wins
+    assert mon.settings.store == mon.store and mon.stats()["settings"]["interval_seconds"] == 3.0
+    assert sampler.ResourceMonitor(store=None).store is None

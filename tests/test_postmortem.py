@@ -41,6 +41,7 @@ from sampler.ipc.channel import ChildParams, PostmortemTarget, open_pidfd
 from sampler.ipc.status import ChildStatus
 from sampler.postmortems import files as postmortem_files
 from sampler.postmortems import reading as postmortems
+from sampler.settings.table import MonitorSettings
 from sampler.store import schema
 from sampler.store.reader import StoreReader
 from sampler.supervision import spawn
@@ -592,7 +593,7 @@ def child_side(
         None if directory is None else str(directory), None if store is None else str(store), 1.5
     )
     sources = Sources(disk_path=os.sep, pid=os.getpid(), nvml_module="pynvml")
-    params = ChildParams(("memory",), 1.0, sources, os.getpid(), 16, 10.0, target)
+    params = ChildParams(("memory",), MonitorSettings(interval_seconds=1.0), sources, os.getpid(), 16, target)
     try:
         yield params, ring, status
     finally:

@@ -27,6 +27,7 @@ from sampler.ipc.status import (
     Health,
 )
 from sampler.settings import DEFAULT_CATEGORIES
+from sampler.settings.table import MonitorSettings
 
 WRITER = textwrap.dedent(
     """
@@ -129,9 +130,11 @@ def test_the_backend_publishes_what_it_logged_to_the_child() -> None:
 def test_child_params_cross_the_channel_typed() -> None:
     sources = Sources(disk_path="/", pid=os.getpid(), nvml_module="fake_nvml", gpu_devices=("0", "GPU-ab"))
     target = PostmortemTarget(directory="/tmp/pm", store=None, started_at=1.5)
-    params = ChildParams(("cpu", "gpu"), 1.0, sources, os.getpid(), 64, 10.0, target)
+    params = ChildParams(
+        ("cpu", "gpu"), MonitorSettings(gpu_devices=("0", "GPU-ab")), sources, os.getpid(), 64, target
+    )
     assert ChildParams.decode(params.encode()[4:]) == params
-    bare = ChildParams(("cpu",), 1.0, Sources("/", 1, "pynvml"), 1, 8, 10.0, None)
+    bare = ChildParams(("cpu",), MonitorSettings(), Sources("/", 1, "pynvml"), 1, 8, None)
     assert ChildParams.decode(bare.encode()[4:]) == bare
 
 

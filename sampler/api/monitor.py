@@ -23,7 +23,6 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping
 from typing import Any
 
 import psutil
@@ -37,26 +36,21 @@ from sampler.pipeline.steps import AgeSource, StepStamper
 from sampler.postmortems import reading as postmortems
 from sampler.settings import placement
 from sampler.settings.placement import HOST_WIDE_CATEGORIES, Placement
+from sampler.settings.table import MonitorSettings
 from sampler.store.writer import RunInfo, RunWriter
 from sampler.supervision import exposition
 from sampler.supervision.exposition import Exposition
 from sampler.supervision.spawn import STOP_TIMEOUT_SECONDS
-from sampler.supervision.supervisor import Settings, Supervisor
+from sampler.supervision.supervisor import Plan, Supervisor
 from sampler.util.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
 
 RING_CAPACITY = 1024
 """Records the ring holds: 17 minutes at the 1 s floor before a stalled reader loses any."""
-DEFAULT_HANG_DEADLINE_SECONDS = 5.0
-"""A collector call running longer than this gets the child killed (independent of the interval)."""
-MAX_HANG_DEADLINE_SECONDS = 86400.0
 RESTART_BACKOFF_SECONDS = (1.0, 60.0)
 """Delay before restarting a dead child: the first, doubling up to the second."""
 _JOIN_SLACK_SECONDS = 1.0
-
-
-ISOLATION_MODES = ("process", "thread")
 
 
 class _Run:
@@ -117,6 +111,12 @@ class _Run:
 class ResourceMonitor:
     """Samples resources in a child process and logs them as ``resource/...`` signals.
 
+    Every setting is a keyword argument named as in the YAML file (the keys of
+    ``sampler.settings.API_FIELDS``: ``interval_seconds``, ``categories``,
+    ``store``, ...). One passed wins; one not passed comes from the configuration
+    (the YAML file, env vars, defaults), exactly as for
+    ``start_resource_monitor_from_config()``. ``settings`` holds the result.
+
     ``interval_seconds`` is clamped to the 1 s floor and the one-day ceiling.
     ``categories`` is None (all), a list of names, or a mapping name -> bool.
     ``sink(name, value, step)`` defaults to ``sampler.signals.log_signal``;
@@ -138,81 +138,44 @@ class ResourceMonitor:
 
     def __init__(
         self,
-        interval_seconds: float = settings.DEFAULT_INTERVAL_SECONDS,
-        categories: Iterable[str] | Mapping[str, bool] | None = None,
-        disk_path: str = settings.DEFAULT_DISK_PATH,
-        step_source: str = settings.DEFAULT_STEP_SOURCE,
+        *,
         sink: Sink | None = None,
         age_source: AgeSource | None = None,
-        nvml_module: str = "pynvml",
-        *,
-        isolation: str = "process",
-        hang_deadline_seconds: float = DEFAULT_HANG_DEADLINE_SECONDS,
         on_sample: SampleHook | None = None,
-        store: str | os.PathLike[str] | None = None,
         pid: int | None = None,
-        inner_rate_hz: float = settings.DEFAULT_INNER_RATE_HZ,
-        gpu_devices: str | Iterable[int | str] = "all",
-        postmortem_dir: str | os.PathLike[str] | None = settings.DEFAULT_POSTMORTEM_DIR,
-        prometheus_port: int | None = None,
-        prometheus_address: str = settings.DEFAULT_PROMETHEUS_ADDRESS,
-        prometheus_sd_dir: str | os.PathLike[str] | None = None,
-        host_sampling: str = placement.DEFAULT_HOST_SAMPLING,
-        run_id: str | None = None,
         _min_interval_seconds: float = settings.MIN_INTERVAL_SECONDS,
         _ring_capacity: int = RING_CAPACITY,
         _restart_backoff: tuple[float, float] = RESTART_BACKOFF_SECONDS,
+        _resolved: MonitorSettings | None = None,
+        **options: Any,
     ) -> None:
-        api = settings.resolve_api_settings(
-            interval_seconds=interval_seconds,
-            categories=categories,
-            disk_path=disk_path,
-            step_source=step_source,
-            store=store,
-            min_interval_seconds=_min_interval_seconds,
-            inner_rate_hz=inner_rate_hz,
-            gpu_devices=gpu_devices if isinstance(gpu_devices, (str, int)) else list(gpu_devices),
-            postmortem_dir=postmortem_dir,
-            prometheus_port=prometheus_port,
-            prometheus_address=prometheus_address,
-            prometheus_sd_dir=prometheus_sd_dir,
-            host_sampling=host_sampling,
-            run_id=run_id,
-        )
-        if isolation not in ISOLATION_MODES:
-            raise ValueError(f"isolation must be one of {ISOLATION_MODES}, got {isolation!r}")
+        if _resolved is None or options:
+            _resolved, _ = settings.resolve_settings(options, min_interval_seconds=_min_interval_seconds)
+        self._settings = _resolved
         for name, fn in (("sink", sink), ("age_source", age_source), ("on_sample", on_sample)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable or None, got {type(fn).__name__}")
-        where = self._placement = placement.from_environment(run_id=api.run_id)
-        self._host_sampling = api.host_sampling
-        categories = api.categories
-        if not where.samples_host(api.host_sampling):
+        s = self._settings
+        where = self._placement = placement.from_environment(run_id=s.run_id)
+        categories = s.categories
+        if not where.samples_host(s.host_sampling):
             categories = tuple(c for c in categories if c not in HOST_WIDE_CATEGORIES)
-        shared = api.host_sampling == "local_rank_0" and where.local_world_size > 1
-        self._settings = Settings(
-            interval=api.interval_seconds,
+        shared = s.host_sampling == "local_rank_0" and where.local_world_size > 1
+        self._plan = Plan(
+            settings=s,
             categories=categories,
             sources=Sources(
-                disk_path=api.disk_path,
+                disk_path=s.disk_path,
                 pid=os.getpid() if pid is None else _pid(pid),
-                nvml_module=nvml_module,
-                gpu_devices=api.gpu_devices,
+                nvml_module=s.nvml_module,
+                gpu_devices=s.gpu_devices,
                 gpu_share=(where.local_rank, where.local_world_size) if shared else None,
             ),
-            inner_rate_hz=api.inner_rate_hz,
-            isolation=isolation,
-            hang_deadline=_hang_deadline(hang_deadline_seconds),
             ring_capacity=_ring_capacity,
             backoff_base=_restart_backoff[0],
             backoff_cap=_restart_backoff[1],
         )
-        self._postmortem_dir = api.postmortem_dir
-        self._prometheus_port = exposition.rank_port(api.prometheus_port, where)
-        self._prometheus_address = api.prometheus_address
-        self._prometheus_sd_dir = api.prometheus_sd_dir
-        self._store = api.store
-        self._step_source = api.step_source
+        self._prometheus_port = exposition.rank_port(s.prometheus_port, where)
         self._sink: Sink = signals.log_signal if sink is None else sink
         self._age_source = age_source
         self._on_sample = on_sample
@@ -224,15 +187,26 @@ class ResourceMonitor:
     # The settings are read-only: a change after construction would bypass validation.
 
     @property
-    def interval_seconds(self) -> float:
-        """Seconds between samples."""
-        return self._settings.interval
+    def settings(self) -> MonitorSettings:
+        """The settings this monitor was resolved with (arguments, then config), unchanged."""
+        return self._settings
+
+    def __getattr__(self, name: str) -> Any:
+        """Each setting by its name (``interval_seconds``, ``store``, ...), from ``settings``."""
+        if name in settings.table.BY_KEY:
+            return getattr(self._settings, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in settings.table.BY_KEY or isinstance(getattr(type(self), name, None), property):
+            raise AttributeError(f"{name} is read-only: settings are validated once, at construction")
+        super().__setattr__(name, value)
 
     @property
     def categories(self) -> tuple[str, ...]:
         """The categories this rank samples, in ``DEFAULT_CATEGORIES`` order: the
         enabled ones, less the host-wide ones on a rank that leaves them to local rank 0."""
-        return self._settings.categories
+        return self._plan.categories
 
     @property
     def placement(self) -> Placement:
@@ -240,74 +214,14 @@ class ResourceMonitor:
         return self._placement
 
     @property
-    def host_sampling(self) -> str:
-        """``local_rank_0`` or ``every_rank``: which ranks sample the host-wide categories."""
-        return self._host_sampling
-
-    @property
     def prometheus_port(self) -> int | None:
         """The port the child serves metrics on (the configured one plus the local rank), or None."""
         return self._prometheus_port
 
     @property
-    def prometheus_address(self) -> str:
-        """The address the metrics endpoint binds."""
-        return self._prometheus_address
-
-    @property
-    def prometheus_sd_dir(self) -> str | None:
-        """Where the file-based discovery entry goes (absolute), or None."""
-        return self._prometheus_sd_dir
-
-    @property
-    def disk_path(self) -> str:
-        """The filesystem the disk usage signals describe (absolute)."""
-        return self._settings.sources.disk_path
-
-    @property
-    def step_source(self) -> str:
-        """``"model_age"`` or ``"seconds"``."""
-        return self._step_source
-
-    @property
-    def isolation(self) -> str:
-        """``"process"`` or ``"thread"``, as asked (``stats()`` says what runs)."""
-        return self._settings.isolation
-
-    @property
-    def hang_deadline_seconds(self) -> float:
-        """How long one collector call may run before the child is killed."""
-        return self._settings.hang_deadline
-
-    @property
-    def nvml_module(self) -> str:
-        """The NVML binding the child imports."""
-        return self._settings.sources.nvml_module
-
-    @property
-    def store(self) -> str | None:
-        """The run store this monitor writes (absolute path), or None."""
-        return self._store
-
-    @property
-    def inner_rate_hz(self) -> float:
-        """How often the child reads the tracked signals between records, for their peaks."""
-        return self._settings.inner_rate_hz
-
-    @property
-    def gpu_devices(self) -> str | tuple[str, ...]:
-        """``all``, ``visible``, or the devices listed (indices or UUIDs, as text)."""
-        return self._settings.sources.gpu_devices
-
-    @property
-    def postmortem_dir(self) -> str | None:
-        """Where a postmortem goes without a store (absolute), or None."""
-        return self._postmortem_dir
-
-    @property
     def pid(self) -> int:
         """The process the ``process`` category describes."""
-        return self._settings.sources.pid
+        return self._plan.sources.pid
 
     @property
     def sink(self) -> Sink:
@@ -350,28 +264,29 @@ class ResourceMonitor:
             if self.running:
                 return self
             self._stop_run(self._current())  # a thread that died: release what it left
-            postmortems.announce(self._postmortem_dir, self._store)  # once per process and place
-            stats = self._stats = MonitorStats(isolation=self.isolation, store_path=self._store)
+            s = self._settings
+            postmortems.announce(s.postmortem_dir, s.store)  # once per process and place
+            stats = self._stats = MonitorStats(isolation=s.isolation, store_path=s.store)
             info = self._run_info()
-            run = _Run(RunWriter(self._store, info) if self._store is not None else None)
-            stamper = StepStamper(self._step_source, self._age_source, time.monotonic_ns())
+            run = _Run(RunWriter(s.store, info) if s.store is not None else None)
+            stamper = StepStamper(s.step_source, self._age_source, time.monotonic_ns())
             emitter = Emitter(stamper, self._sink, stats, self._on_sample, run.writer, self._placement)
-            settings = self._settings
-            if self._store is not None or self._postmortem_dir is not None:
-                target = PostmortemTarget(self._postmortem_dir, self._store, info.started_at)
-                settings = dataclasses.replace(settings, postmortem=target)
+            plan = self._plan
+            if s.store is not None or s.postmortem_dir is not None:
+                target = PostmortemTarget(s.postmortem_dir, s.store, info.started_at)
+                plan = dataclasses.replace(plan, postmortem=target)
             if self._prometheus_port is not None:
                 endpoint = exposition.target(
                     self._placement,
-                    self._prometheus_address,
+                    s.prometheus_address,
                     self._prometheus_port,
-                    self._prometheus_sd_dir,
-                    self._host_sampling,
+                    s.prometheus_sd_dir,
+                    s.host_sampling,
                 )
-                settings = dataclasses.replace(settings, prometheus=endpoint)
+                plan = dataclasses.replace(plan, prometheus=endpoint)
                 run.exposition = Exposition(endpoint, self._placement, stats)
             run.supervisor = Supervisor(
-                settings, emitter, stats, run.stop_r, lambda: run.finish(stats), run.exposition
+                plan, emitter, stats, run.stop_r, lambda: run.finish(stats), run.exposition
             )
             run.thread = threading.Thread(target=run.supervisor.run, name="WL-ResourceMonitor", daemon=True)
             self._run = run
@@ -424,12 +339,12 @@ class ResourceMonitor:
         out["child_pid"] = self.child_pid
         out["running"] = self.running
         out["placement"] = dataclasses.asdict(self._placement)
+        out["settings"] = self._settings.as_row()
         return out
 
     def _run_info(self) -> RunInfo:
         """What the run store records about this run."""
-        s = self._settings
-        pid = s.sources.pid
+        pid = self._plan.sources.pid
         if pid == os.getpid():
             command = list(sys.orig_argv)
         else:
@@ -437,24 +352,9 @@ class ResourceMonitor:
                 command = psutil.Process(pid).cmdline()
             except psutil.Error:
                 command = []
-        settings = {
-            "interval_seconds": s.interval,
-            "categories": list(s.categories),
-            "disk_path": s.sources.disk_path,
-            "step_source": self._step_source,
-            "isolation": s.isolation,
-            "hang_deadline_seconds": s.hang_deadline,
-            "nvml_module": s.sources.nvml_module,
-            "gpu_devices": s.sources.gpu_devices,
-            "inner_rate_hz": s.inner_rate_hz,
-            "store": self._store,
-            "postmortem_dir": self._postmortem_dir,
-            "prometheus_port": self._prometheus_port,
-            "prometheus_address": self._prometheus_address,
-            "prometheus_sd_dir": self._prometheus_sd_dir,
-            "host_sampling": self._host_sampling,
-        }
-        return RunInfo(pid, command, settings, time.time(), self._placement)
+        row = self._settings.as_row()
+        row.update(categories=list(self._plan.categories), prometheus_port=self._prometheus_port)
+        return RunInfo(pid, command, row, time.time(), self._placement)
 
     def _forget_after_fork(self) -> None:
         """In a forked copy: drop the parent's run without touching it."""
@@ -478,24 +378,6 @@ def _pid(raw: object) -> int:
     return raw
 
 
-def _hang_deadline(raw: object) -> float:
-    """Seconds one collector call may run: a number > 0, clamped to one day."""
-    try:
-        seconds = settings.parse_seconds(raw)
-    except settings.Invalid as exc:
-        error = TypeError if exc.wrong_type else ValueError
-        raise error(f"hang_deadline_seconds={bounded_repr(raw)}: {exc}") from None
-    if seconds > MAX_HANG_DEADLINE_SECONDS:
-        log.warning(
-            "resource monitor: hang_deadline_seconds=%s is above the %g s ceiling; using %g",
-            bounded_repr(raw),
-            MAX_HANG_DEADLINE_SECONDS,
-            MAX_HANG_DEADLINE_SECONDS,
-        )
-        return MAX_HANG_DEADLINE_SECONDS
-    return seconds
-
-
 _monitors: weakref.WeakSet[ResourceMonitor] = weakref.WeakSet()
 _singleton_lock = threading.RLock()
 _singleton: ResourceMonitor | None = None
@@ -513,11 +395,11 @@ def start_resource_monitor_from_config() -> ResourceMonitor | None:
     with _singleton_lock:
         if _singleton is not None and _singleton_pid == os.getpid():
             return _singleton
-        cfg = settings.load_resource_monitoring_config()
-        if not cfg["enabled"]:
+        resolved, _ = settings.resolve_settings({})
+        if not resolved.enabled:
             log.info("resource monitor: disabled by configuration")
             return None
-        monitor = ResourceMonitor(**{field.key: cfg[field.key] for field in settings.MONITOR_FIELDS})
+        monitor = ResourceMonitor(_resolved=resolved)
         _singleton, _singleton_pid = monitor.start(), os.getpid()
         return _singleton
 

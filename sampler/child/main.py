@@ -190,8 +190,8 @@ class Child:
         Returns the exit status: clean once stopped, ``EXIT_STARVED`` when this
         child can no longer read anything."""
         p = self.params
-        records = Cadence(p.interval)
-        inner = Cadence(1.0 / p.inner_rate_hz)
+        records = Cadence(p.settings.interval_seconds)
+        inner = Cadence(1.0 / p.settings.inner_rate_hz)
         phases = [phase_of(c.category) for c in self.collectors]
         self._tracking = [(c, phase) for c, phase in zip(self.collectors, phases, strict=True) if c.tracked]
         names = [name for c in self.collectors for name in c.names]

@@ -161,7 +161,7 @@ def lines(snap: Snapshot, target: PostmortemTarget, written_at: float) -> list[s
         "vanished_at": snap.vanished_at,
         "written_at": written_at,
         "monitor_started_at": target.started_at,
-        "interval_seconds": p.interval,
+        "interval_seconds": p.settings.interval_seconds,
         "ring_capacity": snap.capacity,
         "fields": list(snap.fields),
         "records": len(snap.indices),

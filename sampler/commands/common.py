@@ -46,7 +46,9 @@ def argument(parse: Callable[[str], T]) -> Callable[[str], T]:
 def field_argument(field: settings.Field, flag: str) -> Callable[[str], Any]:
     """The argparse ``type`` of a field's ``flag``: the field's own text parser,
     whose remarks (a clamped value) are warnings naming the flag."""
-    return argument(lambda text: field.from_text(text, functools.partial(settings.warn, flag, text)))
+    parse = field.from_text
+    assert parse is not None, f"{field.key} has no flag"
+    return argument(lambda text: parse(text, functools.partial(settings.warn, flag, text)))
 
 
 def seconds_argument(maximum: float, why: str) -> Callable[[str], float]:

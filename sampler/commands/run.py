@@ -27,6 +27,7 @@ from sampler.commands.common import DEFAULT_STORE, EXIT_BROKEN_PIPE, field_argum
 from sampler.ipc.channel import open_pidfd
 from sampler.pipeline.emit import Sample
 from sampler.settings.placement import whole_number
+from sampler.settings.table import settled
 from sampler.util.quoting import bounded_repr
 
 MAX_DURATION_SECONDS = 30 * 86400.0
@@ -230,11 +231,11 @@ def _run(args: argparse.Namespace, watched: _Watched | None) -> int:
     print(_describe(chosen), file=sys.stderr, flush=True)
     closed = threading.Event()
     printer = _Printer(out, closed)
+    values = {key: value for key, (value, _) in chosen.items() if key != "pid"}
     monitor = ResourceMonitor(
-        **{field.key: chosen[field.key][0] for field in settings.MONITOR_FIELDS},
+        _resolved=settled({**values, "nvml_module": args.nvml_module}),
         pid=args.pid,
         sink=lambda name, value, step: None,
-        nvml_module=args.nvml_module,
         on_sample=printer,
     )
     enabled = ", ".join(monitor.categories) or "none"

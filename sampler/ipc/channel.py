@@ -31,6 +31,7 @@ import struct
 from dataclasses import asdict, dataclass
 
 from sampler.collectors import Sources
+from sampler.settings.table import MonitorSettings
 
 RING = b"R"
 RECORD = b"."
@@ -76,8 +77,9 @@ class ChildParams:
     """Everything the child needs to know, sent once in the hello."""
 
     categories: tuple[str, ...]
-    interval: float
-    """Seconds between records."""
+    """The categories this rank samples (``settings.categories`` less those left to another rank)."""
+    settings: MonitorSettings
+    """The monitor's settings, unchanged (``interval_seconds``, ``inner_rate_hz``, ...)."""
     sources: Sources
     """Which disk, process and GPUs the collectors read (``sources.pid`` is the
     process the process categories describe: the backend, or one it watches)."""
@@ -85,8 +87,6 @@ class ChildParams:
     """The backend, whose death ends the child."""
     capacity: int
     """Records the ring holds."""
-    inner_rate_hz: float
-    """How often the tracked readings are read between records, for their peaks and means."""
     postmortem: PostmortemTarget | None = None
     """Where to leave a postmortem if the backend dies; None for nowhere."""
     prometheus: PrometheusTarget | None = None
@@ -100,6 +100,7 @@ class ChildParams:
     def decode(cls, body: bytes) -> ChildParams:
         fields = json.loads(body)
         fields["categories"] = tuple(fields["categories"])
+        fields["settings"] = MonitorSettings.from_row(fields["settings"])
         sources = fields["sources"]
         if isinstance(sources["gpu_devices"], list):
             sources["gpu_devices"] = tuple(sources["gpu_devices"])

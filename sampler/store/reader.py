@@ -14,6 +14,7 @@ from typing import Any
 
 import psutil
 
+from sampler.settings.parsers import DEFAULT_INTERVAL_SECONDS
 from sampler.store import schema
 
 LOST_AFTER_INTERVALS = 3
@@ -45,7 +46,7 @@ class Run:
     @property
     def interval(self) -> float:
         """Seconds between samples, as configured."""
-        return float(self.config.get("interval_seconds", 15.0))
+        return float(self.config.get("interval_seconds", DEFAULT_INTERVAL_SECONDS))
 
     @property
     def status(self) -> str:

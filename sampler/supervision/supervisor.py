@@ -29,6 +29,7 @@ from sampler.ipc.status import (
 )
 from sampler.pipeline.emit import Emitter
 from sampler.pipeline.stats import Death, MonitorStats
+from sampler.settings.table import MonitorSettings
 from sampler.supervision.exposition import Exposition
 from sampler.supervision.reader import ChildReader, Outcome
 from sampler.supervision.spawn import SamplingChild
@@ -45,15 +46,18 @@ MAX_START_FAILURES = 3
 
 
 @dataclass(frozen=True)
-class Settings:
-    interval: float
+class Plan:
+    """What a monitor thread runs: the monitor's settings, unchanged, and what this
+    rank derives from them."""
+
+    settings: MonitorSettings
     categories: tuple[str, ...]
+    """The categories this rank samples: the enabled ones, less the host-wide ones
+    on a rank that leaves them to local rank 0."""
     sources: Sources
-    inner_rate_hz: float
-    isolation: str
-    hang_deadline: float
     ring_capacity: int
     backoff_base: float
+    """Seconds before the first restart of a dead child; doubling up to ``backoff_cap``."""
     backoff_cap: float
     postmortem: PostmortemTarget | None = None
     prometheus: PrometheusTarget | None = None
@@ -69,14 +73,14 @@ class Supervisor:
 
     def __init__(
         self,
-        settings: Settings,
+        plan: Plan,
         emitter: Emitter,
         stats: MonitorStats,
         stop_fd: int,
         on_exit: Callable[[], None],
         exposition: Exposition | None = None,
     ) -> None:
-        self.settings = settings
+        self.plan = plan
         self.exposition = exposition
         self.emitter = emitter
         self.stats = stats
@@ -91,10 +95,10 @@ class Supervisor:
         once, the child and everything it holds are released, and ``stats()``
         says why the monitor stopped."""
         try:
-            if self.settings.isolation == "process" and self._supervise():
+            if self.plan.settings.isolation == "process" and self._supervise():
                 return
             self.stats.isolation = "thread"
-            if self.settings.prometheus is not None:
+            if self.plan.prometheus is not None:
                 self.stats.prometheus_error = "sampling in the backend thread: the endpoint needs the child"
                 log.warning(
                     "resource monitor: no Prometheus endpoint: it is served by the sampling child, and "
@@ -130,7 +134,7 @@ class Supervisor:
                 return False
 
     def _categories(self) -> list[str]:
-        return [c for c in self.settings.categories if c not in self.stats.quarantined]
+        return [c for c in self.plan.categories if c not in self.stats.quarantined]
 
     def _supervise(self) -> bool:
         """Run children until stopped (True) or until none can run (False)."""
@@ -158,7 +162,7 @@ class Supervisor:
             if result.lifetime_seconds >= HEALTHY_SECONDS:
                 failures = 0
             failures += 1
-            delay = min(self.settings.backoff_cap, self.settings.backoff_base * 2 ** (failures - 1))
+            delay = min(self.plan.backoff_cap, self.plan.backoff_base * 2 ** (failures - 1))
             where = f"in the {result.category} collector" if result.category else "outside any collector"
             log.warning(
                 "resource monitor: sampling child %s %s (%s); restarting it in %g s",
@@ -174,7 +178,7 @@ class Supervisor:
 
     def _run_child(self) -> Death | _Fallback | None:
         """Run one child to its end: how it died, why none can run, or None if stopped."""
-        s = self.settings
+        s = self.plan
         try:
             status, status_fd = ChildStatus.create()
         except OSError as exc:
@@ -183,11 +187,10 @@ class Supervisor:
         status.publish_health(stats.restarts_by_cause, stats.records_lost, stats.quarantined)
         params = ChildParams(
             categories=tuple(self._categories()),
-            interval=s.interval,
+            settings=s.settings,
             sources=s.sources,
             backend_pid=os.getpid(),
             capacity=s.ring_capacity,
-            inner_rate_hz=s.inner_rate_hz,
             postmortem=s.postmortem,
             prometheus=s.prometheus,
         )
@@ -198,8 +201,8 @@ class Supervisor:
             self.stop_fd,
             self.emitter,
             self.stats,
-            interval=s.interval,
-            hang_deadline=s.hang_deadline,
+            interval=s.settings.interval_seconds,
+            hang_deadline=s.settings.hang_deadline_seconds,
             exposition=self.exposition,
         )
         started = time.monotonic()
@@ -254,10 +257,10 @@ class Supervisor:
             )
 
     def _sample_in_thread(self) -> None:
-        s = self.settings
+        s = self.plan
         collectors = build_collectors(self._categories(), s.sources)
         fields = [name for c in collectors for name in c.names]
-        cadence = Cadence(s.interval)
+        cadence = Cadence(s.settings.interval_seconds)
         try:
             while not self._wait_for_stop(cadence.seconds_left(), sample=True):
                 timestamp_ns = time.monotonic_ns()
