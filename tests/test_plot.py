@@ -25,6 +25,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 import sampler
+from sampler import catalogue
 from sampler.collectors.gpu import GPU_SIGNALS
 from sampler.commands import plot as command
 from sampler.store.reader import Run, StoreReader
@@ -161,7 +162,7 @@ def test_one_run_training_on_top_then_a_panel_per_quantity_by_category(store: Pa
     # Grouped: each category's panels together, in the documented order.
     expected = ["cpu", "memory", "network", "disk", "process", "process_tree", "gpu"]
     assert list(dict.fromkeys(categories)) == expected
-    assert categories == sorted(categories, key=list(plot.CATEGORIES).index)
+    assert categories == sorted(categories, key=catalogue.CATEGORIES.index)
     # One panel per quantity, its unit on the y axis.
     units = {key: ax.get_ylabel() for key, ax in shown.items()}
     assert units["resource/cpu/utilization_percent"] == "%"
@@ -227,7 +228,7 @@ def test_one_line_per_gpu(store: Path) -> None:
     a, b = temperature["run2/gpu0"], temperature["run2/gpu1"]
     assert a.get_color() != b.get_color() and a.get_linestyle() != b.get_linestyle()
     legend = [text.get_text() for ax in fig.axes if (lg := ax.get_legend()) for text in lg.get_texts()]
-    assert legend == ["GPU 0", "GPU 1"]
+    assert legend == ["GPU 0", "GPU 1", "peak since the previous step", "mean since the previous step"]
 
 
 def test_two_runs_overlaid_one_colour_per_run(store: Path) -> None:
@@ -248,7 +249,7 @@ def test_two_runs_overlaid_one_colour_per_run(store: Path) -> None:
     legend = [text.get_text() for ax in fig.axes if (lg := ax.get_legend()) for text in lg.get_texts()]
     assert legend[:2] == [plot.describe(run) for run in runs]
     assert legend[0].startswith("run 1 · ") and time.strftime("%Y-%m-%d", time.localtime()) in legend[0]
-    assert legend[2:] == ["GPU 0", "GPU 1"]
+    assert legend[2:] == ["GPU 0", "GPU 1", "peak since the previous step", "mean since the previous step"]
     assert "runs 1, 2" in fig.get_suptitle()
 
 

@@ -29,8 +29,9 @@ import sampler
 from sampler.commands import top as top_command
 from sampler.store.reader import Run, StoreReader
 from sampler.store.writer import RunInfo, RunWriter
-from sampler.views import top
-from sampler.views.top import Line, View
+from sampler.views import formatting, top, watch
+from sampler.views.top import Line
+from sampler.views.watch import View
 
 NOW = 1_700_000_000.0
 
@@ -61,9 +62,14 @@ def text_of(lines: list[Line]) -> str:
     return top.frame_text(lines)
 
 
+def labelled(line: str, label: str) -> bool:
+    """Whether ``line``'s label (its text up to two spaces) is ``label``."""
+    return line.strip().split("  ")[0] == label
+
+
 def row(text: str, label: str) -> str:
-    """The line of ``text`` whose label (first word) is ``label``."""
-    found = [line for line in text.splitlines() if line.split()[:1] == [label]]
+    """The line of ``text`` whose label is ``label``."""
+    found = [line for line in text.splitlines() if labelled(line, label)]
     assert len(found) == 1, f"{label!r} in:\n{text}"
     return found[0]
 
@@ -72,19 +78,19 @@ def row(text: str, label: str) -> str:
 
 
 def test_sparkline_scales_recent_values_between_their_min_and_max() -> None:
-    assert top.sparkline([0, 1, 2, 3, 4, 5, 6, 7], 8) == "▁▂▃▄▅▆▇█"
-    assert top.sparkline([10, 20, 30, 40], 2) == "▁█"  # only the last `width`, scaled on their own
-    assert top.sparkline([5, 5, 5], 10) == "▁▁▁"  # flat, and no padding
-    assert top.sparkline([0, math.nan, 1], 3) == "▁ █"
-    assert top.sparkline([1, 2], 0) == "" and top.sparkline([], 5) == ""
+    assert formatting.sparkline([0, 1, 2, 3, 4, 5, 6, 7], 8) == "▁▂▃▄▅▆▇█"
+    assert formatting.sparkline([10, 20, 30, 40], 2) == "▁█"  # only the last `width`, scaled on their own
+    assert formatting.sparkline([5, 5, 5], 10) == "▁▁▁"  # flat, and no padding
+    assert formatting.sparkline([0, math.nan, 1], 3) == "▁ █"
+    assert formatting.sparkline([1, 2], 0) == "" and formatting.sparkline([], 5) == ""
 
 
 def test_values_carry_the_unit_their_name_says() -> None:
     cases = {
         ("resource/cpu/utilization_percent", 12.34): "12.3%",
-        ("resource/process/memory_in_use_mb", 1234.0): "1234 MB",
-        ("resource/disk/utilization_gb", 23.12): "23.1 GB",
-        ("resource/gpu/0/memory_allocated_bytes", 12 * 1024**3): "12.0 GB",
+        ("resource/process/memory_in_use_mb", 1234.0): "1234 MiB",
+        ("resource/disk/utilization_gb", 23.12): "23.1 GiB",
+        ("resource/gpu/0/memory_allocated_bytes", 12 * 1024**3): "12.0 GiB",
         ("resource/gpu/0/sm_clock_mhz", 1980.0): "1980 MHz",
         ("resource/gpu/0/temperature_celsius", 45.0): "45°C",
         ("resource/gpu/0/power_watts", 312.5): "312 W",
@@ -92,9 +98,9 @@ def test_values_carry_the_unit_their_name_says() -> None:
         ("train/loss", 0.012345678): "0.01235",
     }
     for (name, value), shown in cases.items():
-        assert top.format_value(name, value) == shown, name
-    assert top.format_value("resource/network/bytes_sent", 2048.0, rate=True) == "2.0 KB/s"
-    assert top.format_value("resource/disk/read_mb", 1.5, rate=True) == "1.5 MB/s"
+        assert formatting.format_value(name, value) == shown, name
+    assert formatting.format_value("resource/network/bytes_sent", 2048.0, rate=True) == "2.0 KiB/s"
+    assert formatting.format_value("resource/disk/read_mb", 1.5, rate=True) == "1.5 MiB/s"
     assert top.rates([(0.0, 100.0), (2.0, 300.0), (3.0, 50.0), (4.0, 60.0)]) == [(2.0, 100.0), (4.0, 10.0)]
 
 
@@ -115,9 +121,9 @@ def test_signals_are_grouped_training_first_then_categories_in_order() -> None:
     assert groups == ["eval", "train", "training", "cpu", "memory", "network", "process"], text
     loss = row(text, "loss").split()
     assert loss[1:4] == ["0.5", "0.5", "2"] and loss[4] == "█▃▁"  # now, min, max, recent
-    assert row(text, "utilization_percent").split()[1:4] == ["50.0%", "10.0%", "90.0%"]
-    received = row(text, "bytes_received")
-    assert "2.0 KB/s" in received and "1.0 KB/s" in received and "/s" in received.split()[1]
+    assert row(text, "utilization").split()[1:4] == ["50.0%", "10.0%", "90.0%"]
+    received = row(text, "received /s")
+    assert "2.0 KiB/s" in received and "1.0 KiB/s" in received
     assert row(text, "steps_per_second").split()[1] == "4"
     assert "run 3 | trainer-7 pid 4242 | running | 2m05s | step 77" in text
 
@@ -142,7 +148,7 @@ def test_a_row_per_gpu_with_its_signals_side_by_side() -> None:
     assert header[:6] == ["gpu", "util", "memory", "mem", "%", "temp"] and "fan_rpm" not in header
     rows = [line.split() for line in text.splitlines() if line.strip().startswith("gpu/")]
     assert [r[0] for r in rows] == ["gpu/2", "gpu/10"]  # by device index, not as text
-    assert rows[0][1:7] == ["87.0%", "12.0", "GB", "15.0%", "45°C", "300"] and "1200" not in rows[0]
+    assert rows[0][1:7] == ["87.0%", "12.0", "GiB", "15.0%", "45°C", "300"] and "1200" not in rows[0]
     assert rows[1][1] == "50.0%" and rows[1][-1] == "▁█"  # utilization's sparkline
     assert not any("temperature_celsius" in line for line in text.splitlines())  # not a row of its own
 
@@ -245,8 +251,8 @@ def test_once_prints_a_frame_of_a_run_a_real_monitor_is_writing(
     loss = row(text, "loss").split()
     assert 0 < float(loss[1]) < 1 and loss[3] == "1"  # now, and the window's max: the first loss
     assert row(text, "train") and row(text, "cpu") and row(text, "process")
-    assert row(text, "utilization_percent").split()[1].endswith("%")
-    assert row(text, "memory_in_use_mb").split()[2] == "MB"
+    assert row(text, "utilization").split()[1].endswith("%")
+    assert row(text, "memory (RSS)").split()[3] == "MiB"
     gpus = [line.split() for line in text.splitlines() if line.strip().startswith("gpu/")]
     assert [g[0] for g in gpus] == ["gpu/0", "gpu/1"] and [g[1] for g in gpus] == ["87.0%", "12.0%"]
     assert text.index("loss") < text.index("cpu") < text.index("gpu/0")
@@ -288,8 +294,8 @@ def test_the_watch_reads_only_what_is_new_and_follows_a_newer_run(tmp_path: Path
     first = RunWriter(store, run_info())
     for step in range(20):
         write(first, step, 100.0 - step, {"restarts": 0} if step == 0 else None)
-    newest = top.StoreWatch(store, window=5)
-    pinned = top.StoreWatch(store, run_id=1, window=5)
+    newest = watch.StoreWatch(store, window=5)
+    pinned = watch.StoreWatch(store, run_id=1, window=5)
     view = newest.poll()
     assert view.run is not None and view.run.id == 1 and view.last_step == 19
     assert [v for _, v in view.points["train/loss"]] == [85.0, 84.0, 83.0, 82.0, 81.0]  # latest 5
@@ -319,8 +325,8 @@ def test_the_watch_reads_only_what_is_new_and_follows_a_newer_run(tmp_path: Path
     with StoreReader(store) as reader:
         assert reader.series(1, "train/loss").values[-5:] == [v for _, v in view.points["train/loss"]]
         # Each refresh costs what is new, not what the run wrote so far: no scan, no sort.
-        follow = str(reader.db.execute("EXPLAIN QUERY PLAN " + top.FOLLOW_SQL, (0, 1)).fetchall())
-        latest = str(reader.db.execute("EXPLAIN QUERY PLAN " + top.LATEST_SQL, (1, 1, 5)).fetchall())
+        follow = str(reader.db.execute("EXPLAIN QUERY PLAN " + watch.FOLLOW_SQL, (0, 1)).fetchall())
+        latest = str(reader.db.execute("EXPLAIN QUERY PLAN " + watch.LATEST_SQL, (1, 1, 5)).fetchall())
     assert "INTEGER PRIMARY KEY (rowid>?)" in follow and "B-TREE" not in follow, follow
     assert "points_by_signal (run_id=? AND name_id=?)" in latest and "B-TREE" not in latest, latest
     first.close({})
@@ -404,7 +410,7 @@ def stop(backend: subprocess.Popen[bytes]) -> None:
 
 
 def line_with(screen: str, label: str) -> str:
-    return next((line for line in screen.splitlines() if line.split()[:1] == [label]), "")
+    return next((line for line in screen.splitlines() if labelled(line, label)), "")
 
 
 def assert_exited_cleanly(tmux: Tmux) -> None:
@@ -423,13 +429,11 @@ def test_top_in_a_terminal_follows_a_live_backend_and_quits_on_q(tmp_path: Path)
     try:
         wait_for(lambda: store.exists() and once(store)[0] == 0, what="the backend's run in the store")
         tmux = Tmux(top_command_line(store), tmp_path)
-        first = tmux.wait_screen(
-            "run 1 |", "| running |", "loss", "utilization_percent", "gpu/1", "health: ok"
-        )
+        first = tmux.wait_screen("run 1 |", "| running |", "loss", "utilization", "gpu/1", "health: ok")
         assert "no sample for" not in first
         time.sleep(1.0)
         second = tmux.wait_screen("run 1 |", "loss")
-        for label in ("loss", "memory_in_use_mb"):
+        for label in ("loss", "memory (RSS)"):
             assert line_with(first, label) and line_with(second, label), second
         assert line_with(first, "loss") != line_with(second, "loss")  # its value and sparkline moved
         steps = [re.search(r"step (\d+)", s) for s in (first, second)]

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+# Re-exported: sampler.commands.postmortem and bench.gpu_check import them from here.
+from sampler.catalogue import MEAN_SUFFIX as MEAN_SUFFIX
+from sampler.catalogue import PEAK_SUFFIX as PEAK_SUFFIX
 from sampler.collectors import Collector
-
-PEAK_SUFFIX = "_peak"
-MEAN_SUFFIX = "_mean"
 
 Floats = npt.NDArray[np.float64]
 

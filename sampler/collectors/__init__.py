@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from sampler.catalogue import DEFAULT_CATEGORIES
 from sampler.collectors.base import Collector
 from sampler.collectors.container import ContainerCollector
 from sampler.collectors.gpu import GpuCollector
 from sampler.collectors.host import CpuCollector, DiskCollector, MemoryCollector, NetworkCollector
 from sampler.collectors.process import ProcessCollector
 from sampler.collectors.tree import ProcessTreeCollector
-from sampler.settings import DEFAULT_CATEGORIES
 
 __all__ = ["Collector", "Sources", "build_collector", "build_collectors"]
 

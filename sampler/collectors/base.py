@@ -96,10 +96,11 @@ class Collector:
 
     Fast-moving readings are also read between records, at the child's inner
     rate, for their peak (and mean) since the last logged record: ``tracked``
-    names them (a subset of ``names``), ``averaged`` those of them whose mean
-    means something, and ``sample_tracked()`` reads them, one float per
-    ``tracked`` name. It must not disturb ``sample()``: a rate such as CPU %
-    keeps its own window since the previous record.
+    names them (those of ``names`` with a ``_peak`` in ``sampler.catalogue``, in
+    ``names`` order), ``averaged`` those with a ``_mean``, and
+    ``sample_tracked()`` reads them, one float per ``tracked`` name. It must
+    not disturb ``sample()``: a rate such as CPU % keeps its own window since
+    the previous record.
     """
 
     category: ClassVar[str]

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sampler import catalogue
 from sampler.collectors.base import MB, MISSING, Collector, attempt, log
 
 ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError)
@@ -188,7 +189,7 @@ class ContainerCollector(Collector):
         self._memory = memory
         self._cpu = cpu
         self.names = (MEMORY_NAMES if memory else ()) + (CPU_NAMES if cpu else ())
-        self.tracked = ("resource/container/memory_used_mb",) if memory else ()
+        self.tracked = catalogue.peaked(self.names)
         self._last_throttled: tuple[float, float] | None = None
         """(monotonic seconds, throttled seconds) at the previous ``sample()``."""
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import psutil
 
+from sampler import catalogue
 from sampler.collectors.base import MISSING, Collector, attempt
 from sampler.collectors.gpu_devices import choose, nvml_errors, owned, uuid_of
 
@@ -40,9 +41,10 @@ GPU_SIGNALS = (
     "throttle_hw_slowdown",
     "power_limit_watts",
 )
-TRACKED_SIGNALS = ("memory_allocated_bytes", "utilization_percent", "process_memory_bytes")
-"""Per-device suffixes also read between records, at the inner rate, for their peaks."""
-AVERAGED_SIGNALS = ("utilization_percent",)
+TRACKED_SIGNALS = tuple(s for s in GPU_SIGNALS if catalogue.SIGNALS[catalogue.GPU_KEY_PREFIX + s].peak)
+"""Per-device suffixes also read between records, at the inner rate, for their peaks
+(``sample_tracked`` reads them in this order)."""
+AVERAGED_SIGNALS = tuple(s for s in GPU_SIGNALS if catalogue.SIGNALS[catalogue.GPU_KEY_PREFIX + s].mean)
 """Per-device tracked suffixes whose mean between records is published too."""
 
 # NVML's clocks event (formerly "throttle") reason bits, nvml.h's

@@ -9,10 +9,8 @@ from collections.abc import Mapping, Sequence
 
 import psutil
 
+from sampler import catalogue
 from sampler.collectors.base import GB, MB, MISSING, Collector, attempt
-
-PER_SECOND = "_per_second"
-"""Suffix of a counter's rate: the counter's unit per second between consecutive samples."""
 
 
 class Rates:
@@ -97,8 +95,8 @@ class CpuCollector(Collector):
 
     category = "cpu"
     names = ("resource/cpu/utilization_percent",)
-    tracked = names
-    averaged = names
+    tracked = catalogue.peaked(names)
+    averaged = catalogue.averaged(names)
 
     def __init__(self) -> None:
         psutil.cpu_percent(interval=None)  # prime: the first call has no window
@@ -128,7 +126,8 @@ class MemoryCollector(Collector):
 
     category = "memory"
     names = ("resource/memory/system_utilization_percent",)
-    tracked = names
+    tracked = catalogue.peaked(names)
+    averaged = catalogue.averaged(names)
 
     def sample(self) -> list[float]:
         memory = attempt(psutil.virtual_memory)
@@ -150,8 +149,8 @@ class DiskCollector(Collector):
         "resource/disk/utilization_gb",
         "resource/disk/read_mb",
         "resource/disk/written_mb",
-        "resource/disk/read_mb" + PER_SECOND,
-        "resource/disk/written_mb" + PER_SECOND,
+        "resource/disk/read_mb" + catalogue.RATE_SUFFIX,
+        "resource/disk/written_mb" + catalogue.RATE_SUFFIX,
     )
 
     def __init__(self, path: str) -> None:
@@ -181,8 +180,8 @@ class NetworkCollector(Collector):
     names = (
         "resource/network/bytes_sent",
         "resource/network/bytes_received",
-        "resource/network/bytes_sent" + PER_SECOND,
-        "resource/network/bytes_received" + PER_SECOND,
+        "resource/network/bytes_sent" + catalogue.RATE_SUFFIX,
+        "resource/network/bytes_received" + catalogue.RATE_SUFFIX,
     )
 
     def __init__(self) -> None:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import psutil
 
+from sampler import catalogue
 from sampler.collectors.base import MB, MISSING, Collector, attempt
-
-CPU = "resource/process/cpu_utilization_percent"
-MEMORY = "resource/process/memory_in_use_mb"
 
 
 class ProcessCollector(Collector):
@@ -22,14 +20,14 @@ class ProcessCollector(Collector):
 
     category = "process"
     names = (
-        CPU,
+        "resource/process/cpu_utilization_percent",
         "resource/process/cpu_threads_in_use",
-        MEMORY,
+        "resource/process/memory_in_use_mb",
         "resource/process/memory_in_use_percent",
         "resource/process/memory_available_mb",
     )
-    tracked = (CPU, MEMORY)
-    averaged = (CPU, MEMORY)
+    tracked = catalogue.peaked(names)
+    averaged = catalogue.averaged(names)
 
     def __init__(self, pid: int) -> None:
         self.pid = pid

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import psutil
 
+from sampler import catalogue
 from sampler.collectors.base import MB, MISSING, Collector, attempt
 
 COUNT = "resource/process_tree/process_count"
-CPU = "resource/process_tree/cpu_utilization_percent"
-MEMORY = "resource/process_tree/memory_in_use_mb"
 
 SAMPLING_CHILD_PROGRAM = "from sampler.child.main import main"
 """What the ``-c`` program of every sampling child runs: ``sampler.supervision.spawn`` builds its
@@ -133,9 +132,9 @@ class ProcessTreeCollector(Collector):
     """
 
     category = "process_tree"
-    names = (COUNT, CPU, MEMORY)
-    tracked = (CPU, MEMORY)
-    averaged = (CPU, MEMORY)
+    names = (COUNT, "resource/process_tree/cpu_utilization_percent", "resource/process_tree/memory_in_use_mb")
+    tracked = catalogue.peaked(names)
+    averaged = catalogue.averaged(names)
 
     def __init__(self, pid: int, procfs: str = "/proc", pss_cpu_share: float = PSS_CPU_SHARE) -> None:
         """``procfs``: where ``<pid>/smaps_rollup`` is read (tests point it elsewhere);

@@ -21,7 +21,8 @@ from typing import Any, TextIO
 
 from sampler import settings
 from sampler.commands.common import DEFAULT_STORE, EXIT_BROKEN_PIPE, EXIT_USAGE, argument, silence
-from sampler.views.top import Line, StoreWatch, View, frame_text, render
+from sampler.views.top import Line, frame_text, render
+from sampler.views.watch import StoreWatch, View
 
 MAX_REFRESH_SECONDS = 5.0
 """The longest wait between two refreshes when following a run's interval."""

@@ -9,6 +9,7 @@ the YAML file's lookup, and the one resolution every front end goes through.
 - ``placement``: the launcher's ranks and host.
 """
 
+from sampler.catalogue import DEFAULT_CATEGORIES
 from sampler.settings.files import (
     CONFIG_FILE_NAME,
     ENV_CONFIG_PATH,
@@ -44,7 +45,7 @@ from sampler.settings.resolve import (
     resolve_config,
     resolve_settings,
 )
-from sampler.settings.selection import DEFAULT_CATEGORIES, GPU_DEVICE_MODES
+from sampler.settings.selection import GPU_DEVICE_MODES
 from sampler.settings.table import (
     ALL_FIELDS,
     API_FIELDS,

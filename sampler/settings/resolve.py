@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sampler.catalogue import DEFAULT_CATEGORIES
 from sampler.settings import files, parsers, selection
 from sampler.settings.parsers import (
     DEFAULT_POSTMORTEM_DIR,
@@ -30,7 +31,7 @@ from sampler.settings.parsers import (
     warn,
     warning,
 )
-from sampler.settings.selection import DEFAULT_CATEGORIES, KNOWN
+from sampler.settings.selection import KNOWN
 from sampler.settings.table import (
     API_FIELDS,
     CATEGORIES,

@@ -4,20 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from sampler.catalogue import DEFAULT_CATEGORIES
 from sampler.settings.parsers import Invalid, Remark, flag
 from sampler.settings.placement import MAX_DIGITS, whole_number
 from sampler.util.quoting import bounded_repr
 
-DEFAULT_CATEGORIES: tuple[str, ...] = (
-    "cpu",
-    "memory",
-    "gpu",
-    "disk",
-    "network",
-    "process",
-    "process_tree",
-    "container",
-)
 GPU_DEVICE_MODES: tuple[str, ...] = ("all", "visible")
 KNOWN = ", ".join(DEFAULT_CATEGORIES)
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sampler.catalogue import DEFAULT_CATEGORIES
 from sampler.settings import parsers, selection
 from sampler.settings.parsers import (
     DEFAULT_DISK_PATH,
@@ -30,7 +31,7 @@ from sampler.settings.parsers import (
     Parser,
 )
 from sampler.settings.placement import DEFAULT_HOST_SAMPLING, HOST_SAMPLING_MODES
-from sampler.settings.selection import DEFAULT_CATEGORIES, KNOWN
+from sampler.settings.selection import KNOWN
 from sampler.util.quoting import bounded_repr
 
 

@@ -1,18 +1,19 @@
 """Small multiples of one or more runs of a run store, drawn with matplotlib.
 
 The run's own training signals (every name that is not ``resource/...``) come
-first, then the resource panels grouped by category (cpu, memory, network,
-disk, process, gpu), one panel per quantity with its unit on the y axis. In
-the gpu panels each device is its own line. Several runs are overlaid, one
-colour per run (and then one line style per GPU device).
+first, then the resource panels grouped by category in ``sampler.catalogue``'s
+order, one panel per quantity, titled and with its unit on the y axis as the
+catalogue says. In the gpu panels each device is its own line. Several runs
+are overlaid, one colour per run (and then one line style per GPU device).
 
 A reading's peak and mean between logged steps (``..._peak``, ``..._mean``)
-are drawn in its panel, as thin translucent and dotted lines beside it, and a
-counter's own ``..._per_second`` rate is left out where the counter is drawn.
-Counters since boot (disk reads/writes, network bytes sent/received) are drawn
-as rates in MiB/s (MB = 1024² bytes, as everywhere in this package), from
+are drawn in its panel, as thin translucent and dotted lines beside it (the
+key names both), and a counter's own ``..._per_second`` rate is left out where
+the counter is drawn. Counters (disk reads/writes and network bytes since
+boot, container CPU throttled) are drawn as rates (MiB/s, s/s), from
 consecutive wall times; a counter that goes backwards (a reboot, a wrapped
-counter) leaves a gap, never a negative rate.
+counter) leaves a gap, never a negative rate. Bytes are drawn in GiB, bytes/s
+in MiB/s.
 
 matplotlib is imported only when a figure is drawn, never by ``import
 sampler``; without it, drawing raises ``ImportError`` naming the extra
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sampler import catalogue
 from sampler.store.reader import Run, Series, StoreReader
 from sampler.util import atomicfile
 
@@ -53,86 +55,19 @@ DPI = 100
 MIN_WIDTH = 8.0
 """Inches: room for the title and the legend however few panels there are."""
 
-CATEGORIES = ("cpu", "memory", "network", "disk", "process", "process_tree", "container", "gpu")
-"""Resource categories in drawing order (the small ones first, so that they share a row)."""
-
-MIB = 1024.0**2
-GIB = 1024.0**3
-
-_COUNTERS = {
-    # name (after the category): (title, scale from the stored unit to MiB)
-    "read_mb": ("reads", 1.0),
-    "written_mb": ("writes", 1.0),
-    "bytes_sent": ("sent", 1.0 / MIB),
-    "bytes_received": ("received", 1.0 / MIB),
+_DRAWN_AS = {
+    "bytes": ("GiB", 1.0 / catalogue.GIB),  # GPU memory: bytes are unreadable at 10^10
+    "bytes/s": ("MiB/s", 1.0 / catalogue.MIB),
 }
-"""Cumulative counters since boot, drawn as MiB/s."""
+"""Units drawn in another: the unit drawn and the factor from the stored one."""
 
-_UNITS = (
-    # suffix, axis label, scale applied to the stored values
-    ("_percent", "%", 1.0),
-    ("_mb", "MiB", 1.0),
-    ("_gb", "GiB", 1.0),
-    ("_bytes", "GiB", 1.0 / GIB),  # GPU memory: bytes are unreadable at 10^10
-    ("_mhz", "MHz", 1.0),
-    ("_celsius", "°C", 1.0),
-    ("_watts", "W", 1.0),
-    ("_threads_in_use", "threads", 1.0),
-)
-
-_TITLES = {
-    "cpu/utilization_percent": "CPU utilization",
-    "memory/system_utilization_percent": "system memory used",
-    "disk/utilization_percent": "disk used",
-    "disk/utilization_gb": "disk used",
-    "process/cpu_utilization_percent": "process CPU (100 % per core)",
-    "process/cpu_threads_in_use": "process threads",
-    "process/memory_in_use_mb": "process memory",
-    "process/memory_in_use_percent": "process memory",
-    "process/memory_available_mb": "memory available",
-    "gpu/utilization_percent": "GPU utilization",
-    "gpu/memory_allocated_percent": "GPU memory allocated",
-    "gpu/memory_allocated_bytes": "GPU memory allocated",
-    "gpu/power_watts": "GPU power",
-    "gpu/temperature_celsius": "GPU temperature",
-    "gpu/sm_clock_mhz": "GPU SM clock",
-    "gpu/memory_clock_mhz": "GPU memory clock",
-    "gpu/process_memory_bytes": "GPU memory of the backend",
-    "gpu/tree_memory_bytes": "GPU memory of the process tree",
-    "gpu/power_limit_watts": "GPU power limit",
-    "gpu/clock_throttle_reasons": "GPU throttle reasons (NVML bitmask)",
-    "process_tree/process_count": "processes in the tree",
-    "process_tree/cpu_utilization_percent": "tree CPU (100 % per core)",
-    "process_tree/memory_in_use_mb": "tree memory (PSS)",
-    "container/memory_used_mb": "container memory used",
-    "container/memory_limit_mb": "container memory limit",
-    "container/memory_used_percent": "container memory used",
-    "container/cpu_quota_cores": "container CPU quota",
+VARIANT_WIDTH = 0.9
+VARIANT_LINES: dict[str, tuple[float, Any, str]] = {
+    catalogue.PEAK: (0.45, None, "peak since the previous step"),
+    catalogue.MEAN: (0.8, ":", "mean since the previous step"),
 }
-"""Panel titles of the known signals; others get ``<category> <name less its unit>``."""
-
-_ORDER = {
-    "cpu": ["utilization_percent"],
-    "memory": ["system_utilization_percent"],
-    "network": ["bytes_sent", "bytes_received"],
-    "disk": ["utilization_percent", "utilization_gb", "read_mb", "written_mb"],
-    "process": [
-        "cpu_utilization_percent",
-        "cpu_threads_in_use",
-        "memory_in_use_mb",
-        "memory_in_use_percent",
-        "memory_available_mb",
-    ],
-    "gpu": [
-        "utilization_percent",
-        "memory_allocated_percent",
-        "memory_allocated_bytes",
-        "power_watts",
-        "temperature_celsius",
-        "sm_clock_mhz",
-        "memory_clock_mhz",
-    ],
-}
+"""How a reading's peak and mean are drawn beside it: alpha, line style (None: the
+reading's own), and the key's entry."""
 
 _DASHES: list[Any] = ["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3)), (0, (3, 1, 1, 1, 1, 1)), (0, (8, 3))]
 """Line styles of GPU devices 0, 1, ... when several runs share the colours."""
@@ -171,30 +106,28 @@ class Panel:
     """Device (``""`` outside gpu) -> signal name."""
     variants: dict[tuple[str, str], str] = field(default_factory=dict)
     """(device, ``peak`` or ``mean``) -> the name of that reading's peak or mean between steps."""
-
-
-VARIANTS = ("peak", "mean")
-"""Suffixes (after ``_``) of the readings drawn in their base reading's panel."""
-RATE_SUFFIX = "_per_second"
+    rank: int = len(catalogue.RANKS)
+    """Its place within its category (the catalogue's order; unknown signals last)."""
 
 
 def panels(names: Sequence[str]) -> list[Panel]:
     """The panels that draw ``names``, in drawing order: training signals, then
-    the resource categories (:data:`CATEGORIES`, then any unknown ones)."""
+    the resource categories (``catalogue.CATEGORIES``, then any unknown ones)."""
     training: list[Panel] = []
     resources: dict[str, dict[str, Panel]] = {}
     present = set(names)
     variants: list[tuple[str, str, str]] = []
     for name in sorted(present):
-        base, _, kind = name.rpartition("_")
-        if name.startswith("resource/") and kind in VARIANTS and base in present:
-            variants.append((base, kind, name))
-            continue
-        if name.endswith(RATE_SUFFIX) and name[: -len(RATE_SUFFIX)] in present:
-            continue  # the counter is drawn as its rate already
+        reading = catalogue.lookup(name)
+        if reading is not None:
+            if reading.variant and name.removesuffix("_" + reading.variant) in present:
+                variants.append((name.removesuffix("_" + reading.variant), reading.variant, name))
+                continue
+            if reading.signal.kind == catalogue.RATE and name.removesuffix(catalogue.RATE_SUFFIX) in present:
+                continue  # the counter is drawn as its rate already
         parts = name.split("/")
         if parts[0] != "resource" or len(parts) < 3:
-            training.append(Panel(name, "training", name, _training_unit(name), names={"": name}))
+            training.append(Panel(name, "training", name, "", names={"": name}))
             continue
         category = parts[1]
         device = parts[2] if category == "gpu" and len(parts) >= 4 else ""
@@ -202,7 +135,7 @@ def panels(names: Sequence[str]) -> list[Panel]:
         key = f"resource/gpu/*/{signal}" if device else name
         panel = resources.setdefault(category, {}).get(key)
         if panel is None:
-            panel = _resource_panel(key, category, signal)
+            panel = _resource_panel(key, category, signal, reading)
             resources[category][key] = panel
         panel.names[device] = name
     by_name = {name: (panel, device) for group in resources.values() for panel in group.values()
@@ -211,42 +144,25 @@ def panels(names: Sequence[str]) -> list[Panel]:
         if base in by_name:
             panel, device = by_name[base]
             panel.variants[device, kind] = name
-    order = [c for c in CATEGORIES if c in resources] + sorted(set(resources) - set(CATEGORIES))
+    known = catalogue.CATEGORIES
+    order = [c for c in known if c in resources] + sorted(set(resources) - set(known))
     result = list(training)
     for category in order:
-        known = _ORDER.get(category, [])
-        result += sorted(
-            resources[category].values(),
-            key=lambda p: (
-                known.index(_signal(p)) if _signal(p) in known else len(known),
-                p.key,
-            ),
-        )
+        result += sorted(resources[category].values(), key=lambda p: (p.rank, p.key))
     return result
 
 
-def _signal(panel: Panel) -> str:
-    return panel.key.rsplit("/", 1)[-1]
-
-
-def _training_unit(name: str) -> str:
-    for suffix, unit, scale in _UNITS:
-        if name.endswith(suffix) and scale == 1.0:
-            return unit
-    return ""
-
-
-def _resource_panel(key: str, category: str, signal: str) -> Panel:
-    if signal in _COUNTERS:
-        what, scale = _COUNTERS[signal]
-        return Panel(key, category, f"{category} {what}", "MiB/s", scale, rate=True)
-    unit, scale, stem = "", 1.0, signal
-    for suffix, suffix_unit, suffix_scale in _UNITS:
-        if signal.endswith(suffix):
-            unit, scale, stem = suffix_unit, suffix_scale, signal[: -len(suffix)]
-            break
-    default = f"{category} {stem.replace('_', ' ')}".rstrip()
-    return Panel(key, category, _TITLES.get(f"{category}/{signal}", default), unit, scale)
+def _resource_panel(key: str, category: str, signal: str, reading: catalogue.Reading | None) -> Panel:
+    """The panel of ``key``: as the catalogue says, a counter as its rate; a signal it does
+    not know (a newer version's) titled by its name, without a unit."""
+    if reading is None:
+        return Panel(key, category, f"{category} {signal.replace('_', ' ')}", "")
+    known = reading.signal
+    rate = known.kind == catalogue.COUNTER
+    unit = known.unit + "/s" if rate else known.unit
+    unit, scale = _DRAWN_AS.get(unit, (unit, 1.0))
+    title = f"{known.title} ({reading.variant})" if reading.variant else known.title
+    return Panel(key, category, title, unit, scale, rate=rate, rank=catalogue.RANKS[known.key])
 
 
 # --------------------------------------------------------------------------- points
@@ -295,7 +211,9 @@ def _lines(
         for device in sorted(panel.names, key=lambda d: (len(d), d)):
             names = [("", panel.names[device])]
             names += [
-                (kind, panel.variants[device, kind]) for kind in VARIANTS if (device, kind) in panel.variants
+                (kind, panel.variants[device, kind])
+                for kind in catalogue.VARIANTS
+                if (device, kind) in panel.variants
             ]
             for kind, name in names:
                 if name not in available[run.id]:
@@ -404,7 +322,10 @@ def figure(
         {device for panel, lines in drawn for _, device, _, _, _ in lines if device},
         key=lambda d: (len(d), d),
     )
-    legend_row = 1 if multi or len(devices) > 1 else 0
+    kinds = [
+        kind for kind in catalogue.VARIANTS if any(line[2] == kind for _, lines in drawn for line in lines)
+    ]
+    legend_row = 1 if multi or len(devices) > 1 or kinds else 0
     width = max(PANEL_SIZE[0] * columns, MIN_WIDTH)
     height = PANEL_SIZE[1] * rows + 0.55 * legend_row + 0.5
     fig = figure_class(figsize=(width, height), dpi=DPI, layout="constrained")
@@ -443,7 +364,8 @@ def figure(
             width = 1.4 + 0.8 * (len(runs) - 1 - order[run.id]) / max(len(runs) - 1, 1)
             alpha = 1.0
             if kind:  # beside the reading, quieter: a peak thin and translucent, a mean dotted
-                width, alpha, style = 0.9, 0.45 if kind == "peak" else 0.8, style if kind == "peak" else ":"
+                alpha, variant_style, _ = VARIANT_LINES[kind]
+                width, style = VARIANT_WIDTH, variant_style or style
             (line,) = ax.plot(xs, ys, color=colour, linestyle=style, linewidth=width, alpha=alpha)
             line.set_gid(gid)
             if len([y for y in ys if math.isfinite(y)]) == 1:
@@ -479,6 +401,19 @@ def figure(
                 )
                 for i, device in enumerate(devices)
             ]
+        for kind in kinds:
+            alpha, variant_style, label = VARIANT_LINES[kind]
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    color="black",
+                    linestyle=variant_style or "-",
+                    linewidth=VARIANT_WIDTH,
+                    alpha=alpha,
+                    label=label,
+                )
+            )
         key.legend(
             handles=handles,
             loc="center",

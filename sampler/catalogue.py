@@ -1,0 +1,418 @@
+"""Every ``resource/...`` signal, once: what the collectors, the exporters and the views say of it.
+
+``SIGNALS`` holds one ``Signal`` per name, keyed by the name less ``resource/`` (a GPU's
+with ``<i>`` for the NVML index: ``gpu/<i>/power_watts``), in display order: categories
+as ``CATEGORIES`` (the small ones first), then each category's signals. ``lookup`` reads
+a recorded name (``resource/gpu/3/utilization_percent_peak``) against it. The README's
+tables of signals and of Prometheus metrics are ``signals_table()`` and ``metrics_table()``.
+Signal names never change; labels, titles and the units shown may.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+PREFIX = "resource/"
+"""What every resource signal's name starts with."""
+DEVICE = "<i>"
+"""Stands for the NVML index in a GPU signal's key."""
+GPU_KEY_PREFIX = f"gpu/{DEVICE}/"
+"""A GPU signal's key is this and its suffix (``power_watts``)."""
+PEAK = "peak"
+MEAN = "mean"
+VARIANTS = (PEAK, MEAN)
+PEAK_SUFFIX = "_" + PEAK
+"""``<name>_peak``: the highest reading since the previous logged record."""
+MEAN_SUFFIX = "_" + MEAN
+"""``<name>_mean``: the mean of the readings over the same window."""
+RATE_SUFFIX = "_per_second"
+"""``<counter>_per_second``: the counter's change per second between consecutive samples."""
+
+GAUGE = "gauge"
+COUNTER = "counter"
+"""Cumulative: only rises (since boot, or since the cgroup was made)."""
+RATE = "rate"
+"""A counter's ``_per_second``."""
+KINDS = (GAUGE, COUNTER, RATE)
+
+UNITS = (
+    "%",
+    "MiB",
+    "GiB",
+    "bytes",
+    "MiB/s",
+    "bytes/s",
+    "MHz",
+    "°C",
+    "W",
+    "s",
+    "s/s",
+    "cores",
+    "threads",
+    "processes",
+    "0/1",
+    "bitmask",
+)
+"""The units signals are in: MiB and GiB are 1024² and 1024³ bytes (every ``_mb`` and ``_gb``)."""
+
+MIB = 1024**2
+GIB = 1024**3
+PERCENT_TO_RATIO = 0.01
+METRIC_PREFIX = "wl_resource_"
+"""What every Prometheus metric of this package is named from."""
+
+DEFAULT_CATEGORIES: tuple[str, ...] = (
+    "cpu",
+    "memory",
+    "gpu",
+    "disk",
+    "network",
+    "process",
+    "process_tree",
+    "container",
+)
+"""Every category, in sampling order (the status block's quarantine bits follow it: append only)."""
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One signal: its unit and kind, its ``_peak``/``_mean``, its metric, title and label."""
+
+    key: str
+    """The name less ``resource/``; a GPU's with ``<i>`` for its index."""
+    unit: str
+    """One of ``UNITS``."""
+    kind: str
+    """``gauge``, ``counter`` or ``rate``."""
+    title: str
+    """Its plot panel's title, unique."""
+    label: str
+    """Its row's label in ``top``, unique within its category."""
+    what: str
+    """What it measures, one sentence (the README's and Prometheus' help)."""
+    peak: bool = False
+    """Records carry ``<name>_peak``: it is also read between records, at the inner rate."""
+    mean: bool = False
+    """Records carry ``<name>_mean`` too (only beside a peak)."""
+    metric: str | None = None
+    """Its Prometheus metric less ``wl_resource_``; None: not exported (a rate, ``rate()``'s job)."""
+    scale: float | None = None
+    """The value times this is the metric's, in its base unit; None: not exported."""
+    seed: bool = False
+    """One of the seed's signals: its name and meaning are kept as they were."""
+
+    @property
+    def name(self) -> str:
+        """``resource/<key>``."""
+        return PREFIX + self.key
+
+    @property
+    def category(self) -> str:
+        """What its key starts with: ``cpu``, ``gpu`` ..."""
+        return self.key.split("/", 1)[0]
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """``peak`` and ``mean`` where records carry them."""
+        return tuple(v for v, has in ((PEAK, self.peak), (MEAN, self.mean)) if has)
+
+
+def _gpu(suffix: str, unit: str, title: str, label: str, what: str, metric: str, **flags: bool) -> Signal:
+    """A GPU gauge, exported with the scale its unit takes to base units (% to a ratio, MHz to Hz)."""
+    scale = {"%": PERCENT_TO_RATIO, "MHz": 1e6}.get(unit, 1.0)
+    return Signal(
+        GPU_KEY_PREFIX + suffix, unit, GAUGE, title, label, what, metric=metric, scale=scale, **flags
+    )
+
+
+# fmt: off
+_SIGNALS = (
+    Signal(
+        "cpu/utilization_percent", "%", GAUGE, "CPU utilization", "utilization",
+        "System-wide CPU busy since the previous sample (every core busy: 100 %).",
+        peak=True, mean=True, metric="cpu_utilization_ratio", scale=PERCENT_TO_RATIO, seed=True,
+    ),
+    Signal(
+        "memory/system_utilization_percent", "%", GAUGE, "system memory used", "system used",
+        "System memory in use.",
+        peak=True, metric="memory_utilization_ratio", scale=PERCENT_TO_RATIO, seed=True,
+    ),
+    Signal(
+        "network/bytes_sent", "bytes", COUNTER, "network sent", "sent",
+        "Bytes sent over every interface since boot.",
+        metric="network_sent_bytes_total", scale=1.0, seed=True,
+    ),
+    Signal(
+        "network/bytes_received", "bytes", COUNTER, "network received", "received",
+        "Bytes received over every interface since boot.",
+        metric="network_received_bytes_total", scale=1.0, seed=True,
+    ),
+    Signal(
+        "network/bytes_sent_per_second", "bytes/s", RATE, "network send rate", "sent /s",
+        "Bytes sent per second since the previous sample.",
+    ),
+    Signal(
+        "network/bytes_received_per_second", "bytes/s", RATE, "network receive rate", "received /s",
+        "Bytes received per second since the previous sample.",
+    ),
+    Signal(
+        "disk/utilization_percent", "%", GAUGE, "disk full", "full",
+        "Share of the disk_path filesystem in use.",
+        metric="disk_utilization_ratio", scale=PERCENT_TO_RATIO, seed=True,
+    ),
+    Signal(
+        "disk/utilization_gb", "GiB", GAUGE, "disk used", "used",
+        "Space used on the disk_path filesystem.",
+        metric="disk_used_bytes", scale=GIB, seed=True,
+    ),
+    Signal(
+        "disk/read_mb", "MiB", COUNTER, "disk reads", "read",
+        "Read from every disk since boot.",
+        metric="disk_read_bytes_total", scale=MIB, seed=True,
+    ),
+    Signal(
+        "disk/written_mb", "MiB", COUNTER, "disk writes", "written",
+        "Written to every disk since boot.",
+        metric="disk_written_bytes_total", scale=MIB, seed=True,
+    ),
+    Signal(
+        "disk/read_mb_per_second", "MiB/s", RATE, "disk read rate", "read /s",
+        "Read per second since the previous sample.",
+    ),
+    Signal(
+        "disk/written_mb_per_second", "MiB/s", RATE, "disk write rate", "written /s",
+        "Written per second since the previous sample.",
+    ),
+    Signal(
+        "process/cpu_utilization_percent", "%", GAUGE, "process CPU (100 % per core)", "CPU",
+        "The backend's CPU use (each busy core: 100 %).",
+        peak=True, mean=True, metric="process_cpu_utilization_ratio", scale=PERCENT_TO_RATIO, seed=True,
+    ),
+    Signal(
+        "process/cpu_threads_in_use", "threads", GAUGE, "process threads", "threads",
+        "The backend's threads.",
+        metric="process_threads", scale=1.0, seed=True,
+    ),
+    Signal(
+        "process/memory_in_use_mb", "MiB", GAUGE, "process memory (RSS)", "memory (RSS)",
+        "The backend's resident memory (RSS).",
+        peak=True, mean=True, metric="process_memory_in_use_bytes", scale=MIB, seed=True,
+    ),
+    Signal(
+        "process/memory_in_use_percent", "%", GAUGE, "process memory (% of RAM)", "memory % of RAM",
+        "The backend's RSS over system memory.",
+        metric="process_memory_in_use_ratio", scale=PERCENT_TO_RATIO, seed=True,
+    ),
+    Signal(
+        "process/memory_available_mb", "MiB", GAUGE, "system memory available", "memory available",
+        "System memory available, as the backend sees it.",
+        metric="process_memory_available_bytes", scale=MIB, seed=True,
+    ),
+    Signal(
+        "process_tree/process_count", "processes", GAUGE, "processes in the tree", "processes",
+        "The backend and its descendants (DataLoader and compile workers), never the sampling child.",
+        metric="process_tree_processes", scale=1.0,
+    ),
+    Signal(
+        "process_tree/cpu_utilization_percent", "%", GAUGE, "tree CPU (100 % per core)", "CPU",
+        "CPU use of the backend and its descendants, summed (each busy core: 100 %).",
+        peak=True, mean=True, metric="process_tree_cpu_utilization_ratio", scale=PERCENT_TO_RATIO,
+    ),
+    Signal(
+        "process_tree/memory_in_use_mb", "MiB", GAUGE, "tree memory (PSS)", "memory (PSS)",
+        "PSS of the backend and its descendants, summed: pages they share count once.",
+        peak=True, mean=True, metric="process_tree_memory_in_use_bytes", scale=MIB,
+    ),
+    Signal(
+        "container/memory_limit_mb", "MiB", GAUGE, "container memory limit", "memory limit",
+        "The cgroup's memory limit (only under one).",
+        metric="container_memory_limit_bytes", scale=MIB,
+    ),
+    Signal(
+        "container/memory_used_mb", "MiB", GAUGE, "container memory used", "memory used",
+        "Memory the cgroup uses (only under a memory limit).",
+        peak=True, metric="container_memory_used_bytes", scale=MIB,
+    ),
+    Signal(
+        "container/memory_used_percent", "%", GAUGE, "container memory (% of limit)", "memory % of limit",
+        "Memory the cgroup uses over its limit.",
+        metric="container_memory_used_ratio", scale=PERCENT_TO_RATIO,
+    ),
+    Signal(
+        "container/cpu_quota_cores", "cores", GAUGE, "container CPU quota", "CPU quota",
+        "The cgroup's CPU quota (only under one).",
+        metric="container_cpu_quota_cores", scale=1.0,
+    ),
+    Signal(
+        "container/cpu_throttled_seconds", "s", COUNTER, "container CPU throttled", "CPU throttled",
+        "Time the cgroup's CPU was throttled (only under a CPU quota).",
+        metric="container_cpu_throttled_seconds_total", scale=1.0,
+    ),
+    Signal(
+        "container/cpu_throttled_seconds_per_second", "s/s", RATE, "container CPU throttled rate",
+        "CPU throttled /s", "Throttled seconds per second since the previous sample.",
+    ),
+    _gpu(
+        "utilization_percent", "%", "GPU utilization", "util",
+        "Time a kernel ran on the GPU.",
+        metric="gpu_utilization_ratio", peak=True, mean=True, seed=True,
+    ),
+    _gpu(
+        "memory_allocated_percent", "%", "GPU memory full", "mem %",
+        "GPU memory in use over its total.",
+        metric="gpu_memory_allocated_ratio", seed=True,
+    ),
+    _gpu(
+        "memory_allocated_bytes", "bytes", "GPU memory allocated", "memory",
+        "GPU memory in use (every process).",
+        metric="gpu_memory_allocated_bytes", peak=True, seed=True,
+    ),
+    _gpu(
+        "power_watts", "W", "GPU power", "power",
+        "GPU power draw.",
+        metric="gpu_power_watts", seed=True,
+    ),
+    _gpu(
+        "temperature_celsius", "°C", "GPU temperature", "temp",
+        "GPU temperature.",
+        metric="gpu_temperature_celsius", seed=True,
+    ),
+    _gpu(
+        "sm_clock_mhz", "MHz", "GPU SM clock", "sm clock",
+        "The GPU's SM clock.",
+        metric="gpu_sm_clock_hertz", seed=True,
+    ),
+    _gpu(
+        "memory_clock_mhz", "MHz", "GPU memory clock", "mem clock",
+        "The GPU's memory clock.",
+        metric="gpu_memory_clock_hertz", seed=True,
+    ),
+    _gpu(
+        "process_memory_bytes", "bytes", "GPU memory of the backend", "own mem",
+        "GPU memory the backend holds.",
+        metric="gpu_process_memory_bytes", peak=True,
+    ),
+    _gpu(
+        "tree_memory_bytes", "bytes", "GPU memory of the process tree", "tree mem",
+        "GPU memory the backend and its descendants hold.",
+        metric="gpu_process_tree_memory_bytes",
+    ),
+    _gpu(
+        "power_limit_watts", "W", "GPU power limit", "power cap",
+        "The enforced GPU power limit.",
+        metric="gpu_power_limit_watts",
+    ),
+    _gpu(
+        "clock_throttle_reasons", "bitmask", "GPU throttle reasons (NVML bitmask)", "thr reasons",
+        "NVML's clocks event reasons (nvmlClocksEventReason bits), as a number.",
+        metric="gpu_clock_event_reasons",
+    ),
+    _gpu(
+        "throttle_power", "0/1", "GPU power throttling", "pwr thr",
+        "1 while a power cap or power brake slows the clocks.",
+        metric="gpu_throttle_power",
+    ),
+    _gpu(
+        "throttle_thermal", "0/1", "GPU thermal throttling", "heat thr",
+        "1 while a software or hardware thermal slowdown slows the clocks.",
+        metric="gpu_throttle_thermal",
+    ),
+    _gpu(
+        "throttle_hw_slowdown", "0/1", "GPU hardware slowdown", "hw slow",
+        "1 while hardware slowdown is engaged.",
+        metric="gpu_throttle_hw_slowdown",
+    ),
+)
+# fmt: on
+
+SIGNALS: dict[str, Signal] = {signal.key: signal for signal in _SIGNALS}
+"""Key (``cpu/utilization_percent``, ``gpu/<i>/power_watts``) -> its signal, in display order."""
+RANKS = {key: rank for rank, key in enumerate(SIGNALS)}
+"""Key -> its place in display order."""
+CATEGORIES = tuple(dict.fromkeys(signal.category for signal in _SIGNALS))
+"""The categories in display order: the small ones first, gpu last."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A recorded name read against the catalogue."""
+
+    signal: Signal
+    variant: str = ""
+    """``peak`` or ``mean`` for ``<name>_peak``/``<name>_mean``, else ``""``."""
+    device: str = ""
+    """A GPU signal's NVML index, else ``""``."""
+
+
+def lookup(name: str) -> Reading | None:
+    """What ``name`` (``resource/...``, a GPU's with its index) is; None for a training signal
+    or a name the catalogue does not know (``_peak``/``_mean`` only where records carry them)."""
+    if not name.startswith(PREFIX):
+        return None
+    category, _, rest = name.removeprefix(PREFIX).partition("/")
+    device = ""
+    if category == "gpu":
+        device, _, rest = rest.partition("/")
+        if not (device.isascii() and device.isdigit()):
+            return None
+        rest = f"{DEVICE}/{rest}"
+    key = f"{category}/{rest}"
+    if key in SIGNALS:
+        return Reading(SIGNALS[key], device=device)
+    for variant in VARIANTS:
+        base = SIGNALS.get(key.removesuffix("_" + variant)) if key.endswith("_" + variant) else None
+        if base is not None and variant in base.variants:
+            return Reading(base, variant, device)
+    return None
+
+
+def entry(name: str) -> Signal:
+    """The signal named ``name`` (not a ``_peak`` or ``_mean``); KeyError for a name not in ``SIGNALS``."""
+    reading = lookup(name)
+    if reading is None or reading.variant:
+        raise KeyError(name)
+    return reading.signal
+
+
+def peaked(names: Iterable[str]) -> tuple[str, ...]:
+    """Those of ``names`` whose records carry a ``_peak`` (read between records), in their order."""
+    return tuple(name for name in names if entry(name).peak)
+
+
+def averaged(names: Iterable[str]) -> tuple[str, ...]:
+    """Those of ``names`` whose records carry a ``_mean``, in their order."""
+    return tuple(name for name in names if entry(name).mean)
+
+
+_TIMES = "\N{MULTIPLICATION SIGN}"
+_SCALES = {
+    PERCENT_TO_RATIO: "÷ 100",
+    1.0: "as is",
+    MIB: f"{_TIMES} 1024²",
+    GIB: f"{_TIMES} 1024³",
+    1e6: f"{_TIMES} 10⁶",
+}
+"""How the README says each scale."""
+
+
+def _row(*cells: str) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def signals_table() -> str:
+    """The README's table of signals (Markdown, one row per signal)."""
+    rows = [_row("signal", "unit", "kind", "seed", "`_peak`", "`_mean`", "what"), "|---" * 7 + "|"]
+    for s in SIGNALS.values():
+        marks = ("✓" if flag else "" for flag in (s.seed, s.peak, s.mean))
+        rows.append(_row(f"`{s.name}`", s.unit, s.kind, *marks, s.what))
+    return "\n".join(rows) + "\n"
+
+
+def metrics_table() -> str:
+    """The README's table of the signals' Prometheus metrics (Markdown, one row per exported signal)."""
+    rows = [_row("signal", "metric", "type", "value"), "|---" * 4 + "|"]
+    for s in SIGNALS.values():
+        if s.metric is not None and s.scale is not None:
+            rows.append(_row(f"`{s.name}`", f"`{METRIC_PREFIX}{s.metric}`", s.kind, _SCALES[s.scale]))
+    return "\n".join(rows) + "\n"
