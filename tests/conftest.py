@@ -20,7 +20,7 @@ import pytest
 
 import sampler
 from ringbuf import NAME_PREFIX
-from sampler import commands, settings
+from sampler import commands, settings, signals
 from sampler.pipeline import steps
 from sampler.settings.placement import LAUNCHER_VARS
 from sampler.store import schema
@@ -89,11 +89,13 @@ def hermetic(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathF
     for var in ENV_VARS:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+    signals._training_step = None  # the training step another test logged
     before_children = {p.pid for p in psutil.Process().children(recursive=True)}
     before_shm = shm_segments()
     yield
     sampler.stop_resource_monitor()
     steps.watch_model(None)
+    signals._training_step = None
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
         children = {p.pid for p in psutil.Process().children(recursive=True)} - before_children

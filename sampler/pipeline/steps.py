@@ -2,44 +2,107 @@
 
 In ``model_age`` mode a sample lands at the watched model's age, and a sample
 whose step equals the last logged one is dropped, so a paused run leaves the
-curve waiting instead of stacking points. In ``seconds`` mode it lands at the
-whole seconds elapsed since the monitor started, and the model is never asked.
+curve waiting instead of stacking points. The age comes, in order, from the
+model given to ``watch_model``, WeightsLab's ledger model when WeightsLab runs,
+and else the highest step the training logged a signal of its own at through
+``sampler.signals.log_signal`` (the step its loss curve uses). In ``seconds``
+mode a sample lands at the whole seconds elapsed since the monitor started, and
+the model is never asked.
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 import math
 import operator
+import sys
 from collections.abc import Callable
 
+from sampler import signals
 from sampler.pipeline import weightslab as wl_adapter
 
+log = logging.getLogger("sampler")
+
 AgeSource = Callable[[], object]
+
+UNSTAMPED_WARNING_AFTER = 3
+"""Samples dropped at step 0 with no step from any source before the monitor says so (once)."""
 
 _watched: object | None = None
 
 
-def watch_model(model: object | None) -> None:
-    """Make ``model`` the one whose age stamps the samples.
+class ForwardCounter:
+    """The age of a PyTorch module without ``get_age()``: its training-mode forward
+    passes since it was watched, counted by a forward pre-hook. The monitor never
+    calls the module (a forward pass in the monitor thread would be a bug, and a
+    module needs its input)."""
 
-    ``model`` has a ``get_age()`` method or is a zero-argument callable
-    returning the age; ``None`` clears it.
+    def __init__(self, module: object) -> None:
+        self.passes = 0
+        self._handle = module.register_forward_pre_hook(self._count)  # type: ignore[attr-defined]
+
+    def _count(self, module: object, inputs: object) -> None:
+        if getattr(module, "training", False):
+            self.passes += 1
+
+    def get_age(self) -> int:
+        return self.passes
+
+    def release(self) -> None:
+        """Take the hook off the module."""
+        self._handle.remove()
+
+
+def _is_torch_module(model: object) -> bool:
+    torch = sys.modules.get("torch")  # a module exists only where torch was imported
+    nn = getattr(torch, "nn", None)
+    return nn is not None and isinstance(model, nn.Module)
+
+
+def _takes_no_arguments(fn: Callable[..., object]) -> bool:
+    try:
+        inspect.signature(fn).bind()
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read (some builtins): trust the caller
+        return True
+    return True
+
+
+def watch_model(model: object | None) -> None:
+    """Make ``model`` the one whose age stamps the samples; ``None`` clears it.
+
+    An object with ``get_age()`` is asked for it; a ``torch.nn.Module`` without
+    one counts its training-mode forward passes (the monitor never calls a
+    module); a callable that takes no arguments is called; anything else is a
+    ``TypeError``.
     """
     global _watched
-    if model is not None and not callable(getattr(model, "get_age", None)) and not callable(model):
+    if model is None or callable(getattr(model, "get_age", None)):
+        watched = model
+    elif _is_torch_module(model):
+        watched = ForwardCounter(model)
+    elif callable(model) and _takes_no_arguments(model):
+        watched = model
+    else:
         raise TypeError(
-            f"watch_model() needs an object with get_age() or a callable, got {type(model).__name__}"
+            "watch_model() needs an object with get_age(), a torch.nn.Module or a callable taking no "
+            f"arguments, got {type(model).__name__}"
         )
-    _watched = model  # one assignment: atomic, and nothing a fork could inherit half-done
+    previous, _watched = _watched, watched  # one assignment: atomic, nothing a fork could inherit half-done
+    if isinstance(previous, ForwardCounter):
+        previous.release()
 
 
 def watched_model_age() -> object:
     """The raw age of the watched model (``watch_model``), else of WeightsLab's
-    ledger model if the backend imported WeightsLab, else None. May raise:
-    callers guard it."""
+    ledger model if the backend imported WeightsLab, else the highest step the
+    training logged a signal at, else None. May raise: callers guard it."""
     model = _watched
     if model is None:
-        return wl_adapter.ledger_model_age()
+        age = wl_adapter.ledger_model_age()
+        return signals.training_step() if age is None else age
     get_age = getattr(model, "get_age", None)
     return get_age() if callable(get_age) else model()  # type: ignore[operator]
 
@@ -66,6 +129,9 @@ class StepStamper:
         self.age_source = age_source or watched_model_age
         self.start_ns = start_ns
         self.last_step: int | None = None
+        self._unstamped = 0
+        """Samples in a row that no source gave a step."""
+        self._warned = False
 
     def stamp(self, timestamp_ns: int) -> int | None:
         if self.step_source == "seconds":
@@ -76,6 +142,19 @@ class StepStamper:
             step = None
         if step is None:
             step = 0  # no model yet, or its age cannot be read
+            self._unstamped += 1
+            if self._unstamped >= UNSTAMPED_WARNING_AFTER and self.last_step == 0 and not self._warned:
+                self._warned = True
+                log.warning(
+                    "resource monitor: %d samples in a row had no step to land at, so all but the first "
+                    "were dropped at step 0: no model was given to sampler.watch_model(), WeightsLab has "
+                    "none, and no training signal was logged with a step through "
+                    "sampler.signals.log_signal(). Give one of these, an age_source=, or "
+                    "step_source='seconds'.",
+                    self._unstamped,
+                )
+        else:
+            self._unstamped = 0
         if step == self.last_step:
             return None
         self.last_step = step
