@@ -18,6 +18,7 @@ import math
 import operator
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from sampler import signals
 from sampler.pipeline import weightslab as wl_adapter
@@ -42,8 +43,8 @@ class ForwardCounter:
         self.passes = 0
         self._handle = module.register_forward_pre_hook(self._count)  # type: ignore[attr-defined]
 
-    def _count(self, module: object, inputs: object) -> None:
-        if getattr(module, "training", False):
+    def _count(self, module: Any, inputs: object) -> None:
+        if module.training:
             self.passes += 1
 
     def get_age(self) -> int:
