@@ -20,6 +20,7 @@ import pytest
 from conftest import FAST, wait_for
 
 import sampler
+from sampler.commands import common
 from sampler.settings.placement import Placement
 from sampler.store.reader import StoreReader
 from sampler.store.writer import RunInfo, RunWriter
@@ -215,7 +216,8 @@ def test_every_command_has_help(tmp_path: Path) -> None:
 def test_demo_trains_records_and_draws(tmp_path: Path) -> None:
     """The README's first command, shortened: a real training run with the
     monitor and the store on, a PNG at the end, and the commands to look further."""
-    done = sampler_command("demo", "--duration", "6", cwd=tmp_path, timeout=120)
+    env = {**os.environ, "PATH": str(tmp_path)}  # no "python" on the PATH: the path is printed
+    done = sampler_command("demo", "--duration", "6", cwd=tmp_path, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
     png = tmp_path / "demo-run1.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
@@ -227,8 +229,8 @@ def test_demo_trains_records_and_draws(tmp_path: Path) -> None:
     assert run.status == "ended" and len(loss.steps) > 100 and accuracy.steps
     assert len(cpu.steps) >= 3 and set(cpu.steps) <= set(loss.steps)  # stamped at the model's age
     assert loss.values[-1] < loss.values[0]  # it learned
-    for command in ("runs", "plot", "export", "top"):
-        assert f"python -m sampler {command} resource_monitor.sqlite" in done.stdout
+    for command in ("runs", "plot", "export", "top"):  # with the interpreter that ran the demo
+        assert f"{sys.executable} -m sampler {command} resource_monitor.sqlite" in done.stdout
     assert "100%" in done.stderr  # the progress bar ran to the end
 
 
@@ -326,3 +328,18 @@ def test_run_pid_says_the_process_ended_and_ends_the_run(tmp_path: Path) -> None
     with StoreReader(str(tmp_path / "resource_monitor.sqlite")) as reader:
         recorded = reader.run()
     assert recorded.pid == trainer.pid and recorded.status == "ended"
+
+
+def test_the_follow_up_commands_name_the_interpreter_that_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    venv = tmp_path / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    python = venv / "python"
+    python.symlink_to(sys.executable)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "executable", str(python))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert common.this_python() == ".venv/bin/python"
+    monkeypatch.setenv("PATH", str(venv))
+    assert common.this_python() == "python"

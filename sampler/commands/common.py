@@ -8,6 +8,8 @@ import argparse
 import contextlib
 import functools
 import os
+import shlex
+import shutil
 import sqlite3
 import stat
 import sys
@@ -109,3 +111,19 @@ def silence(out: TextIO) -> None:
         os.dup2(devnull, fd)
     finally:
         os.close(devnull)
+
+
+def this_python() -> str:
+    """How to run this interpreter again from the working directory, for a command
+    line a user copies: ``python`` when that is the one ``PATH`` finds, else its
+    path (relative when it lies below the working directory, e.g. ``.venv/bin/python``)."""
+    executable = os.path.realpath(sys.executable)
+    found = shutil.which("python")
+    if found is not None and os.path.realpath(found) == executable:
+        return "python"
+    shown = sys.executable
+    with contextlib.suppress(ValueError):  # another drive (Windows)
+        relative = os.path.relpath(sys.executable)
+        if not relative.startswith(os.pardir):
+            shown = relative
+    return shlex.quote(shown)

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from sampler import signals
 from sampler.api.monitor import ResourceMonitor
-from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, seconds_argument
+from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, seconds_argument, this_python
 from sampler.pipeline.steps import watch_model
 from sampler.store.reader import StoreReader
 
@@ -150,13 +150,14 @@ def main(args: argparse.Namespace) -> int:
         output = Path(args.output or f"demo-run{run.id}.png")
         render(reader, [run], output=output)
     stats = monitor.stats()
+    python = this_python()
     print(
         f"\n{model.age} steps, held-out accuracy {accuracy:.2f}; {stats['records_logged']} resource samples "
         f"recorded as run {run.id}\nplot: {output.resolve()}\n\nlook further:\n"
-        f"  python -m sampler runs {args.store}\n"
-        f"  python -m sampler plot {args.store} --run {run.id} --x seconds\n"
-        f"  python -m sampler export {args.store} --run {run.id} --wide > run{run.id}.csv\n"
-        f"  python -m sampler top {args.store}     (live, while a run writes the store)",
+        f"  {python} -m sampler runs {args.store}\n"
+        f"  {python} -m sampler plot {args.store} --run {run.id} --x seconds\n"
+        f"  {python} -m sampler export {args.store} --run {run.id} --wide > run{run.id}.csv\n"
+        f"  {python} -m sampler top {args.store}     (live, while a run writes the store)",
         file=out,
     )
     return 0
