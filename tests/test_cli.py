@@ -6,6 +6,7 @@ import argparse
 import io
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,35 +21,45 @@ import sampler
 from sampler import commands as cli
 from sampler.commands import run as run_command
 from sampler.pipeline.emit import Sample
+from sampler.views.rows import COLUMNS, GPU_COLUMNS, Rows
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_format_sample_groups_by_category_and_device() -> None:
-    text = run_command.format_sample(
-        4,
-        {
-            "resource/cpu/utilization_percent": 12.5,
-            "resource/gpu/0/temperature_celsius": 41.0,
-            "resource/gpu/1/temperature_celsius": 67.0,
-        },
-    )
-    assert text.splitlines() == [
-        "step 4",
-        "  cpu    utilization_percent 12.50",
-        "  gpu/0  temperature_celsius 41",
-        "  gpu/1  temperature_celsius 67",
-    ]
+def test_a_row_per_sample_names_only_the_columns_with_readings() -> None:
+    rows = Rows()
+    first = {
+        "resource/cpu/utilization_percent": 12.5,
+        "resource/gpu/0/utilization_percent": 97.0,
+        "resource/gpu/0/memory_allocated_percent": 40.0,
+        "resource/gpu/0/temperature_celsius": 41.0,
+    }
+    header, row = rows.lines(4, first)
+    assert header.split() == ["step", "cpu%", "gpu0%", "gpu0mem%"]  # nothing without a reading
+    assert row.split() == ["4", "12", "97", "40"] and len(header) == len(row)
+    assert rows.lines(5, {"resource/cpu/utilization_percent": 1.0})[0].split() == ["5", "1", "-", "-"]
+    second = {**first, "resource/network/bytes_received_per_second": 3 * 1024**2}  # a rate, from now on
+    header, row = rows.lines(6, second)
+    assert header.split() == ["step", "cpu%", "rxMiB/s", "gpu0%", "gpu0mem%"]
+    assert row.split() == ["6", "12", "3.00", "97", "40"]
+    assert len(rows.lines(7, second)) == 1
+
+
+def test_a_full_row_fits_100_columns() -> None:
+    sample = {"resource/" + column.key: 100.0 for column in COLUMNS}
+    sample.update({f"resource/gpu/0/{column.key}": 100.0 for column in GPU_COLUMNS})
+    assert all(len(line) < 100 for line in Rows().lines(1_000_000, sample))
 
 
 def test_run_prints_samples_until_duration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.chdir(tmp_path)
     out = io.StringIO()
     assert cli.main(["run", "--duration", "2.5", "--interval", "1", "--categories", "cpu,memory"], out) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("sampling every 1 s") and "cpu" not in lines[0]
+    assert lines[1].split() == ["step", "cpu%", "mem%"]
+    assert [line.split()[0] for line in lines[2:4]] == ["1", "2"]
     text = out.getvalue()
-    assert "step 1\n" in text and "step 2\n" in text
-    assert "utilization_percent" in text and "system_utilization_percent" in text
-    assert "process" not in text.split("\n", 1)[1]
     assert text.rstrip().endswith("0 lost, 0 sink errors")
 
 
@@ -70,8 +81,8 @@ def test_ctrl_c_stops_cleanly(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert proc.stdout is not None
-    lines = [proc.stdout.readline(), proc.stdout.readline()]  # banner, first "step" line
-    assert lines[1].startswith("step ")
+    lines = [proc.stdout.readline(), proc.stdout.readline()]  # banner, the columns' header
+    assert lines[1].split() == ["step", "cpu%"]
     proc.send_signal(signal.SIGINT)
     rest, _ = proc.communicate(timeout=10)
     assert proc.returncode == 0
@@ -194,7 +205,7 @@ def test_closed_pipe_ends_the_run_quietly_with_status_141(tmp_path: Path, buffer
     )
     assert proc.stdout is not None and proc.stderr is not None
     try:
-        assert proc.stdout.readline().startswith("sampling cpu")
+        assert proc.stdout.readline().startswith("sampling every")
         proc.stdout.close()
         assert proc.wait(timeout=15) == run_command.EXIT_BROKEN_PIPE == 141
     finally:
@@ -283,7 +294,7 @@ def test_run_pid_without_pidfds_knows_the_process_by_its_start_time(
 
     def end_the_trainer_after_a_sample() -> None:
         deadline = time.monotonic() + 30
-        while "step 1" not in out.getvalue() and time.monotonic() < deadline:
+        while not re.search(r"^1 ", out.getvalue(), re.M) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert trainer.stdin is not None
         trainer.stdin.close()

@@ -29,6 +29,7 @@ from sampler.pipeline.emit import Sample
 from sampler.settings.placement import whole_number
 from sampler.settings.table import settled
 from sampler.util.quoting import bounded_repr
+from sampler.views.rows import Rows
 
 MAX_DURATION_SECONDS = 30 * 86400.0
 """``--duration``'s ceiling, 30 days: longer is a service, not a foreground run
@@ -97,22 +98,6 @@ def _wait(closed: threading.Event, duration: float | None, watched: _Watched | N
     return False
 
 
-def _format_value(value: float) -> str:
-    return f"{value:.0f}" if value.is_integer() else f"{value:.2f}"
-
-
-def format_sample(step: int, sample: dict[str, float]) -> str:
-    """One block per sample: a line per category (per device for gpu)."""
-    rows: dict[str, list[str]] = {}
-    for name, value in sample.items():
-        parts = name.split("/")  # resource/<category>[/<device>]/<signal>
-        group = "/".join(parts[1:-1])
-        rows.setdefault(group, []).append(f"{parts[-1]} {_format_value(value)}")
-    width = max((len(group) for group in rows), default=0)
-    lines = [f"step {step}"] + [f"  {group:<{width}}  {'  '.join(cells)}" for group, cells in rows.items()]
-    return "\n".join(lines)
-
-
 class _Printer:
     """The ``on_sample`` hook (it runs in the monitor thread): prints each
     sample; once ``out`` is a broken pipe it sets ``closed`` and prints no more."""
@@ -121,6 +106,7 @@ class _Printer:
         self.out = out
         self.closed = closed
         self.samples = 0
+        self._rows = Rows()
         self._lock = threading.Lock()
 
     def __call__(self, sample: Sample) -> None:
@@ -128,7 +114,7 @@ class _Printer:
             if self.closed.is_set():
                 return
             try:
-                print(format_sample(sample.step, sample.values), file=self.out, flush=True)
+                print("\n".join(self._rows.lines(sample.step, sample.values)), file=self.out, flush=True)
             except BrokenPipeError:
                 self.closed.set()
                 return
@@ -238,12 +224,11 @@ def _run(args: argparse.Namespace, watched: _Watched | None) -> int:
         sink=lambda name, value, step: None,
         on_sample=printer,
     )
-    enabled = ", ".join(monitor.categories) or "none"
     every = f"every {monitor.interval_seconds:g} s, step by {monitor.step_source}"
     if monitor.prometheus_port is not None:
         every += f", metrics at http://{monitor.prometheus_address}:{monitor.prometheus_port}/metrics"
     try:
-        print(f"sampling {enabled} {every}; Ctrl-C stops", file=out, flush=True)
+        print(f"sampling {every}; Ctrl-C stops", file=out, flush=True)
         ended = False
         try:
             with monitor:

@@ -1,0 +1,94 @@
+"""One compact row per sample, for ``python -m sampler run``: a header naming the
+columns that the first sample has readings for, then a row per sample, each
+under 100 columns with one GPU. The columns: system CPU, memory and disk %,
+network MiB/s received and sent, the backend's CPU % (100 per core) and RSS in
+MiB, the process tree's processes and CPU %, the cgroup's memory %, and per GPU
+its utilization and memory %."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sampler.catalogue import MIB, PREFIX
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: the signal it shows (without ``resource/``), its header, and
+    the factor from the signal's unit to the one shown."""
+
+    key: str
+    header: str
+    scale: float = 1.0
+    decimals: int = 0
+
+
+COLUMNS = (
+    Column("cpu/utilization_percent", "cpu%"),
+    Column("memory/system_utilization_percent", "mem%"),
+    Column("disk/utilization_percent", "disk%"),
+    Column("network/bytes_received_per_second", "rxMiB/s", 1 / MIB, 2),
+    Column("network/bytes_sent_per_second", "txMiB/s", 1 / MIB, 2),
+    Column("process/cpu_utilization_percent", "proc%"),
+    Column("process/memory_in_use_mb", "rssMiB"),
+    Column("process_tree/process_count", "procs"),
+    Column("process_tree/cpu_utilization_percent", "tree%"),
+    Column("container/memory_used_percent", "cgmem%"),
+)
+GPU_COLUMNS = (
+    Column("utilization_percent", "%"),
+    Column("memory_allocated_percent", "mem%"),
+)
+STEP_WIDTH = 7
+
+
+class Rows:
+    """Formats samples. The columns are those with readings so far: a column that
+    first has one later (a rate, from the second sample on) brings a new header."""
+
+    def __init__(self) -> None:
+        self.columns: list[tuple[str, Column, str]] = []
+        """(the signal's full name, its column, the header shown), in order."""
+
+    def lines(self, step: int, sample: Mapping[str, float]) -> list[str]:
+        """The row of ``sample``, after a header when the columns grew."""
+        wanted = self._choose(sample)
+        if [name for name, _, _ in wanted] == [name for name, _, _ in self.columns]:
+            return [self.row(step, sample)]
+        self.columns = wanted
+        return [self.header(), self.row(step, sample)]
+
+    def _choose(self, sample: Mapping[str, float]) -> list[tuple[str, Column, str]]:
+        known = {name for name, _, _ in self.columns} | set(sample)
+        chosen = [(PREFIX + c.key, c, c.header) for c in COLUMNS if PREFIX + c.key in known]
+        devices = sorted(
+            {name.split("/")[2] for name in known if name.startswith(PREFIX + "gpu/")}, key=_device_order
+        )
+        for device in devices:
+            for column in GPU_COLUMNS:
+                name = f"{PREFIX}gpu/{device}/{column.key}"
+                if name in known:
+                    chosen.append((name, column, f"gpu{device}{column.header}"))
+        return chosen
+
+    def header(self) -> str:
+        cells = [f"{'step':<{STEP_WIDTH}}"] + [f"{shown:>{_width(shown)}}" for _, _, shown in self.columns]
+        return " ".join(cells)
+
+    def row(self, step: int, sample: Mapping[str, float]) -> str:
+        """One sample under the header (``-`` where a reading is missing)."""
+        cells = [f"{step:<{STEP_WIDTH}}"]
+        for name, column, shown in self.columns:
+            value = sample.get(name)
+            text = "-" if value is None else f"{value * column.scale:.{column.decimals}f}"
+            cells.append(f"{text:>{_width(shown)}}")
+        return " ".join(cells)
+
+
+def _width(header: str) -> int:
+    return max(len(header), 5)
+
+
+def _device_order(device: str) -> tuple[int, str]:
+    return (int(device), "") if device.isdigit() else (1 << 30, device)
