@@ -1,14 +1,17 @@
 """The tools people already read (issue 8): a real monitor whose sink is
 TensorBoard's ``SummaryWriter.add_scalar``, read back with TensorBoard's own
 event reader. MLflow and W&B take a one-line sink (README); they are not
-installed here and not tested."""
+installed here and not tested. The README's TensorBoard snippet runs as written."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import posixpath
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -119,3 +122,40 @@ def test_every_signal_name_is_a_valid_mlflow_key_and_a_two_level_wandb_section(
         assert MLFLOW_KEY.match(name) and posixpath.normpath(name) == name and len(name) <= 250, name
     sections = {name.rsplit("/", 1)[0] for name in names}
     assert sections == {f"resource/{c}" for c in NON_GPU} | {"resource/gpu/0", "resource/gpu/1"}
+
+
+def readme_snippet(after: str) -> str:
+    """The first ```python block of the README after the text ``after``, as written."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = text[text.index(after) :].split("```python\n", 1)[1].split("```", 1)[0]
+    return "\n".join(line.removeprefix("  ") for line in block.splitlines()) + "\n"
+
+
+def test_the_readme_tensorboard_snippet_runs_as_written(tmp_path: Path) -> None:
+    """The README's snippet, verbatim, then a training loop that logs its loss: the
+    event file holds the loss and the resource curves, on the loss's steps."""
+    pytest.importorskip("torch.utils.tensorboard")
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    loop = (
+        "import time\n"
+        "step, deadline = 0, time.monotonic() + 4\n"
+        "while time.monotonic() < deadline:\n"
+        "    sampler.signals.log_signal('train/loss', 1.0 / (step + 1), step)\n"
+        "    step += 1\n"
+        "    time.sleep(0.002)\n"
+        "writer.close()\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text(readme_snippet("**TensorBoard**") + loop)
+    env = {**os.environ, "WL_RESOURCE_MONITOR_INTERVAL_SECONDS": "1", "WL_RESOURCE_MONITOR_CATEGORIES": "cpu"}
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    [log_dir] = (tmp_path / "runs").iterdir()  # SummaryWriter()'s default: runs/<date>_<host>
+    scalars = {event_accumulator.SCALARS: 0}
+    accumulator = event_accumulator.EventAccumulator(str(log_dir), size_guidance=scalars)
+    accumulator.Reload()
+    loss_steps = {e.step for e in accumulator.Scalars("train/loss")}
+    cpu_steps = [e.step for e in accumulator.Scalars("resource/cpu/utilization_percent")]
+    assert len(cpu_steps) >= 2 and set(cpu_steps) <= loss_steps and max(cpu_steps) > 0
