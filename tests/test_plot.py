@@ -421,3 +421,11 @@ def test_a_rank_of_a_multi_rank_job_is_named_in_its_legend() -> None:
     rank = dataclasses.replace(alone, rank=3, local_rank=1, world_size=8, local_world_size=2)
     assert plot.describe(alone).endswith(" · node-7")
     assert plot.describe(rank).endswith(" · node-7 rank 3/8")
+
+
+def test_a_spike_does_not_squash_a_training_curve() -> None:
+    descent = [2.0 - 0.01 * i for i in range(150)]
+    low, high = plot.robust_limits([100.0, *descent])
+    assert high < 3 and low < min(descent)
+    assert plot.robust_limits(descent) is None  # no spike: the full range
+    assert plot.robust_limits([5.0, 1.0]) is None  # too few points to call one a spike

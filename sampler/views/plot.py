@@ -371,7 +371,13 @@ def figure(
             if len([y for y in ys if math.isfinite(y)]) == 1:
                 line.set_marker("o")
                 line.set_markersize(3)
-        if panel.unit == "%" or panel.rate:
+        limits = robust_limits([y for *_, ys in lines for y in ys]) if panel.category == "training" else None
+        if limits is not None:
+            ax.set_ylim(*limits)
+            ax.text(
+                0.99, 0.97, "a spike is cut off", transform=ax.transAxes, ha="right", va="top", fontsize=8
+            )
+        elif panel.unit == "%" or panel.rate:
             # Shares and rates from 0, so that 2 % does not look like a full scale.
             top = max(y for *_, ys in lines for y in ys if math.isfinite(y))
             ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)
@@ -423,6 +429,27 @@ def figure(
             handlelength=3,
         )
     return fig
+
+
+SPIKE_QUANTILE = 0.98
+SPIKE_FACTOR = 3.0
+"""A training curve's top is cut at its 98th percentile (plus a margin) when its
+highest value stands more than 3 times that percentile's span above the rest: a
+first-step loss of 100 then leaves the descent from 2 to 0.1 readable."""
+
+
+def robust_limits(values: Sequence[float]) -> tuple[float, float] | None:
+    """y limits that leave out a spike, or None when the values have none."""
+    finite = sorted(v for v in values if math.isfinite(v))
+    if len(finite) < 10:
+        return None
+    low, high = finite[0], finite[-1]
+    cut = finite[min(len(finite) - 1, int(SPIKE_QUANTILE * len(finite)))]
+    span = cut - low
+    if span <= 0 or high - cut <= SPIKE_FACTOR * span:
+        return None
+    margin = 0.08 * span
+    return low - margin, cut + margin
 
 
 def _matplotlib_figure() -> type[Figure]:
