@@ -101,6 +101,9 @@ class Signal:
     """The value times this is the metric's, in its base unit; None: not exported."""
     seed: bool = False
     """One of the seed's signals: its name and meaning are kept as they were."""
+    host_wide: bool = False
+    """The same value on every rank of a host although its category is per rank: the
+    endpoint exports it only from the rank that samples the host-wide categories."""
 
     @property
     def name(self) -> str:
@@ -207,7 +210,7 @@ _SIGNALS = (
     Signal(
         "process/memory_available_mb", "MiB", GAUGE, "system memory available", "memory available",
         "System memory available, as the backend sees it.",
-        metric="process_memory_available_bytes", scale=MIB, seed=True,
+        metric="process_memory_available_bytes", scale=MIB, seed=True, host_wide=True,
     ),
     Signal(
         "process_tree/process_count", "processes", GAUGE, "processes in the tree", "processes",

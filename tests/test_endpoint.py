@@ -82,6 +82,7 @@ def test_a_scrape_shows_one_logged_record_in_base_units(samples: list[sampler.Sa
     labels = {"host": socket.gethostname(), "rank": "0", "local_rank": "0", "run_id": "job-7"}
     base = tuple(sorted(labels.items()))
     assert values_of(found, "wl_resource_process_threads")  # what the test below compares is there
+    assert values_of(found, "wl_resource_process_memory_available_bytes")  # rank 0 samples the host
     matching = []
     for sample in samples:
         expected: Series = {}
@@ -156,8 +157,12 @@ def test_each_rank_serves_on_its_port_with_its_labels(monkeypatch: pytest.Monkey
         assert refused(base)
     names = {name for name, _ in found}
     assert "wl_resource_process_memory_in_use_bytes" in names
-    # Host-wide readings are local rank 0's.
-    assert not names & {"wl_resource_cpu_utilization_ratio", "wl_resource_network_sent_bytes_total"}
+    # Host-wide readings are local rank 0's, the system's available memory too (a process signal by name).
+    assert not names & {
+        "wl_resource_cpu_utilization_ratio",
+        "wl_resource_network_sent_bytes_total",
+        "wl_resource_process_memory_available_bytes",
+    }
     labels = dict(next(iter(values_of(found, "wl_resource_process_threads"))))
     assert labels == {"host": socket.gethostname(), "rank": "5", "local_rank": "1", "run_id": "elastic-42"}
 

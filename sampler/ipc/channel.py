@@ -70,6 +70,8 @@ class PrometheusTarget:
     """Further labels of the ``monitor_info`` metric."""
     sd_file: str | None
     """The discovery entry naming this endpoint: the child removes it if the backend dies."""
+    host_wide: bool = True
+    """This rank exports the host-wide series (it samples the host, or every rank does)."""
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ class RecordCollector:
         grouped: dict[str, tuple[metrics.Metric, list[tuple[int, tuple[str, ...]]], bool]] = {}
         for index, field in enumerate(fields):
             exposed = metrics.lookup(field)
-            if exposed is None:
+            if exposed is None or (exposed.host_wide and not target.host_wide):
                 continue
             extra: tuple[str, ...] = ()
             if exposed.gpu is not None:

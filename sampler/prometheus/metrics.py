@@ -82,6 +82,8 @@ class Exposed:
 
     metric: Metric
     gpu: str | None
+    host_wide: bool = False
+    """Exported only by the rank that samples the host (``catalogue.Signal.host_wide``)."""
 
 
 def _derived(base: Metric, variant: str) -> Metric:
@@ -102,4 +104,5 @@ def lookup(signal: str) -> Exposed | None:
     metric = None if reading is None else SIGNALS.get(reading.signal.key)
     if reading is None or metric is None:
         return None
-    return Exposed(_derived(metric, reading.variant) if reading.variant else metric, reading.device or None)
+    derived = _derived(metric, reading.variant) if reading.variant else metric
+    return Exposed(derived, reading.device or None, reading.signal.host_wide)

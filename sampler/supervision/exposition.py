@@ -52,7 +52,7 @@ def target(
         "local_world_size": str(where.local_world_size),
         "host_sampling": host_sampling,
     }
-    return PrometheusTarget(address, port, where.labels(), info, sd_file)
+    return PrometheusTarget(address, port, where.labels(), info, sd_file, where.samples_host(host_sampling))
 
 
 def describe_failure(state: int, target: PrometheusTarget) -> str:
