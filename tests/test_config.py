@@ -26,6 +26,9 @@ import sampler
 from sampler import settings
 from sampler.util.quoting import bounded_repr as quote
 
+ENV = settings.ENV
+BY_KEY = settings.BY_KEY
+
 ALL_ON = dict.fromkeys(settings.DEFAULT_CATEGORIES, True)
 ROOT = os.path.abspath(os.sep)
 FILE_NAME = "resource_monitoring.yaml"
@@ -192,37 +195,37 @@ def test_calls_do_not_share_state(tree: Tree) -> None:
 
 @pytest.mark.parametrize("raw", ["1", "true", "YES", "On", "TRUE", " yes "])
 def test_disable_env_truthy_disables(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
-    assert tree.load({settings.ENV_DISABLE: raw})["enabled"] is False
+    assert tree.load({ENV["enabled"]: raw})["enabled"] is False
     assert_no_warnings(caplog)
 
 
 @pytest.mark.parametrize("raw", ["0", "false", "no", "off", "", "OFF"])
 def test_disable_env_falsy_keeps_enabled(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
-    assert tree.load({settings.ENV_DISABLE: raw})["enabled"] is True
+    assert tree.load({ENV["enabled"]: raw})["enabled"] is True
     assert_no_warnings(caplog)
 
 
 def test_disable_env_garbage_warns_and_stays_enabled(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    assert tree.load({settings.ENV_DISABLE: "maybe"})["enabled"] is True
+    assert tree.load({ENV["enabled"]: "maybe"})["enabled"] is True
     assert_one_warning(caplog, "WEIGHTSLAB_DISABLE_RESOURCE_MONITORING", "'maybe'", "enabled")
 
 
 @pytest.mark.parametrize(("raw", "expected"), [("30", 30.0), ("2.5", 2.5), (" 60 ", 60.0), ("1", 1.0)])
 def test_interval_env_valid(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str, expected: float) -> None:
-    value = tree.load({settings.ENV_INTERVAL: raw})["interval_seconds"]
+    value = tree.load({ENV["interval_seconds"]: raw})["interval_seconds"]
     assert value == expected
     assert isinstance(value, float)
     assert_no_warnings(caplog)
 
 
 def test_interval_env_below_floor_is_clamped(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    assert tree.load({settings.ENV_INTERVAL: "0.2"})["interval_seconds"] == 1.0
+    assert tree.load({ENV["interval_seconds"]: "0.2"})["interval_seconds"] == 1.0
     assert_one_warning(caplog, "interval_seconds", "0.2", "1.0")
 
 
 def test_interval_env_clamp_warning_names_the_variable(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     # SPEC 4: a value of the wrong range gets one warning naming the file or variable.
-    tree.load({settings.ENV_INTERVAL: "0.2"})
+    tree.load({ENV["interval_seconds"]: "0.2"})
     assert_one_warning(caplog, "WL_RESOURCE_MONITOR_INTERVAL_SECONDS", "0.2", "1.0")
 
 
@@ -230,12 +233,12 @@ def test_interval_env_clamp_warning_names_the_variable(tree: Tree, caplog: pytes
 def test_interval_env_invalid_warns_and_keeps_default(
     tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
 ) -> None:
-    assert tree.load({settings.ENV_INTERVAL: raw})["interval_seconds"] == 15.0
+    assert tree.load({ENV["interval_seconds"]: raw})["interval_seconds"] == 15.0
     assert_one_warning(caplog, "WL_RESOURCE_MONITOR_INTERVAL_SECONDS", "interval_seconds", repr(raw), "15.0")
 
 
 def test_categories_env_allowlist(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    cats = tree.load({settings.ENV_CATEGORIES: "cpu, GPU"})["categories"]
+    cats = tree.load({ENV["categories"]: "cpu, GPU"})["categories"]
     assert cats == {**dict.fromkeys(settings.DEFAULT_CATEGORIES, False), "cpu": True, "gpu": True}
     assert_no_warnings(caplog)
 
@@ -243,7 +246,7 @@ def test_categories_env_allowlist(tree: Tree, caplog: pytest.LogCaptureFixture) 
 def test_categories_env_unknown_name_warns_and_known_ones_apply(
     tree: Tree, caplog: pytest.LogCaptureFixture
 ) -> None:
-    cats = tree.load({settings.ENV_CATEGORIES: "cpu,bogus,disk"})["categories"]
+    cats = tree.load({ENV["categories"]: "cpu,bogus,disk"})["categories"]
     assert cats == {**dict.fromkeys(settings.DEFAULT_CATEGORIES, False), "cpu": True, "disk": True}
     assert_one_warning(
         caplog, "WL_RESOURCE_MONITOR_CATEGORIES", "'bogus'", "ignor", "using categories=cpu,disk"
@@ -258,19 +261,19 @@ def test_categories_env_unset_means_all_on(tree: Tree, caplog: pytest.LogCapture
 def test_disk_path_env_existing_dir_is_used(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     disk = tree.base / "data"
     disk.mkdir()
-    assert tree.load({settings.ENV_DISK_PATH: str(disk)})["disk_path"] == str(disk)
+    assert tree.load({ENV["disk_path"]: str(disk)})["disk_path"] == str(disk)
     assert_no_warnings(caplog)
 
 
 def test_disk_path_env_missing_is_kept_with_one_warning(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     # SPEC 4: a disk_path that does not exist (yet) is kept, never replaced by another filesystem's.
     missing = str(tree.base / "no" / "such" / "dir")
-    assert tree.load({settings.ENV_DISK_PATH: missing})["disk_path"] == missing
-    assert_one_warning(caplog, settings.ENV_DISK_PATH, quote(missing), "does not exist", "keeping it")
+    assert tree.load({ENV["disk_path"]: missing})["disk_path"] == missing
+    assert_one_warning(caplog, ENV["disk_path"], quote(missing), "does not exist", "keeping it")
 
 
 def test_disk_path_env_relative_is_made_absolute(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    assert tree.load({settings.ENV_DISK_PATH: "."})["disk_path"] == os.getcwd()
+    assert tree.load({ENV["disk_path"]: "."})["disk_path"] == os.getcwd()
     assert_no_warnings(caplog)
 
 
@@ -278,18 +281,18 @@ def test_disk_path_env_relative_is_made_absolute(tree: Tree, caplog: pytest.LogC
 def test_disk_path_env_blank_warns_and_keeps_root(
     tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
 ) -> None:
-    assert tree.load({settings.ENV_DISK_PATH: raw})["disk_path"] == ROOT
+    assert tree.load({ENV["disk_path"]: raw})["disk_path"] == ROOT
     assert_one_warning(caplog, "WL_RESOURCE_MONITOR_DISK_PATH", repr(raw), "non-empty", repr(ROOT))
 
 
 @pytest.mark.parametrize("raw", ["seconds", "Seconds", "model_age"])
 def test_step_source_env_valid(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
-    assert tree.load({settings.ENV_STEP_SOURCE: raw})["step_source"] == raw.lower()
+    assert tree.load({ENV["step_source"]: raw})["step_source"] == raw.lower()
     assert_no_warnings(caplog)
 
 
 def test_step_source_env_bogus_warns_and_uses_model_age(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    assert tree.load({settings.ENV_STEP_SOURCE: "bogus"})["step_source"] == "model_age"
+    assert tree.load({ENV["step_source"]: "bogus"})["step_source"] == "model_age"
     assert_one_warning(caplog, "WL_RESOURCE_MONITOR_STEP_SOURCE", "step_source", "'bogus'", "'model_age'")
 
 
@@ -297,7 +300,7 @@ def test_step_source_env_bogus_warns_and_uses_model_age(tree: Tree, caplog: pyte
 def test_categories_env_naming_no_known_category_warns_and_keeps_all_on(
     tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
 ) -> None:
-    assert tree.load({settings.ENV_CATEGORIES: raw})["categories"] == ALL_ON
+    assert tree.load({ENV["categories"]: raw})["categories"] == ALL_ON
     assert_one_warning(
         caplog,
         "WL_RESOURCE_MONITOR_CATEGORIES",
@@ -310,14 +313,14 @@ def test_categories_env_naming_no_known_category_warns_and_keeps_all_on(
 def test_categories_env_several_unknown_names_one_warning_naming_each(
     tree: Tree, caplog: pytest.LogCaptureFixture
 ) -> None:
-    cats = tree.load({settings.ENV_CATEGORIES: "gpu,tpu,Memory,npu"})["categories"]
+    cats = tree.load({ENV["categories"]: "gpu,tpu,Memory,npu"})["categories"]
     assert cats == {name: name in ("gpu", "memory") for name in settings.DEFAULT_CATEGORIES}
     assert_one_warning(caplog, "'tpu'", "'npu'", "known: cpu, memory", "using categories=memory,gpu")
 
 
 @pytest.mark.parametrize("raw", ["", "   ", "\t"])
 def test_categories_env_blank_means_unset(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
-    assert tree.load({settings.ENV_CATEGORIES: raw})["categories"] == ALL_ON
+    assert tree.load({ENV["categories"]: raw})["categories"] == ALL_ON
     assert_no_warnings(caplog)
 
 
@@ -326,7 +329,7 @@ def test_interval_env_above_one_day_is_clamped(
     tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
 ) -> None:
     assert (
-        tree.load({settings.ENV_INTERVAL: raw})["interval_seconds"]
+        tree.load({ENV["interval_seconds"]: raw})["interval_seconds"]
         == settings.MAX_INTERVAL_SECONDS
         == 86400.0
     )
@@ -334,7 +337,7 @@ def test_interval_env_above_one_day_is_clamped(
 
 
 def test_interval_env_one_day_is_allowed(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    assert tree.load({settings.ENV_INTERVAL: "86400"})["interval_seconds"] == 86400.0
+    assert tree.load({ENV["interval_seconds"]: "86400"})["interval_seconds"] == 86400.0
     assert_no_warnings(caplog)
 
 
@@ -342,19 +345,25 @@ def test_interval_env_one_day_is_allowed(tree: Tree, caplog: pytest.LogCaptureFi
 def test_interval_env_negative_beyond_float_range_is_invalid(
     tree: Tree, caplog: pytest.LogCaptureFixture, raw: str
 ) -> None:
-    assert tree.load({settings.ENV_INTERVAL: raw})["interval_seconds"] == 15.0
+    assert tree.load({ENV["interval_seconds"]: raw})["interval_seconds"] == 15.0
     message = assert_one_warning(caplog, "WL_RESOURCE_MONITOR_INTERVAL_SECONDS", "> 0", "15.0")
     assert len(message) < 300
 
 
 def test_disable_env_blank_keeps_enabled(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    assert tree.load({settings.ENV_DISABLE: "   "})["enabled"] is True
+    assert tree.load({ENV["enabled"]: "   "})["enabled"] is True
     assert_no_warnings(caplog)
 
 
 def test_env_warning_quotes_a_long_value_bounded(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     raw = "x" * 100_000
-    cfg = tree.load({settings.ENV_STEP_SOURCE: raw, settings.ENV_CATEGORIES: raw, settings.ENV_INTERVAL: raw})
+    cfg = tree.load(
+        {
+            ENV["step_source"]: raw,
+            ENV["categories"]: raw,
+            ENV["interval_seconds"]: raw,
+        }
+    )
     assert (cfg["step_source"], cfg["categories"], cfg["interval_seconds"]) == ("model_age", ALL_ON, 15.0)
     messages = sampler_warnings(caplog)
     assert len(messages) == 3
@@ -366,7 +375,7 @@ def test_env_warning_quotes_a_long_value_bounded(tree: Tree, caplog: pytest.LogC
 
 def test_file_interval_beats_env(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     write(tree.work / FILE_NAME, section("interval_seconds: 5"))
-    cfg = tree.load({settings.ENV_INTERVAL: "30"})
+    cfg = tree.load({ENV["interval_seconds"]: "30"})
     assert cfg["interval_seconds"] == 5.0
     assert isinstance(cfg["interval_seconds"], float)
     assert_no_warnings(caplog)
@@ -378,10 +387,10 @@ def test_file_omitted_keys_keep_env_values(tree: Tree, caplog: pytest.LogCapture
     write(tree.work / FILE_NAME, section("interval_seconds: 5"))
     cfg = tree.load(
         {
-            settings.ENV_STEP_SOURCE: "seconds",
-            settings.ENV_DISK_PATH: str(disk),
-            settings.ENV_CATEGORIES: "cpu",
-            settings.ENV_DISABLE: "1",
+            ENV["step_source"]: "seconds",
+            ENV["disk_path"]: str(disk),
+            ENV["categories"]: "cpu",
+            ENV["enabled"]: "1",
         }
     )
     assert cfg["interval_seconds"] == 5.0
@@ -394,7 +403,7 @@ def test_file_omitted_keys_keep_env_values(tree: Tree, caplog: pytest.LogCapture
 
 def test_file_categories_override_per_key(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     write(tree.work / FILE_NAME, section("categories: {memory: true, gpu: false}"))
-    cats = tree.load({settings.ENV_CATEGORIES: "cpu,gpu"})["categories"]
+    cats = tree.load({ENV["categories"]: "cpu,gpu"})["categories"]
     assert cats == {**dict.fromkeys(settings.DEFAULT_CATEGORIES, False), "cpu": True, "memory": True}
     assert_no_warnings(caplog)
 
@@ -415,7 +424,7 @@ def test_file_enabled_false_disables(tree: Tree, caplog: pytest.LogCaptureFixtur
 def test_file_enabled_true_beats_env_disable(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     # SPEC 4: any key present in the file overrides the env var.
     write(tree.work / FILE_NAME, section("enabled: true"))
-    assert tree.load({settings.ENV_DISABLE: "1"})["enabled"] is True
+    assert tree.load({ENV["enabled"]: "1"})["enabled"] is True
     assert_no_warnings(caplog)
 
 
@@ -425,7 +434,7 @@ def test_file_step_source_and_disk_path_beat_env(tree: Tree, caplog: pytest.LogC
     env_disk.mkdir()
     file_disk.mkdir()
     write(tree.work / FILE_NAME, section(f"step_source: seconds\ndisk_path: '{file_disk}'"))
-    cfg = tree.load({settings.ENV_STEP_SOURCE: "model_age", settings.ENV_DISK_PATH: str(env_disk)})
+    cfg = tree.load({ENV["step_source"]: "model_age", ENV["disk_path"]: str(env_disk)})
     assert cfg["step_source"] == "seconds"
     assert cfg["disk_path"] == str(file_disk)
     assert_no_warnings(caplog)
@@ -560,7 +569,7 @@ def test_config_path_not_a_directory_warns_and_search_goes_on(
 # --------------------------------------------------------------------------- bad YAML input
 
 
-ENV_30 = {settings.ENV_INTERVAL: "30", settings.ENV_STEP_SOURCE: "seconds"}
+ENV_30 = {ENV["interval_seconds"]: "30", ENV["step_source"]: "seconds"}
 
 
 def test_unparseable_file_warns_and_uses_env(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
@@ -679,7 +688,7 @@ def test_file_interval_above_one_day_is_clamped(
 
 def test_file_step_source_invalid_warns(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     path = write(tree.work / FILE_NAME, section("step_source: sideways\ninterval_seconds: 7"))
-    cfg = tree.load({settings.ENV_STEP_SOURCE: "seconds"})
+    cfg = tree.load({ENV["step_source"]: "seconds"})
     assert cfg["step_source"] == "seconds"
     assert cfg["interval_seconds"] == 7.0
     assert_one_warning(caplog, str(path), "step_source", "'sideways'", "'seconds'")
@@ -709,7 +718,7 @@ def test_file_disk_path_invalid_warns_and_keeps_env(
     disk = tree.base / "data"
     disk.mkdir()
     path = write(tree.work / FILE_NAME, section(f"disk_path: {yaml_value}"))
-    assert tree.load({settings.ENV_DISK_PATH: str(disk)})["disk_path"] == str(disk)
+    assert tree.load({ENV["disk_path"]: str(disk)})["disk_path"] == str(disk)
     assert_one_warning(caplog, str(path), "disk_path", repr(parsed), quote(str(disk)))
 
 
@@ -726,7 +735,7 @@ def test_file_category_flag_not_a_bool_warns(
     tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, parsed: object
 ) -> None:
     path = write(tree.work / FILE_NAME, section(f"categories: {{cpu: {yaml_value}, gpu: false}}"))
-    cats = tree.load({settings.ENV_CATEGORIES: "cpu,gpu,memory"})["categories"]
+    cats = tree.load({ENV["categories"]: "cpu,gpu,memory"})["categories"]
     assert cats["cpu"] is True  # keeps the env value
     assert cats["gpu"] is False  # the valid flag still applies
     assert_one_warning(caplog, str(path), "cpu", repr(parsed), "True")
@@ -751,7 +760,7 @@ def test_file_category_flag_quoted_true_word_turns_it_on(
     tree: Tree, caplog: pytest.LogCaptureFixture, word: str
 ) -> None:
     write(tree.work / FILE_NAME, section(f"categories: {{disk: {word}}}"))
-    cats = tree.load({settings.ENV_CATEGORIES: "cpu"})["categories"]
+    cats = tree.load({ENV["categories"]: "cpu"})["categories"]
     assert cats == {name: name in ("cpu", "disk") for name in settings.DEFAULT_CATEGORIES}
     assert_no_warnings(caplog)
 
@@ -765,7 +774,7 @@ def test_file_category_names_are_read_in_any_case(tree: Tree, caplog: pytest.Log
 def test_file_categories_as_list_means_only_these(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     # Issue 8: a list, as the env var and the API already take, means "only these"; it beats the env var.
     write(tree.work / FILE_NAME, section("categories: [cpu, GPU]\ninterval_seconds: 7"))
-    cfg = tree.load({settings.ENV_CATEGORIES: "memory"})
+    cfg = tree.load({ENV["categories"]: "memory"})
     assert cfg["categories"] == {name: name in ("cpu", "gpu") for name in settings.DEFAULT_CATEGORIES}
     assert cfg["interval_seconds"] == 7.0
     assert_no_warnings(caplog)
@@ -783,7 +792,7 @@ def test_file_categories_list_with_unknown_names_uses_the_known_ones(
     tree: Tree, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = write(tree.work / FILE_NAME, section("categories: [cpu, tpu, process]"))
-    cats = tree.load({settings.ENV_CATEGORIES: "memory"})["categories"]
+    cats = tree.load({ENV["categories"]: "memory"})["categories"]
     assert cats == {name: name in ("cpu", "process") for name in settings.DEFAULT_CATEGORIES}
     assert_one_warning(
         caplog, f"{path}: resource_monitoring.categories=", "'tpu'", "ignoring that part", "cpu,process"
@@ -794,7 +803,7 @@ def test_file_categories_list_of_unknown_names_only_keeps_the_env_value(
     tree: Tree, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = write(tree.work / FILE_NAME, section("categories: [tpu, npu]"))
-    cats = tree.load({settings.ENV_CATEGORIES: "memory"})["categories"]
+    cats = tree.load({ENV["categories"]: "memory"})["categories"]
     assert cats == {name: name == "memory" for name in settings.DEFAULT_CATEGORIES}
     assert_one_warning(caplog, str(path), "names no known category", "using categories=memory instead")
 
@@ -804,7 +813,7 @@ def test_file_categories_list_not_of_strings_warns_and_keeps_the_env_value(
     tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str, parsed: object
 ) -> None:
     path = write(tree.work / FILE_NAME, section(f"categories: {yaml_value}\ninterval_seconds: 7"))
-    cfg = tree.load({settings.ENV_CATEGORIES: "memory"})
+    cfg = tree.load({ENV["categories"]: "memory"})
     assert cfg["categories"] == {name: name == "memory" for name in settings.DEFAULT_CATEGORIES}
     assert cfg["interval_seconds"] == 7.0
     assert_one_warning(
@@ -849,7 +858,7 @@ def test_file_enabled_quoted_true_word_beats_env_disable(
     tree: Tree, caplog: pytest.LogCaptureFixture, word: str
 ) -> None:
     write(tree.work / FILE_NAME, section(f"enabled: {word}"))
-    assert tree.load({settings.ENV_DISABLE: "1"})["enabled"] is True
+    assert tree.load({ENV["enabled"]: "1"})["enabled"] is True
     assert_no_warnings(caplog)
 
 
@@ -919,21 +928,26 @@ def test_every_field_is_a_key_of_the_resolved_config(tree: Tree) -> None:
         *NEW_DEFAULTS,
     ]
     assert set(tree.load()) == {*keys, "config_file"}
-    envs = (settings.ENV_DISABLE, settings.ENV_INTERVAL, settings.ENV_CATEGORIES, settings.ENV_DISK_PATH)
+    envs = (
+        ENV["enabled"],
+        ENV["interval_seconds"],
+        ENV["categories"],
+        ENV["disk_path"],
+    )
     assert [field.env for field in settings.FIELDS] == [
         *envs,
-        settings.ENV_STEP_SOURCE,
-        settings.ENV_STORE,
-        settings.ENV_INNER_RATE,
-        settings.ENV_GPU_DEVICES,
-        settings.ENV_POSTMORTEM_DIR,
-        settings.ENV_PROMETHEUS_PORT,
-        settings.ENV_PROMETHEUS_ADDRESS,
-        settings.ENV_PROMETHEUS_SD_DIR,
-        settings.ENV_HOST_SAMPLING,
-        settings.ENV_RUN_ID,
+        ENV["step_source"],
+        ENV["store"],
+        ENV["inner_rate_hz"],
+        ENV["gpu_devices"],
+        ENV["postmortem_dir"],
+        ENV["prometheus_port"],
+        ENV["prometheus_address"],
+        ENV["prometheus_sd_dir"],
+        ENV["host_sampling"],
+        ENV["run_id"],
     ]
-    assert settings.ENV_STORE == "WL_RESOURCE_MONITOR_STORE"
+    assert ENV["store"] == "WL_RESOURCE_MONITOR_STORE"
     assert [field.flag for field in settings.FIELDS][5:] == [
         "--store",
         "--inner-rate",
@@ -1190,7 +1204,7 @@ def test_store_env_is_made_absolute(
     tree: Tree, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tree.base)
-    result = tree.resolve({settings.ENV_STORE: "runs.sqlite"})
+    result = tree.resolve({ENV["store"]: "runs.sqlite"})
     assert result.values["store"] == str(tree.base / "runs.sqlite")
     assert result.sources["store"] == "WL_RESOURCE_MONITOR_STORE"
     assert_no_warnings(caplog)
@@ -1198,7 +1212,7 @@ def test_store_env_is_made_absolute(
 
 @pytest.mark.parametrize("raw", ["", "   "])
 def test_store_env_empty_is_unset(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
-    result = tree.resolve({settings.ENV_STORE: raw})
+    result = tree.resolve({ENV["store"]: raw})
     assert result.values["store"] is None
     assert result.sources["store"] == settings.DEFAULT_SOURCE
     assert_no_warnings(caplog)
@@ -1206,7 +1220,7 @@ def test_store_env_empty_is_unset(tree: Tree, caplog: pytest.LogCaptureFixture, 
 
 @pytest.mark.parametrize("raw", ["0", "false", "OFF", "no"])
 def test_store_env_false_word_is_off(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
-    result = tree.resolve({settings.ENV_STORE: raw})
+    result = tree.resolve({ENV["store"]: raw})
     assert result.values["store"] is None
     assert result.sources["store"] == "WL_RESOURCE_MONITOR_STORE"
     assert_no_warnings(caplog)
@@ -1216,7 +1230,7 @@ def test_store_env_in_a_missing_directory_warns_and_falls_back(
     tree: Tree, caplog: pytest.LogCaptureFixture
 ) -> None:
     missing = tree.base / "nowhere" / "runs.sqlite"
-    result = tree.resolve({settings.ENV_STORE: str(missing)})
+    result = tree.resolve({ENV["store"]: str(missing)})
     assert result.values["store"] is None
     assert result.sources["store"] == settings.DEFAULT_SOURCE
     assert_one_warning(
@@ -1225,7 +1239,7 @@ def test_store_env_in_a_missing_directory_warns_and_falls_back(
 
 
 def test_store_env_true_word_is_not_a_path(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    assert tree.load({settings.ENV_STORE: "1"})["store"] is None
+    assert tree.load({ENV["store"]: "1"})["store"] is None
     assert_one_warning(caplog, "WL_RESOURCE_MONITOR_STORE='1'", "path of a SQLite file", "./1")
 
 
@@ -1236,7 +1250,7 @@ def test_store_file_beats_env_and_is_made_absolute(
     (tree.base / "env").mkdir()
     path = write(tree.work / FILE_NAME, section("store: runs/here.sqlite"))
     (tree.work / "runs").mkdir()
-    result = tree.resolve({settings.ENV_STORE: str(tree.base / "env" / "x.db")})
+    result = tree.resolve({ENV["store"]: str(tree.base / "env" / "x.db")})
     assert result.values["store"] == str(tree.work / "runs" / "here.sqlite")
     assert result.sources["store"] == f"{path}: resource_monitoring.store"
     assert_no_warnings(caplog)
@@ -1247,7 +1261,7 @@ def test_store_file_null_or_false_turns_the_env_store_off(
     tree: Tree, caplog: pytest.LogCaptureFixture, yaml_value: str
 ) -> None:
     path = write(tree.work / FILE_NAME, section(f"store: {yaml_value}"))
-    result = tree.resolve({settings.ENV_STORE: str(tree.base / "x.db")})
+    result = tree.resolve({ENV["store"]: str(tree.base / "x.db")})
     assert result.values["store"] is None
     assert result.sources["store"] == f"{path}: resource_monitoring.store"
     assert_no_warnings(caplog)
@@ -1270,7 +1284,7 @@ def test_store_file_invalid_warns_and_keeps_env(
 ) -> None:
     env_store = str(tree.base / "env.db")
     path = write(tree.work / FILE_NAME, section(f"store: {yaml_value}"))
-    result = tree.resolve({settings.ENV_STORE: env_store})
+    result = tree.resolve({ENV["store"]: env_store})
     assert result.values["store"] == env_store
     assert result.sources["store"] == "WL_RESOURCE_MONITOR_STORE"
     assert_one_warning(caplog, f"{path}: resource_monitoring.store=", fragment, quote(env_store))
@@ -1295,7 +1309,7 @@ def test_resolution_of_nothing_is_all_defaults(tree: Tree, caplog: pytest.LogCap
 
 def test_load_is_the_values_of_the_resolution(tree: Tree) -> None:
     write(tree.work / FILE_NAME, section("interval_seconds: 7\ncategories: {gpu: false}"))
-    env = {settings.ENV_STEP_SOURCE: "seconds"}
+    env = {ENV["step_source"]: "seconds"}
     assert tree.load(env) == tree.resolve(env).values
 
 
@@ -1303,20 +1317,20 @@ def test_sources_name_each_env_var(tree: Tree, caplog: pytest.LogCaptureFixture)
     disk = tree.base / "data"
     disk.mkdir()
     environ = {
-        settings.ENV_DISABLE: "0",
-        settings.ENV_INTERVAL: "30",
-        settings.ENV_CATEGORIES: "cpu",
-        settings.ENV_DISK_PATH: str(disk),
-        settings.ENV_STEP_SOURCE: "seconds",
-        settings.ENV_STORE: str(tree.base / "runs.db"),
-        settings.ENV_INNER_RATE: "20",
-        settings.ENV_GPU_DEVICES: "visible",
-        settings.ENV_POSTMORTEM_DIR: str(tree.base / "pm"),
-        settings.ENV_PROMETHEUS_PORT: "9400",
-        settings.ENV_PROMETHEUS_ADDRESS: "0.0.0.0",
-        settings.ENV_PROMETHEUS_SD_DIR: str(tree.base / "sd"),
-        settings.ENV_HOST_SAMPLING: "every_rank",
-        settings.ENV_RUN_ID: "job-7",
+        ENV["enabled"]: "0",
+        ENV["interval_seconds"]: "30",
+        ENV["categories"]: "cpu",
+        ENV["disk_path"]: str(disk),
+        ENV["step_source"]: "seconds",
+        ENV["store"]: str(tree.base / "runs.db"),
+        ENV["inner_rate_hz"]: "20",
+        ENV["gpu_devices"]: "visible",
+        ENV["postmortem_dir"]: str(tree.base / "pm"),
+        ENV["prometheus_port"]: "9400",
+        ENV["prometheus_address"]: "0.0.0.0",
+        ENV["prometheus_sd_dir"]: str(tree.base / "sd"),
+        ENV["host_sampling"]: "every_rank",
+        ENV["run_id"]: "job-7",
     }
     result = tree.resolve(environ)
     for field in settings.FIELDS:
@@ -1340,7 +1354,11 @@ def test_sources_name_the_file_and_key_that_beat_the_env(
         "run_id: job-7"
     )
     path = write(tree.work / FILE_NAME, section(body))
-    environ = {settings.ENV_INTERVAL: "30", settings.ENV_CATEGORIES: "memory", settings.ENV_STORE: "off"}
+    environ = {
+        ENV["interval_seconds"]: "30",
+        ENV["categories"]: "memory",
+        ENV["store"]: "off",
+    }
     result = tree.resolve(environ)
     for field in settings.FIELDS:
         assert result.sources[field.key] == f"{path}: resource_monitoring.{field.key}"
@@ -1354,7 +1372,7 @@ def test_sources_name_the_file_and_key_that_beat_the_env(
 
 def test_sources_of_file_mapping_are_per_category(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     path = write(tree.work / FILE_NAME, section("categories: {gpu: false, Disk: 'yes'}"))
-    result = tree.resolve({settings.ENV_CATEGORIES: "cpu,gpu"})
+    result = tree.resolve({ENV["categories"]: "cpu,gpu"})
     assert result.values["categories"] == {
         name: name in ("cpu", "disk") for name in settings.DEFAULT_CATEGORIES
     }
@@ -1371,7 +1389,7 @@ def test_sources_of_file_mapping_are_per_category(tree: Tree, caplog: pytest.Log
 def test_file_mapping_of_every_category_is_the_source_of_all(tree: Tree) -> None:
     flags = ", ".join(f"{name}: true" for name in settings.DEFAULT_CATEGORIES)
     path = write(tree.work / FILE_NAME, section(f"categories: {{{flags}}}"))
-    result = tree.resolve({settings.ENV_CATEGORIES: "cpu"})
+    result = tree.resolve({ENV["categories"]: "cpu"})
     assert result.sources["categories"] == f"{path}: resource_monitoring.categories"
 
 
@@ -1381,7 +1399,11 @@ def test_a_value_that_is_not_used_is_not_a_source(tree: Tree) -> None:
         section("interval_seconds: abc\ncategories: {cpu: maybe, tpu: true}\nstep_source: sideways"),
     )
     result = tree.resolve(
-        {settings.ENV_INTERVAL: "30", settings.ENV_DISK_PATH: "", settings.ENV_CATEGORIES: "x"}
+        {
+            ENV["interval_seconds"]: "30",
+            ENV["disk_path"]: "",
+            ENV["categories"]: "x",
+        }
     )
     assert result.values["interval_seconds"] == 30.0
     assert result.sources["interval_seconds"] == "WL_RESOURCE_MONITOR_INTERVAL_SECONDS"
@@ -1395,7 +1417,7 @@ def test_a_value_that_is_not_used_is_not_a_source(tree: Tree) -> None:
 
 def test_a_value_used_in_part_or_clamped_is_a_source(tree: Tree) -> None:
     path = write(tree.work / FILE_NAME, section("interval_seconds: 0.2"))
-    result = tree.resolve({settings.ENV_CATEGORIES: "cpu,bogus"})
+    result = tree.resolve({ENV["categories"]: "cpu,bogus"})
     assert result.sources["categories"] == "WL_RESOURCE_MONITOR_CATEGORIES"
     assert result.sources["interval_seconds"] == f"{path}: resource_monitoring.interval_seconds"
     assert len(result.warnings) == 2
@@ -1440,7 +1462,7 @@ def test_a_file_found_but_unusable_is_not_used(tree: Tree) -> None:
 
 def test_warnings_are_captured_in_order_and_logged(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     path = write(tree.work / FILE_NAME, section("step_source: sideways\nbogus: 1"))
-    environ = {settings.ENV_INTERVAL: "abc", settings.ENV_CONFIG_PATH: str(tree.base / "nope")}
+    environ = {ENV["interval_seconds"]: "abc", settings.ENV_CONFIG_PATH: str(tree.base / "nope")}
     result = tree.resolve(environ)
     assert list(result.warnings) == sampler_warnings(caplog)
     assert len(result.warnings) == 4
@@ -1453,17 +1475,17 @@ def test_warnings_are_captured_in_order_and_logged(tree: Tree, caplog: pytest.Lo
 
 
 def test_warnings_can_be_captured_without_logging(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    result = tree.resolve({settings.ENV_INTERVAL: "abc"}, log_warnings=False)
+    result = tree.resolve({ENV["interval_seconds"]: "abc"}, log_warnings=False)
     assert len(result.warnings) == 1 and "'abc'" in result.warnings[0]
     assert_no_warnings(caplog)
-    tree.resolve({settings.ENV_INTERVAL: "abc"})  # the switch does not outlive the call
+    tree.resolve({ENV["interval_seconds"]: "abc"})  # the switch does not outlive the call
     assert len(sampler_warnings(caplog)) == 1
 
 
 def test_each_resolution_reports_a_missing_disk_path(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     missing = str(tree.base / "not" / "yet")
     for _ in range(2):
-        (message,) = tree.resolve({settings.ENV_DISK_PATH: missing}).warnings
+        (message,) = tree.resolve({ENV["disk_path"]: missing}).warnings
         assert "does not exist (yet)" in message
     # ... while the API, given the same path after the configuration, does not repeat it.
     caplog.clear()
@@ -1566,11 +1588,11 @@ NO_ENDPOINT = "using prometheus_port=None (no endpoint) instead"
 
 def test_new_env_var_names() -> None:
     assert (
-        settings.ENV_PROMETHEUS_PORT,
-        settings.ENV_PROMETHEUS_ADDRESS,
-        settings.ENV_PROMETHEUS_SD_DIR,
-        settings.ENV_HOST_SAMPLING,
-        settings.ENV_RUN_ID,
+        ENV["prometheus_port"],
+        ENV["prometheus_address"],
+        ENV["prometheus_sd_dir"],
+        ENV["host_sampling"],
+        ENV["run_id"],
     ) == (
         PORT_ENV,
         "WL_RESOURCE_MONITOR_PROMETHEUS_ADDRESS",
@@ -1989,7 +2011,7 @@ def test_api_postmortem_dir_true_word_is_a_value_error_and_dot_slash_is_a_path(
 
 def test_every_setting_but_the_switch_is_a_keyword_of_the_monitor() -> None:
     keys = [field.key for field in settings.MONITOR_FIELDS]
-    assert keys == [field.key for field in settings.FIELDS if field is not settings.ENABLED]
+    assert keys == [field.key for field in settings.FIELDS if field is not BY_KEY["enabled"]]
     assert set(keys) <= {field.key for field in settings.API_FIELDS}
     assert "enabled" not in {field.key for field in settings.API_FIELDS}
     with pytest.raises(TypeError, match="unexpected keyword argument 'enabled'"):
@@ -1997,9 +2019,9 @@ def test_every_setting_but_the_switch_is_a_keyword_of_the_monitor() -> None:
 
 
 def test_the_monitor_started_from_config_takes_every_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(settings.ENV_RUN_ID, "from-env")
-    monkeypatch.setenv(settings.ENV_HOST_SAMPLING, "every_rank")
-    monkeypatch.setenv(settings.ENV_INNER_RATE, "5")
+    monkeypatch.setenv(ENV["run_id"], "from-env")
+    monkeypatch.setenv(ENV["host_sampling"], "every_rank")
+    monkeypatch.setenv(ENV["inner_rate_hz"], "5")
     monitor = sampler.start_resource_monitor_from_config()
     assert monitor is not None
     sampler.stop_resource_monitor()
@@ -2009,7 +2031,7 @@ def test_the_monitor_started_from_config_takes_every_setting(monkeypatch: pytest
 
 FILE_INVALID = [
     # (field, env text, value the env var gives, YAML value, a fragment of the warning)
-    *((settings.PROMETHEUS_PORT, "9000", 9000, raw, why) for raw, why in [
+    *((BY_KEY["prometheus_port"], "9000", 9000, raw, why) for raw, why in [
         ("0", "in 1..65535"),
         ("'0'", "in 1..65535, or false/off for none"),  # a port, not a false word
         ("70000", "in 1..65535"),
@@ -2018,17 +2040,17 @@ FILE_INVALID = [
         ("9400.0", "got float"),
         ("[9400]", "got list"),
     ]),
-    *((settings.PROMETHEUS_ADDRESS, "10.0.0.1", "10.0.0.1", raw, why) for raw, why in [
+    *((BY_KEY["prometheus_address"], "10.0.0.1", "10.0.0.1", raw, why) for raw, why in [
         ("''", "such as 127.0.0.1"), ("'  '", "such as 127.0.0.1"), ("'a b'", "such as 127.0.0.1"),
         ("5", "got int"), ("null", "got NoneType"),
     ]),
-    *((settings.PROMETHEUS_SD_DIR, "/srv/prometheus/sd", "/srv/prometheus/sd", raw, why) for raw, why in [
+    *((BY_KEY["prometheus_sd_dir"], "/srv/prometheus/sd", "/srv/prometheus/sd", raw, why) for raw, why in [
         ("true", "got bool"), ("'on'", "./on"), ("5", "got int")
     ]),
-    *((settings.HOST_SAMPLING, "every_rank", "every_rank", raw, why) for raw, why in [
+    *((BY_KEY["host_sampling"], "every_rank", "every_rank", raw, why) for raw, why in [
         ("sideways", "expected one of local_rank_0, every_rank"), ("5", "got int")
     ]),
-    *((settings.RUN_ID, "from-env", "from-env", raw, why) for raw, why in [
+    *((BY_KEY["run_id"], "from-env", "from-env", raw, why) for raw, why in [
         ("x" * 200, "at most 128"), ('"a\\tb"', "printable"), ("true", "got bool"), ("1.5", "got float")
     ]),
 ]  # fmt: skip
@@ -2063,11 +2085,11 @@ def test_a_bad_file_value_of_the_new_fields_warns_once_and_keeps_the_env_var(
 @pytest.mark.parametrize("raw", ["\u0661", "\u00b2", "\uff11", "1_0", "+1"])
 def test_a_gpu_index_is_plain_ascii_digits(tree: Tree, caplog: pytest.LogCaptureFixture, raw: str) -> None:
     # U+0661 (Arabic-Indic one) and "²" pass str.isdigit(); int() reads the first as 1, refuses the second.
-    result = tree.resolve({settings.ENV_GPU_DEVICES: f"0,{raw}"})
+    result = tree.resolve({ENV["gpu_devices"]: f"0,{raw}"})
     assert result.values["gpu_devices"] == "all"
     assert_one_warning(
         caplog,
-        f"{settings.ENV_GPU_DEVICES}=",
+        f"{ENV['gpu_devices']}=",
         "is invalid",
         "neither an index nor a UUID",
         "using gpu_devices=all",
@@ -2081,7 +2103,7 @@ def test_a_huge_gpu_index_in_the_file_warns(tree: Tree, caplog: pytest.LogCaptur
 
 
 def test_gpu_indices_and_uuids_in_plain_digits_are_kept(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
-    assert tree.load({settings.ENV_GPU_DEVICES: " 1 , 03,GPU-ab"})["gpu_devices"] == ("1", "03", "GPU-ab")
+    assert tree.load({ENV["gpu_devices"]: " 1 , 03,GPU-ab"})["gpu_devices"] == ("1", "03", "GPU-ab")
     assert resolve(gpu_devices=[2, "0"]).gpu_devices == ("2", "0")
     assert_no_warnings(caplog)
 
@@ -2090,8 +2112,8 @@ def test_a_monitor_built_explicitly_takes_what_it_is_not_given_from_the_configur
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv(settings.ENV_STORE, str(tmp_path / "from-env.sqlite"))
-    monkeypatch.setenv(settings.ENV_INTERVAL, "7")
+    monkeypatch.setenv(ENV["store"], str(tmp_path / "from-env.sqlite"))
+    monkeypatch.setenv(ENV["interval_seconds"], "7")
     (tmp_path / "resource_monitoring.yaml").write_text("resource_monitoring:\n  inner_rate_hz: 4\n")
     mon = sampler.ResourceMonitor(interval_seconds=3)
     assert mon.store == str(tmp_path / "from-env.sqlite")

@@ -22,6 +22,9 @@ from conftest import parse_command, run_command
 from sampler import settings
 from sampler.commands import config as command
 
+ENV = settings.ENV
+BY_KEY = settings.BY_KEY
+
 REPO = Path(__file__).resolve().parent.parent
 FILE_NAME = "resource_monitoring.yaml"
 PACKAGE_FILE = REPO / "sampler" / FILE_NAME
@@ -50,9 +53,9 @@ def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         encoding="utf-8",
     )
     (root / "resource_monitoring.yml").write_text("resource_monitoring: {}\n", encoding="utf-8")
-    monkeypatch.setenv(settings.ENV_CATEGORIES, "cpu,gpu,disk")
-    monkeypatch.setenv(settings.ENV_STEP_SOURCE, "seconds")
-    monkeypatch.setenv(settings.ENV_INTERVAL, "30")
+    monkeypatch.setenv(ENV["categories"], "cpu,gpu,disk")
+    monkeypatch.setenv(ENV["step_source"], "seconds")
+    monkeypatch.setenv(ENV["interval_seconds"], "30")
     monkeypatch.chdir(root / "src")
     return root
 
@@ -140,7 +143,7 @@ def test_json_report(scratch: Path) -> None:
 
 def test_no_file_no_warnings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv(settings.ENV_STORE, raising=False)
+    monkeypatch.delenv(ENV["store"], raising=False)
     status, text = run()
     assert status == 0
     assert text.rstrip().endswith("\n\nno warnings")
@@ -190,7 +193,7 @@ def test_odd_paths_never_break_the_report(tmp_path: Path, monkeypatch: pytest.Mo
     # disk path an ASCII stream cannot hold.
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(settings.ENV_CONFIG_PATH, os.fsdecode(b"/nowhere/\xff\nx"))
-    monkeypatch.setenv(settings.ENV_DISK_PATH, "/nowhere/caf\u00e9")  # printable, but not ASCII
+    monkeypatch.setenv(ENV["disk_path"], "/nowhere/caf\u00e9")  # printable, but not ASCII
     for argv in ((), ("--json",)):
         args = parse_command("config", *argv)
         raw = io.BytesIO()

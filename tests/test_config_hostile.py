@@ -17,10 +17,13 @@ import pytest
 
 from sampler import settings
 
+ENV = settings.ENV
+BY_KEY = settings.BY_KEY
+
 pytestmark = pytest.mark.timeout(20)
 
 FILE_NAME = "resource_monitoring.yaml"
-ENV = {settings.ENV_INTERVAL: "30", settings.ENV_STEP_SOURCE: "seconds"}
+ENV = {ENV["interval_seconds"]: "30", ENV["step_source"]: "seconds"}
 """Env values every test sets, so that a fallback is visible as 30.0 and "seconds"."""
 MESSAGE_BUDGET = 400
 """Characters a warning may use besides the file's path."""

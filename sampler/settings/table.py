@@ -282,43 +282,14 @@ API_FIELDS: tuple[Field, ...] = tuple(field for field in ALL_FIELDS if field.in_
 MONITOR_FIELDS: tuple[Field, ...] = tuple(field for field in FIELDS if field.in_api)
 """The configured settings a ``ResourceMonitor`` takes (what ``run`` resolves and passes on)."""
 
-ENABLED = BY_KEY["enabled"]
 INTERVAL = BY_KEY["interval_seconds"]
 CATEGORIES = BY_KEY["categories"]
-DISK_PATH = BY_KEY["disk_path"]
 STEP_SOURCE = BY_KEY["step_source"]
 STORE = BY_KEY["store"]
-INNER_RATE = BY_KEY["inner_rate_hz"]
-GPU_DEVICES = BY_KEY["gpu_devices"]
 POSTMORTEM_DIR = BY_KEY["postmortem_dir"]
-PROMETHEUS_PORT = BY_KEY["prometheus_port"]
-PROMETHEUS_ADDRESS = BY_KEY["prometheus_address"]
-PROMETHEUS_SD_DIR = BY_KEY["prometheus_sd_dir"]
-HOST_SAMPLING = BY_KEY["host_sampling"]
-RUN_ID = BY_KEY["run_id"]
 """The fields the resolver and the front ends treat specially, by name."""
-
-
-def env_name(field: Field) -> str:
-    """``field``'s env var (a field without one is a programming error)."""
-    assert field.env is not None, field.key
-    return field.env
-
-
-ENV_DISABLE = env_name(ENABLED)
-ENV_INTERVAL = env_name(INTERVAL)
-ENV_CATEGORIES = env_name(CATEGORIES)
-ENV_DISK_PATH = env_name(DISK_PATH)
-ENV_STEP_SOURCE = env_name(STEP_SOURCE)
-ENV_STORE = env_name(STORE)
-ENV_INNER_RATE = env_name(INNER_RATE)
-ENV_GPU_DEVICES = env_name(GPU_DEVICES)
-ENV_POSTMORTEM_DIR = env_name(POSTMORTEM_DIR)
-ENV_PROMETHEUS_PORT = env_name(PROMETHEUS_PORT)
-ENV_PROMETHEUS_ADDRESS = env_name(PROMETHEUS_ADDRESS)
-ENV_PROMETHEUS_SD_DIR = env_name(PROMETHEUS_SD_DIR)
-ENV_HOST_SAMPLING = env_name(HOST_SAMPLING)
-ENV_RUN_ID = env_name(RUN_ID)
+ENV: dict[str, str] = {field.key: field.env for field in FIELDS if field.env is not None}
+"""Each configured setting's env var, by key."""
 
 
 def defaults() -> dict[str, Any]:
