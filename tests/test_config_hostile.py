@@ -17,13 +17,10 @@ import pytest
 
 from sampler import settings
 
-ENV = settings.ENV
-BY_KEY = settings.BY_KEY
-
 pytestmark = pytest.mark.timeout(20)
 
 FILE_NAME = "resource_monitoring.yaml"
-ENV = {ENV["interval_seconds"]: "30", ENV["step_source"]: "seconds"}
+ENV = {settings.ENV["interval_seconds"]: "30", settings.ENV["step_source"]: "seconds"}
 """Env values every test sets, so that a fallback is visible as 30.0 and "seconds"."""
 MESSAGE_BUDGET = 400
 """Characters a warning may use besides the file's path."""
