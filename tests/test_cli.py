@@ -152,7 +152,7 @@ def test_categories_flag_reads_like_the_env_var() -> None:
 
 
 def test_step_source_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    assert parse().step_source is None  # main() then steps by seconds
+    assert "step_source" not in vars(parse())  # not given: main() then steps by seconds
     assert parse("--step-source", "Model_Age").step_source == "model_age"
     assert "model_age, seconds" in refused(capsys, "--step-source", "sideways")
 
@@ -309,3 +309,18 @@ def test_run_pid_without_pidfds_knows_the_process_by_its_start_time(
         trainer.kill()
         reaper.join()
     assert f"\nprocess {trainer.pid} ended\n" in out.getvalue()
+
+
+def test_a_flag_set_to_off_beats_the_configuration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``--prometheus-port off`` turns off an endpoint the environment asks for; ``--store off``
+    records nothing, though the run's own default would record."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WL_RESOURCE_MONITOR_PROMETHEUS_PORT", "9400")
+    args = cli._parser().parse_args(["run", "--prometheus-port", "off", "--store", "off"])
+    chosen = run_command._effective(args, sampler.settings.resolve_config())
+    assert chosen["prometheus_port"] == (None, "--prometheus-port")
+    assert chosen["store"] == (None, "--store")
+    args = cli._parser().parse_args(["run"])
+    chosen = run_command._effective(args, sampler.settings.resolve_config())
+    assert chosen["prometheus_port"] == (9400, "WL_RESOURCE_MONITOR_PROMETHEUS_PORT")
+    assert chosen["store"] == (str(tmp_path / "resource_monitor.sqlite"), "run's default")

@@ -126,17 +126,17 @@ def _effective(args: argparse.Namespace, resolution: settings.Resolution) -> dic
     configuration, which beats this command's own defaults."""
     values, sources = resolution.values, resolution.sources
     chosen: dict[str, tuple[Any, str]] = {}
+    given = vars(args)  # a flag not given is absent (SUPPRESS): one given as off/false sets None
     for field in settings.MONITOR_FIELDS:
-        flagged = getattr(args, field.key, None)
-        if flagged is not None:
-            chosen[field.key] = (flagged, field.flag or "")
+        if field.key in given:
+            chosen[field.key] = (given[field.key], field.flag or "")
         else:
             chosen[field.key] = (values[field.key], sources[field.key])
-    if args.step_source is None and sources["step_source"] == settings.DEFAULT_SOURCE:
+    if "step_source" not in given and sources["step_source"] == settings.DEFAULT_SOURCE:
         chosen["step_source"] = (FOREGROUND_STEP_SOURCE, "run's default (no model to age here)")
     if args.no_store:
         chosen["store"] = (None, "--no-store")
-    elif chosen["store"][0] is None:
+    elif chosen["store"][0] is None and "store" not in given:
         chosen["store"] = (os.path.abspath(DEFAULT_STORE), "run's default")
     pid = args.pid if args.pid is not None else os.getpid()
     chosen["pid"] = (pid, "--pid" if args.pid is not None else "this process")
@@ -171,6 +171,7 @@ def add_parser(commands: Any) -> None:
                 field.flag,
                 dest=field.key,
                 type=field_argument(field, field.flag),
+                default=argparse.SUPPRESS,
                 metavar=field.key.upper(),
                 help=f"{field.help}{default}",
             )
@@ -179,6 +180,7 @@ def add_parser(commands: Any) -> None:
         "--store",
         dest="store",
         type=field_argument(settings.STORE, "--store"),
+        default=argparse.SUPPRESS,
         metavar="PATH",
         help=f"the run store to record into (default here: ./{DEFAULT_STORE})",
     )
