@@ -1,5 +1,5 @@
 """The signal catalogue: every name a collector produces is in it, once, with what the
-collectors really do (peaks, means), and the README's tables and the views are drawn from it."""
+collectors really do (peaks, means), and the manual's tables and the views are drawn from it."""
 
 from __future__ import annotations
 
@@ -18,24 +18,24 @@ from sampler.collectors.base import Collector
 from sampler.collectors.container import ContainerCollector
 from sampler.views import formatting, plot, top
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
 MiB = 1024**2
 OWN_GPU_BYTES = 3 * MiB
 """What the backend holds on the fake GPU: unlike every other reading, so a swap shows."""
 
 
-def readme_table(heading: str) -> str:
-    """The first table after ``heading`` in the README, as text."""
-    text = README.read_text(encoding="utf-8")
+def published_table(page: str, heading: str) -> str:
+    """The first table after the line ``heading`` in the manual's ``page`` (under docs/), as text."""
+    text = "\n" + (DOCS / page).read_text(encoding="utf-8")
     lines = text[text.index(f"\n{heading}\n") :].splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("|"))
     end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
     return "\n".join(lines[start:end]) + "\n"
 
 
-def test_the_readme_tables_are_the_catalogues() -> None:
-    assert readme_table("### Signals") == catalogue.signals_table()
-    assert readme_table("### Prometheus metrics") == catalogue.metrics_table()
+def test_the_published_tables_are_the_catalogues() -> None:
+    assert published_table("signals.md", "# Signals") == catalogue.signals_table()
+    assert published_table("prometheus.md", "## Prometheus metrics") == catalogue.metrics_table()
 
 
 def fake_container(tmp_path: Path) -> ContainerCollector:

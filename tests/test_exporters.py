@@ -1,7 +1,7 @@
 """The tools people already read (issue 8): a real monitor whose sink is
 TensorBoard's ``SummaryWriter.add_scalar``, read back with TensorBoard's own
-event reader. MLflow and W&B take a one-line sink (README); they are not
-installed here and not tested. The README's TensorBoard snippet runs as written."""
+event reader. MLflow and W&B take a one-line sink (docs/usage.md); they are not
+installed here and not tested. The manual's TensorBoard snippet runs as written."""
 
 from __future__ import annotations
 
@@ -124,15 +124,16 @@ def test_every_signal_name_is_a_valid_mlflow_key_and_a_two_level_wandb_section(
     assert sections == {f"resource/{c}" for c in NON_GPU} | {"resource/gpu/0", "resource/gpu/1"}
 
 
-def readme_snippet(after: str) -> str:
-    """The first ```python block of the README after the text ``after``, as written."""
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+def documented_snippet(after: str) -> str:
+    """The first ```python block of the manual's usage page (docs/usage.md, where the README's
+    exporters moved) after the text ``after``, as written."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "usage.md").read_text(encoding="utf-8")
     block = text[text.index(after) :].split("```python\n", 1)[1].split("```", 1)[0]
     return "\n".join(line.removeprefix("  ") for line in block.splitlines()) + "\n"
 
 
-def test_the_readme_tensorboard_snippet_runs_as_written(tmp_path: Path) -> None:
-    """The README's snippet, verbatim, then a training loop that logs its loss: the
+def test_the_documented_tensorboard_snippet_runs_as_written(tmp_path: Path) -> None:
+    """The manual's snippet, verbatim, then a training loop that logs its loss: the
     event file holds the loss and the resource curves, on the loss's steps."""
     pytest.importorskip("torch.utils.tensorboard")
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
@@ -146,7 +147,7 @@ def test_the_readme_tensorboard_snippet_runs_as_written(tmp_path: Path) -> None:
         "writer.close()\n"
     )
     script = tmp_path / "train.py"
-    script.write_text(readme_snippet("**TensorBoard**") + loop)
+    script.write_text(documented_snippet("**TensorBoard**") + loop)
     env = {**os.environ, "WL_RESOURCE_MONITOR_INTERVAL_SECONDS": "1", "WL_RESOURCE_MONITOR_CATEGORIES": "cpu"}
     done = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120

@@ -1,4 +1,4 @@
-"""The signal -> metric table: complete, well named, and the README's."""
+"""The signal -> metric table: complete, well named, and the one the manual publishes."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from sampler.collectors.container import CPU_NAMES, MEMORY_NAMES
 from sampler.prometheus import metrics
 from sampler.settings import DEFAULT_CATEGORIES
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+PROMETHEUS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "prometheus.md"
 METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 
 
@@ -109,9 +109,9 @@ def test_rates_and_unknown_names_are_not_exposed(signal: str) -> None:
     assert metrics.lookup(signal) is None
 
 
-def test_the_readme_table_lists_every_metric() -> None:
-    text = README.read_text()
-    section = text[text.index("### Prometheus metrics") :]
+def test_the_published_table_lists_every_metric() -> None:
+    text = PROMETHEUS_PAGE.read_text(encoding="utf-8")
+    section = text[text.index("\n## Prometheus metrics\n") :]
     rows = {
         match.group(1): match.group(2)
         for match in re.finditer(r"^\| `(resource/[^`]+)` \| `(wl_resource_[a-z_]+)` \|", section, re.M)
