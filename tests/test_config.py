@@ -2120,4 +2120,10 @@ def test_a_monitor_built_explicitly_takes_what_it_is_not_given_from_the_configur
     assert mon.inner_rate_hz == 4.0
     assert mon.interval_seconds == 3.0  # an argument wins
     assert mon.settings.store == mon.store and mon.stats()["settings"]["interval_seconds"] == 3.0
+    sources = mon.stats()["settings_sources"]
+    assert sources["store"] == ENV["store"] and sources["interval_seconds"] == "ResourceMonitor"
+    assert (
+        sources["inner_rate_hz"]
+        == f"{tmp_path / 'resource_monitoring.yaml'}: resource_monitoring.inner_rate_hz"
+    )
     assert sampler.ResourceMonitor(store=None).store is None

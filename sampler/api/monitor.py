@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import psutil
@@ -146,12 +147,15 @@ class ResourceMonitor:
         _min_interval_seconds: float = settings.MIN_INTERVAL_SECONDS,
         _ring_capacity: int = RING_CAPACITY,
         _restart_backoff: tuple[float, float] = RESTART_BACKOFF_SECONDS,
-        _resolved: MonitorSettings | None = None,
+        _resolved: tuple[MonitorSettings, Mapping[str, str]] | None = None,
         **options: Any,
     ) -> None:
         if _resolved is None or options:
-            _resolved, _ = settings.resolve_settings(options, min_interval_seconds=_min_interval_seconds)
-        self._settings = _resolved
+            resolved, resolution = settings.resolve_settings(
+                options, min_interval_seconds=_min_interval_seconds
+            )
+            _resolved = resolved, resolution.sources
+        self._settings, self._sources = _resolved[0], dict(_resolved[1])
         for name, fn in (("sink", sink), ("age_source", age_source), ("on_sample", on_sample)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable or None, got {type(fn).__name__}")
@@ -334,12 +338,15 @@ class ResourceMonitor:
         collector each was attributed to, quarantined categories, isolation in
         use, the child's CPU seconds per sample, its pid, the seconds since the
         last record, what the monitor is waiting for if records are overdue,
-        and the error that stopped the thread, if any."""
+        the error that stopped the thread, if any, the ``settings`` resolved and
+        ``settings_sources``: where each came from (``ResourceMonitor`` for an
+        argument, an env var's name, ``<file>: resource_monitoring.<key>``, a default)."""
         out = self._stats.snapshot()
         out["child_pid"] = self.child_pid
         out["running"] = self.running
         out["placement"] = dataclasses.asdict(self._placement)
         out["settings"] = self._settings.as_row()
+        out["settings_sources"] = dict(self._sources)
         return out
 
     def _run_info(self) -> RunInfo:
@@ -395,11 +402,11 @@ def start_resource_monitor_from_config() -> ResourceMonitor | None:
     with _singleton_lock:
         if _singleton is not None and _singleton_pid == os.getpid():
             return _singleton
-        resolved, _ = settings.resolve_settings({})
+        resolved, resolution = settings.resolve_settings({})
         if not resolved.enabled:
             log.info("resource monitor: disabled by configuration")
             return None
-        monitor = ResourceMonitor(_resolved=resolved)
+        monitor = ResourceMonitor(_resolved=(resolved, resolution.sources))
         _singleton, _singleton_pid = monitor.start(), os.getpid()
         return _singleton
 

@@ -221,7 +221,10 @@ def _run(args: argparse.Namespace, watched: _Watched | None) -> int:
     printer = _Printer(out, closed)
     values = {key: value for key, (value, _) in chosen.items() if key != "pid"}
     monitor = ResourceMonitor(
-        _resolved=settled({**values, "nvml_module": args.nvml_module}),
+        _resolved=(
+            settled({**values, "nvml_module": args.nvml_module}),
+            {key: source for key, (_, source) in chosen.items()},
+        ),
         pid=args.pid,
         sink=lambda name, value, step: None,
         on_sample=printer,
