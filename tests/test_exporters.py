@@ -1,7 +1,7 @@
 """The tools people already read (issue 8): a real monitor whose sink is
 TensorBoard's ``SummaryWriter.add_scalar``, read back with TensorBoard's own
-event reader. The manual's TensorBoard and MLflow snippets run as written (MLflow
-against a local store, where the integrations extra is installed); W&B's is not run."""
+event reader. The manual's TensorBoard, MLflow and W&B snippets run as written (MLflow
+against a local store, W&B offline, where the integrations extra is installed)."""
 
 from __future__ import annotations
 
@@ -200,3 +200,38 @@ def test_the_documented_mlflow_snippet_runs_as_written(
     cpu = [m.step for m in client.get_metric_history(run_id, "resource/cpu/utilization_percent")]
     loss = {m.step for m in client.get_metric_history(run_id, "train/loss")}
     assert len(cpu) >= 2 and set(cpu) <= loss and max(cpu) > 0
+
+
+def test_the_documented_wandb_snippet_never_pushes_the_training_s_rows_out(tmp_path: Path) -> None:
+    """W&B offline: a training that logs two rows per step (loss, then accuracy after a
+    moment) with ``step=``; the resource rows must not advance W&B's step in between,
+    which W&B reports as "less than the current step ... this data will be ignored"."""
+    pytest.importorskip("wandb")
+    loop = (
+        "import time\n"
+        "step, deadline = 0, time.monotonic() + 4\n"
+        "while time.monotonic() < deadline:\n"
+        "    run.log({'train/loss': 1 / (step + 1)}, step=step)\n"
+        "    sampler.signals.log_signal('train/loss', 1 / (step + 1), step)\n"
+        "    time.sleep(0.05)\n"
+        "    run.log({'train/accuracy': 0.5}, step=step)\n"
+        "    step += 1\n"
+        "run.finish()\n"
+        "print('finished at step', step)\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text("import sampler\nimport wandb\n" + documented_snippet("**Weights & Biases**") + loop)
+    env = {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(tmp_path),
+        "WL_RESOURCE_MONITOR_INTERVAL_SECONDS": "1",
+        "WL_RESOURCE_MONITOR_CATEGORIES": "cpu",
+    }
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr
+    assert "finished at step" in done.stdout
+    output = done.stdout + done.stderr
+    assert "less than the current step" not in output and "will be ignored" not in output
