@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     b, h = statistics.median(bare), statistics.median(hooked)
     print(f"forward pass, unwatched: {b * 1e6:.2f} µs (median of {args.rounds} rounds of {args.calls})")
     print(f"forward pass, watched:   {h * 1e6:.2f} µs")
-    print(f"the hook's cost:         {(h - b) * 1e6:+.3f} µs per pass ({h / b:.3f}×)")
+    print(f"the hook's cost:         {(h - b) * 1e6:+.3f} µs per pass ({h / b:.3f}\N{MULTIPLICATION SIGN})")
     pairs = [hh - bb for bb, hh in zip(bare, hooked, strict=True)]
     print(f"per round: {', '.join(f'{p * 1e6:+.3f}' for p in pairs)} µs")
     return 0

@@ -128,6 +128,10 @@ class Rows(NamedTuple):
     lost: int
 
 
+Record = tuple[int, tuple[float, ...], int]
+"""One record as ``Ring.read_committed`` returns it: (record number, values, timestamp_ns)."""
+
+
 class Ring:
     """A ring in a named shared-memory segment; use ``create`` or ``attach``."""
 
@@ -150,10 +154,12 @@ class Ring:
         self._seq = self._slots[:, 0]
         self._weights = _weights(n_fields)
         self._seed = int(self._weights[0])
-        self._weights_int = [int(w) for w in self._weights[1:]]
+        self._weights_int = (0, 0, *(int(w) for w in self._weights[1:]))
+        """Checksum multipliers aligned with a whole slot's words (seq and checksum weigh 0)."""
         self._data_offset = data_offset
-        self._slot_format = struct.Struct(f"<{stride}Q")
-        self._values_format = struct.Struct(f"<{n_fields}d")
+        self._slot_bytes = stride * 8
+        self._unpack_words = struct.Struct(f"<{stride}Q").unpack
+        self._unpack_values = struct.Struct(f"<{n_fields}d").unpack_from
         self._next = self.head
 
     @classmethod
@@ -278,6 +284,45 @@ class Ring:
             lost=result.lost,
         )
 
+    def read_committed(self, cursor: int) -> tuple[list[Record], int, int]:
+        """``read_rows`` for a reader that keeps up with the writer, as (records,
+        cursor, lost), each record a ``Record``: from ``cursor`` on, slot by slot
+        with the same seqlock and checksum checks, while each slot holds its record
+        committed and intact, up to the first slot the writer has not begun. The
+        header's head, a cache line the writer dirties at every record, is not
+        read: a wake-up for one record touches that record's slot and the next
+        slot's sequence, and builds a list and a tuple. Anything else (a slot being
+        written, torn or lapped, more than ``_FEW`` records) is left to
+        ``read_rows`` from there, which counts what was lost. The cursor returned
+        may pass the head of a writer that has committed a record but not yet
+        advanced its head."""
+        buf, seq_at, slot_bytes = self._seg.buf, _U64.unpack_from, self._slot_bytes
+        records: list[Record] = []
+        index = cursor
+        while index - cursor < _FEW:
+            offset = self._data_offset + index % self.capacity * slot_bytes
+            committed = 2 * index + 2
+            (before,) = seq_at(buf, offset)
+            if before < committed - 1:  # an earlier lap's record, or none: ``index`` is still to come
+                return records, index, 0
+            if before != committed:
+                break
+            raw = buf[offset : offset + slot_bytes]
+            (after,) = seq_at(buf, offset)
+            words = self._unpack_words(raw)
+            if (
+                after != committed
+                or (sum(map(operator.mul, words, self._weights_int)) + committed * self._seed) & _MASK
+                != words[1]
+            ):
+                break
+            timestamp_ns = words[2] - (1 << 64) if words[2] >> 63 else words[2]
+            records.append((index, self._unpack_values(raw, _SLOT_META * 8), timestamp_ns))
+            index += 1
+        rest = self.read_rows(index)
+        records += zip(rest.indices, rest.values, rest.timestamps_ns, strict=True)
+        return records, rest.cursor, rest.lost
+
     def _read_many(self, cursor: int, start: int, head: int) -> ReadResult:
         """The vectorised read: every check done on whole columns at once."""
         indices = np.arange(start, head, dtype=np.uint64)
@@ -300,26 +345,30 @@ class Ring:
     def _read_few(self, cursor: int, start: int, head: int) -> Rows:
         """The read for a handful of records, slot by slot with struct: the same
         seqlock and checksum checks, without numpy's per-call overhead, which
-        dominates what a reader woken for one record spends."""
-        buf = self._seg.buf
-        slot_bytes = self._slot_format.size
-        rows = Rows([], [], [], head, 0)
+        dominates what a reader woken for one record spends. A slot's words and
+        values come from one copy of it (``raw``), taken between the two reads of
+        its sequence."""
+        buf, seq_at, slot_bytes = self._seg.buf, _U64.unpack_from, self._slot_bytes
+        values: list[tuple[float, ...]] = []
+        timestamps: list[int] = []
+        indices: list[int] = []
         for index in range(start, head):
-            offset = self._data_offset + (index % self.capacity) * slot_bytes
+            offset = self._data_offset + index % self.capacity * slot_bytes
             committed = 2 * index + 2
-            (before,) = _U64.unpack_from(buf, offset)
+            (before,) = seq_at(buf, offset)
             raw = buf[offset : offset + slot_bytes]
-            (after,) = _U64.unpack_from(buf, offset)
+            (after,) = seq_at(buf, offset)
             if before != committed or after != committed:
                 continue
-            words = self._slot_format.unpack(raw)
-            mixed = sum(map(operator.mul, words[2:], self._weights_int)) + committed * self._seed
-            if mixed & _MASK != words[1]:
+            words = self._unpack_words(raw)
+            if (sum(map(operator.mul, words, self._weights_int)) + committed * self._seed) & _MASK != words[
+                1
+            ]:
                 continue
-            rows.indices.append(index)
-            rows.timestamps_ns.append(words[2] - (1 << 64) if words[2] >> 63 else words[2])
-            rows.values.append(self._values_format.unpack_from(raw, _SLOT_META * 8))
-        return rows._replace(lost=(head - cursor) - len(rows.indices))
+            indices.append(index)
+            timestamps.append(words[2] - (1 << 64) if words[2] >> 63 else words[2])
+            values.append(self._unpack_values(raw, _SLOT_META * 8))
+        return Rows(values, timestamps, indices, head, (head - cursor) - len(indices))
 
     def _checksum(self, words: npt.NDArray[np.uint64], seq: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
         """Per-row checksums of (n, 1 + n_fields) words; uint64 array arithmetic

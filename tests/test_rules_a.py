@@ -17,7 +17,7 @@ import pytest
 from conftest import FAST, Recorder, wait_for
 
 import sampler
-from ringbuf import Ring
+from ringbuf import Ring, ring
 from sampler.child import cadence
 from sampler.supervision import supervisor
 
@@ -72,6 +72,57 @@ def test_a_slot_overwritten_during_the_vectorised_copy_is_not_returned(method: s
         assert got.lost == LAPPED and got.cursor == CAPACITY
         for index, row in zip(indices, got.values, strict=True):
             assert [float(v) for v in row] == [float(index)] * len(FIELDS)
+
+
+class _LapBeforeSecondLook:
+    """Stands in for the ring's struct of one sequence word: the second read of slot 0's
+    sequence (the one after the copy) first has the writer lap that slot."""
+
+    def __init__(self, real: Any, slot_offset: int, then: Callable[[], None]) -> None:
+        self.real, self.slot_offset, self.then, self.looks = real, slot_offset, then, 0
+
+    def unpack_from(self, buf: Any, offset: int = 0) -> tuple[int, ...]:
+        if offset == self.slot_offset:
+            self.looks += 1
+            if self.looks == 2:
+                self.then()
+        return self.real.unpack_from(buf, offset)  # type: ignore[no-any-return]
+
+
+FEW_CAPACITY = 4  # a read of this many records takes the slot-by-slot path (ring._FEW and below)
+
+
+@pytest.mark.parametrize("method", ["read_rows", "read_committed"])
+def test_a_slot_overwritten_during_the_slot_by_slot_copy_is_not_returned(
+    method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slot 0 is copied intact, then lapped by records 4 and 5 before its sequence is read
+    again: records 0 and 1 are lost, never returned with the values they had."""
+    writer, fd = Ring.create_anonymous(FIELDS, FEW_CAPACITY)
+    try:
+        reader = Ring.from_fd(fd)
+    finally:
+        os.close(fd)
+    with writer, reader:
+        for k in range(FEW_CAPACITY):
+            writer.write([float(k)] * len(FIELDS))
+
+        def lap() -> None:
+            for k in range(FEW_CAPACITY, FEW_CAPACITY + 2):
+                writer.write([float(k)] * len(FIELDS))
+
+        monkeypatch.setattr(ring, "_U64", _LapBeforeSecondLook(ring._U64, reader._data_offset, lap))
+        if method == "read_rows":
+            got = reader.read_rows(0)
+            pairs = [(int(i), list(map(float, row))) for i, row in zip(got.indices, got.values, strict=True)]
+        else:
+            records, _, _ = reader.read_committed(0)
+            pairs = [(index, list(values)) for index, values, _ in records]
+        monkeypatch.undo()
+        assert writer.head == FEW_CAPACITY + 2  # the writer did run inside the read
+        assert not [index for index, _ in pairs if index < 2], "a lapped record was returned"
+        for index, values in pairs:
+            assert values == [float(index)] * len(FIELDS)
 
 
 # --- the reader: an idle child's deadline -----------------------------------------------------

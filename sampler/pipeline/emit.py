@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from sampler import signals
@@ -35,6 +35,9 @@ class Sample:
 Sink = Callable[[str, float, int], object]
 SampleHook = Callable[[Sample], object]
 
+WEIGHTSLAB_CHECK_EVERY = 16
+"""Whether WeightsLab's own monitor runs beside this one is asked at the first record
+and every this many after it, not at every record."""
 SAMPLE_SLACK_SECONDS = 0.25
 """A sample expected no later than this after the run store's queue is due writes the
 queue instead (one wake-up, not two); should it be late, the wait for it ends this
@@ -44,13 +47,15 @@ long after it was expected."""
 class Emitter:
     """Logs each record's readings at its step; O(signals) per record.
 
-    A NaN reading failed in the child and is skipped. A sink or hook that
-    raises anything at all (``asyncio.CancelledError`` and ``SystemExit``
-    included: they are user code's, not ours to obey) is counted and reported
-    (rate-limited); it never stops the reader. With a ``recorder`` (the run
-    store), each record is written with what the pipeline queued since the last,
-    and the reader's waits end for the queue in between (``store_due``,
-    ``serve_store``), so a long interval does not hold it back.
+    A NaN reading failed in the child and is skipped (one ``sum`` tells a record
+    without any). The readings are made a dict only for an ``on_sample`` hook or
+    the run store. A sink or hook that raises anything at all
+    (``asyncio.CancelledError`` and ``SystemExit`` included: they are user
+    code's, not ours to obey) is counted and reported (rate-limited); it never
+    stops the reader. With a ``recorder`` (the run store), each record is
+    written with what the pipeline queued since the last, and the reader's
+    waits end for the queue in between (``store_due``, ``serve_store``), so a
+    long interval does not hold it back.
     """
 
     def __init__(
@@ -75,50 +80,62 @@ class Emitter:
         self._failures = RateLimitedWarning()
         self._health: tuple[object, ...] = ()
         self._first = True
+        self._emitted = 0
+        """Records handed to ``emit`` so far."""
 
     def emit(self, fields: Sequence[str], values: Sequence[float], timestamp_ns: int) -> int | None:
         """Log one record; returns the step it was logged at, None if it was dropped."""
         stats = self.stats
         stats.last_record_monotonic = stats.in_sink_since = time.monotonic()
-        wl_adapter.warn_if_weightslab_monitor_running()
+        if not self._emitted % WEIGHTSLAB_CHECK_EVERY:
+            wl_adapter.warn_if_weightslab_monitor_running()
+        self._emitted += 1
         try:
-            return self._emit(fields, values, timestamp_ns)
+            step = self.stamper.stamp(timestamp_ns)
+            if step is None:
+                stats.records_dropped += 1
+                self._record(None, 0, timestamp_ns)
+                return None
+            total = sum(values)
+            readings: Iterable[tuple[str, float]]
+            if total == total:  # no NaN: every reading succeeded
+                readings = zip(fields, values, strict=True)
+                logged = len(values)
+            else:  # a NaN reading failed in the collector
+                readings = [
+                    (name, value) for name, value in zip(fields, values, strict=True) if value == value
+                ]
+                logged = len(readings)
+            hook = self.on_sample
+            sample = None
+            if hook is not None or self.recorder is not None:  # they take the readings as a dict
+                sample = dict(readings)
+                readings, logged = sample.items(), len(sample)
+            sink = self.sink
+            for name, value in readings:
+                try:
+                    sink(name, value, step)
+                except BaseException as exc:
+                    stats.sink_errors += 1
+                    self._failures.warn(
+                        "resource monitor: sink raised %s while logging %s", bounded_repr(exc), name
+                    )
+            stats.signals_logged += logged
+            stats.records_logged += 1
+            if hook is not None and sample is not None:
+                try:
+                    hook(Sample(step, timestamp_ns, sample, self.placement))
+                except BaseException as exc:
+                    stats.sink_errors += 1
+                    self._failures.warn("resource monitor: on_sample hook raised %s", bounded_repr(exc))
+            if self._first:
+                self._first = False
+                self._warn_if_unheard()
+            if self.recorder is not None:
+                self._record(sample, step, timestamp_ns)
+            return step
         finally:
             stats.in_sink_since = None
-
-    def _emit(self, fields: Sequence[str], values: Sequence[float], timestamp_ns: int) -> int | None:
-        stats = self.stats
-        step = self.stamper.stamp(timestamp_ns)
-        if step is None:
-            stats.records_dropped += 1
-            self._record(None, 0, timestamp_ns)
-            return None
-        sink = self.sink
-        sample: dict[str, float] = {}
-        for name, value in zip(fields, values, strict=True):
-            if value != value:  # NaN: the reading failed in the collector
-                continue
-            sample[name] = value
-            try:
-                sink(name, value, step)
-            except BaseException as exc:
-                stats.sink_errors += 1
-                self._failures.warn(
-                    "resource monitor: sink raised %s while logging %s", bounded_repr(exc), name
-                )
-        stats.signals_logged += len(sample)
-        stats.records_logged += 1
-        if self.on_sample is not None:
-            try:
-                self.on_sample(Sample(step, timestamp_ns, sample, self.placement))
-            except BaseException as exc:
-                stats.sink_errors += 1
-                self._failures.warn("resource monitor: on_sample hook raised %s", bounded_repr(exc))
-        if self._first:
-            self._first = False
-            self._warn_if_unheard()
-        self._record(sample, step, timestamp_ns)
-        return step
 
     def store_due(self, next_sample: float | None) -> float | None:
         """When (monotonic s) a wait must end to write the run store's queue; None: no

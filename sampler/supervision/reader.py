@@ -1,7 +1,7 @@
 """Reading one sampling child: wait for a record, read it, emit it, and notice
 when the child died, is stuck, or has sent nothing for too long.
 
-The ``WL-ResourceMonitor`` thread spends its life in ``select()``, which
+The ``WL-ResourceMonitor`` thread spends its life in ``poll()``, which
 releases the GIL, on the child's channel (a byte per record), the child's
 pidfd (readable once it exits), the monitor's stop pipe and, with a run store,
 the store's wake-up pipe (a byte when the pipeline logs into an empty queue).
@@ -11,6 +11,12 @@ holds points, the moment they are due to be written, so in steady state with
 nothing logged it wakes once per record and never polls. Where pidfds are
 missing it also wakes every ``FALLBACK_POLL_SECONDS`` to ask whether the child
 still lives.
+
+A thread woken after an idle second pays mostly for the memory it touches
+(cold caches and page walks are charged as its CPU), so what a record costs is
+kept to the least: the descriptors are registered once per child, the wake-up
+bytes land in a buffer allocated once, and the record goes from one copy of its
+slot to the sink with nothing built that no one reads.
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ CPU_STAT_EVERY = 16
 """The child's CPU per sample is read from its status block every this many records."""
 MAX_WAIT_NS = 3600 * 10**9
 """The longest single wait, whatever the deadlines say."""
+WAKE_BYTES = 4096
+"""The most wake-up bytes (one per record) taken from the channel at once."""
 _POLL_NS = int(FALLBACK_POLL_SECONDS * 1e9)
 
 
@@ -79,6 +87,7 @@ class ChildReader:
         self.stop_fd = stop_fd
         self.emitter = emitter
         self.stats = stats
+        self.interval = interval
         self.interval_ns = int(interval * 1e9)
         self.hang_deadline_ns = int(hang_deadline * 1e9)
         self.no_record_ns = int(max(NO_RECORD_INTERVALS * interval, NO_RECORD_MIN_SECONDS) * 1e9)
@@ -89,6 +98,8 @@ class ChildReader:
         self.exposition = exposition
         self.base_starved = stats.readings_starved
         """Readings earlier children lost to starvation (this child's block counts from 0)."""
+        self._wake_buffers = [bytearray(WAKE_BYTES)]
+        """Where the wake-up bytes are read into (``os.readv``): nothing allocated per record."""
 
     def _deadline_ns(self, snap: Snapshot) -> int:
         """When the child's current phase becomes overdue (monotonic ns)."""
@@ -103,8 +114,12 @@ class ChildReader:
         assert child.sock is not None
         sock_fd = child.sock.fileno()
         pidfd = child.pidfd
-        emitter = self.emitter
-        watched = [sock_fd, self.stop_fd] + [fd for fd in (pidfd, emitter.store_wake_fd) if fd is not None]
+        emitter, wake_buffers = self.emitter, self._wake_buffers
+        store_fd = emitter.store_wake_fd  # None: no run store, now or later
+        poller = select.poll()
+        for fd in (sock_fd, self.stop_fd, pidfd, store_fd):
+            if fd is not None:
+                poller.register(fd, select.POLLIN)
         started_ns = time.monotonic_ns()
         warn_at: int | None = started_ns + self.no_record_ns
         grace_until = 0
@@ -114,25 +129,35 @@ class ChildReader:
             wake_at = max(due_at, grace_until)
             if warn_at is not None:
                 wake_at = min(wake_at, warn_at)
-            store_due = emitter.store_due(next_record)
+            store_due = None if store_fd is None else emitter.store_due(next_record)
             if store_due is not None:
                 wake_at = min(wake_at, int(store_due * 1e9))
             # Planned wake-up: the earliest deadline (maybe already past, if
             # we got here late), or the next poll where there is no pidfd.
-            planned = min(wake_at, time.monotonic_ns() + (MAX_WAIT_NS if pidfd is not None else _POLL_NS))
-            ready, _, _ = select.select(watched, [], [], max(0, planned - time.monotonic_ns()) / 1e9)
+            now = time.monotonic_ns()
+            planned = min(wake_at, now + (MAX_WAIT_NS if pidfd is not None else _POLL_NS))
+            # fd -> events; a hang-up or error counts as ready, as select() has it.
+            ready = dict(poller.poll(max(0, planned - now) / 1e6))
             woke = time.monotonic_ns()
             if self.stop_fd in ready:
                 return Outcome.STOPPED
-            emitter.serve_store(ready, store_due)
+            if store_fd is not None:
+                emitter.serve_store(ready, store_due)
             if sock_fd in ready:
-                alive = self._receive(sock_fd)
+                if self.ring is None:
+                    alive = self._receive()
+                else:  # from here on only wake-up bytes come, one per record
+                    try:
+                        alive = os.readv(sock_fd, wake_buffers) > 0
+                    except ConnectionResetError:  # a child that left without reading all we sent
+                        alive = False
                 if self._drain():
                     # The child has just written a record, so it is idle from
                     # about now: its next deadline needs no status read, which
                     # keeps a wake-up as small as a bare thread's.
-                    due_at = time.monotonic_ns() + self.interval_ns + self.hang_deadline_ns
-                    next_record = time.monotonic() + self.interval_ns / 1e9
+                    now = time.monotonic_ns()
+                    due_at = now + self.interval_ns + self.hang_deadline_ns
+                    next_record = now / 1e9 + self.interval
                     if warn_at is not None:
                         warn_at = None
                         self.stats.waiting_for = None
@@ -162,13 +187,12 @@ class ChildReader:
                 self.hung_phase = snap.phase
                 return Outcome.HUNG
 
-    def _receive(self, sock_fd: int) -> bool:
-        """Take what the child sent; False at end of channel (a child that left
-        without reading all we sent resets it instead of closing it)."""
+    def _receive(self) -> bool:
+        """Take what the child sent before its ring (the ring's descriptor); False at
+        end of channel (a child that left without reading all we sent resets it
+        instead of closing it)."""
+        assert self.child.sock is not None
         try:
-            if self.ring is not None:  # from here on only wake-up bytes come
-                return bool(os.read(sock_fd, 4096))
-            assert self.child.sock is not None
             data, fds, _, _ = socket.recv_fds(self.child.sock, 4096, 1)
         except ConnectionResetError:
             return False
@@ -210,32 +234,33 @@ class ChildReader:
         ring = self.ring
         if ring is None:
             return 0
-        rows = ring.read_rows(self.cursor)
-        self.cursor = rows.cursor
-        count = len(rows.indices)
-        stats = self.stats
+        records, self.cursor, lost = ring.read_committed(self.cursor)
+        count = len(records)
+        stats, status = self.stats, self.status
         stats.records_read += count
-        if rows.lost:
-            stats.records_lost += rows.lost
-            self.status.publish_lost(stats.records_lost)
-        fields, status = ring.fields, self.status
-        for index, values, timestamp_ns in zip(rows.indices, rows.values, rows.timestamps_ns, strict=True):
-            step = self.emitter.emit(fields, values, timestamp_ns)
+        if lost:
+            stats.records_lost += lost
+            status.publish_lost(stats.records_lost)
+        if not count:
+            return 0
+        emit, fields = self.emitter.emit, ring.fields
+        for index, values, timestamp_ns in records:
+            step = emit(fields, values, timestamp_ns)
             if step is not None:  # the child carries peaks over the records after this one
                 status.publish_logged(index, step)
-        if count:
-            self._check_starved()
-        if count and self.records % CPU_STAT_EVERY == 0:
-            stats.child_cpu_seconds_per_sample = self.status.read().cpu_seconds_per_sample
+        starved = status.starved()  # the word sits on the status page the records just touched
+        if self.base_starved + starved != stats.readings_starved:
+            self._note_starved(starved)
+        if self.records % CPU_STAT_EVERY == 0:
+            stats.child_cpu_seconds_per_sample = status.read().cpu_seconds_per_sample
         self.records += count
         return count
 
-    def _check_starved(self) -> None:
-        """Say once when the child starts losing readings for want of descriptors
-        or memory (the word sits on the status page the records just touched)."""
-        starved = self.base_starved + self.status.starved()
+    def _note_starved(self, starved: int) -> None:
+        """Count the readings this child lost for want of descriptors or memory
+        (``starved``, from its status block), and say once when the first are lost."""
         stats = self.stats
-        if starved == stats.readings_starved:
+        if self.base_starved + starved == stats.readings_starved:
             return
         if stats.readings_starved == 0:
             log.warning(
@@ -244,10 +269,10 @@ class ChildReader:
                 "them, and a child whose every reading fails is replaced",
                 self.child.pid,
             )
-        stats.readings_starved = starved
+        stats.readings_starved = self.base_starved + starved
 
     def close(self) -> None:
-        self._check_starved()  # a child that left for starvation wrote no record saying so
+        self._note_starved(self.status.starved())  # a child left for starvation wrote no record saying so
         if self.ring is not None:
             self.ring.close()
             self.ring = None

@@ -1,0 +1,5 @@
+import sys
+
+from bench.overhead import main
+
+sys.exit(main())
