@@ -132,27 +132,44 @@ def documented_snippet(after: str) -> str:
     return "\n".join(line.removeprefix("  ") for line in block.splitlines()) + "\n"
 
 
+def train_with_snippet(
+    tmp_path: Path, after: str, step_body: str, end: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the manual's snippet after ``after``, as written, then 4 s of training whose every
+    step runs ``step_body`` (indented lines; ``step`` is the step), then ``end``; with the
+    monitor at its 1 s floor sampling cpu only."""
+    loop = (
+        "import time\n"
+        "step, deadline = 0, time.monotonic() + 4\n"
+        "while time.monotonic() < deadline:\n"
+        f"{step_body}"
+        "    step += 1\n"
+        f"{end}"
+    )
+    script = tmp_path / "train.py"
+    script.write_text(documented_snippet(after) + loop)
+    monitor = {"WL_RESOURCE_MONITOR_INTERVAL_SECONDS": "1", "WL_RESOURCE_MONITOR_CATEGORIES": "cpu"}
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env={**os.environ, **monitor, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+LOG_THE_LOSS = "    sampler.signals.log_signal('train/loss', 1.0 / (step + 1), step)\n    time.sleep(0.003)\n"
+
+
 def test_the_documented_tensorboard_snippet_runs_as_written(tmp_path: Path) -> None:
     """The manual's snippet, verbatim, then a training loop that logs its loss: the
     event file holds the loss and the resource curves, on the loss's steps."""
     pytest.importorskip("torch.utils.tensorboard")
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-    loop = (
-        "import time\n"
-        "step, deadline = 0, time.monotonic() + 4\n"
-        "while time.monotonic() < deadline:\n"
-        "    sampler.signals.log_signal('train/loss', 1.0 / (step + 1), step)\n"
-        "    step += 1\n"
-        "    time.sleep(0.002)\n"
-        "writer.close()\n"
-    )
-    script = tmp_path / "train.py"
-    script.write_text(documented_snippet("**TensorBoard**") + loop)
-    env = {**os.environ, "WL_RESOURCE_MONITOR_INTERVAL_SECONDS": "1", "WL_RESOURCE_MONITOR_CATEGORIES": "cpu"}
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
+    train_with_snippet(tmp_path, "**TensorBoard**", LOG_THE_LOSS, "writer.close()\n")
     [log_dir] = (tmp_path / "runs").iterdir()  # SummaryWriter()'s default: runs/<date>_<host>
     scalars = {event_accumulator.SCALARS: 0}
     accumulator = event_accumulator.EventAccumulator(str(log_dir), size_guidance=scalars)
@@ -170,29 +187,9 @@ def test_the_documented_mlflow_snippet_runs_as_written(
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
-    loop = (
-        "import time\n"
-        "step, deadline = 0, time.monotonic() + 4\n"
-        "while time.monotonic() < deadline:\n"
-        "    sampler.signals.log_signal('train/loss', 1.0 / (step + 1), step)\n"
-        "    step += 1\n"
-        "    time.sleep(0.005)\n"
-        "mlflow.end_run()\n"
-        "print(run.info.run_id)\n"
-    )
-    script = tmp_path / "train.py"
-    script.write_text(documented_snippet("**MLflow**") + loop)
     store = {"MLFLOW_TRACKING_URI": (tmp_path / "mlruns").as_uri(), "MLFLOW_ALLOW_FILE_STORE": "true"}
-    env = {
-        **os.environ,
-        **store,
-        "WL_RESOURCE_MONITOR_INTERVAL_SECONDS": "1",
-        "WL_RESOURCE_MONITOR_CATEGORIES": "cpu",
-    }
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
+    end = "mlflow.end_run()\nprint(run.info.run_id)\n"
+    done = train_with_snippet(tmp_path, "**MLflow**", LOG_THE_LOSS, end, store)
     run_id = done.stdout.split()[-1]
     for name, value in store.items():
         monkeypatch.setenv(name, value)
@@ -207,31 +204,15 @@ def test_the_documented_wandb_snippet_never_pushes_the_training_s_rows_out(tmp_p
     moment) with ``step=``; the resource rows must not advance W&B's step in between,
     which W&B reports as "less than the current step ... this data will be ignored"."""
     pytest.importorskip("wandb")
-    loop = (
-        "import time\n"
-        "step, deadline = 0, time.monotonic() + 4\n"
-        "while time.monotonic() < deadline:\n"
+    two_rows = (
         "    run.log({'train/loss': 1 / (step + 1)}, step=step)\n"
         "    sampler.signals.log_signal('train/loss', 1 / (step + 1), step)\n"
         "    time.sleep(0.05)\n"
         "    run.log({'train/accuracy': 0.5}, step=step)\n"
-        "    step += 1\n"
-        "run.finish()\n"
-        "print('finished at step', step)\n"
     )
-    script = tmp_path / "train.py"
-    script.write_text("import sampler\nimport wandb\n" + documented_snippet("**Weights & Biases**") + loop)
-    env = {
-        **os.environ,
-        "WANDB_MODE": "offline",
-        "WANDB_DIR": str(tmp_path),
-        "WL_RESOURCE_MONITOR_INTERVAL_SECONDS": "1",
-        "WL_RESOURCE_MONITOR_CATEGORIES": "cpu",
-    }
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
-    )
-    assert done.returncode == 0, done.stderr
+    end = "run.finish()\nprint('finished at step', step)\n"
+    offline = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}
+    done = train_with_snippet(tmp_path, "**Weights & Biases**", two_rows, end, offline)
     assert "finished at step" in done.stdout
     output = done.stdout + done.stderr
     assert "less than the current step" not in output and "will be ignored" not in output

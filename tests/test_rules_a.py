@@ -42,15 +42,20 @@ class _LapAfterCopy:
         return rows  # type: ignore[no-any-return]
 
 
+def ring_pair(capacity: int) -> tuple[Ring, Ring]:
+    """A ring's writer and a reader of it, through its descriptor."""
+    writer, fd = Ring.create_anonymous(FIELDS, capacity)
+    try:
+        return writer, Ring.from_fd(fd)
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.parametrize("method", ["read", "read_rows"])
 def test_a_slot_overwritten_during_the_vectorised_copy_is_not_returned(method: str) -> None:
     """Records 0..3 are copied intact, then lapped before the second sequence check:
     they are lost, not returned as if still in the ring."""
-    writer, fd = Ring.create_anonymous(FIELDS, CAPACITY)
-    try:
-        reader = Ring.from_fd(fd)
-    finally:
-        os.close(fd)
+    writer, reader = ring_pair(CAPACITY)
     with writer, reader:
         for k in range(CAPACITY):
             writer.write([float(k)] * len(FIELDS))
@@ -98,11 +103,7 @@ def test_a_slot_overwritten_during_the_slot_by_slot_copy_is_not_returned(
 ) -> None:
     """Slot 0 is copied intact, then lapped by records 4 and 5 before its sequence is read
     again: records 0 and 1 are lost, never returned with the values they had."""
-    writer, fd = Ring.create_anonymous(FIELDS, FEW_CAPACITY)
-    try:
-        reader = Ring.from_fd(fd)
-    finally:
-        os.close(fd)
+    writer, reader = ring_pair(FEW_CAPACITY)
     with writer, reader:
         for k in range(FEW_CAPACITY):
             writer.write([float(k)] * len(FIELDS))
