@@ -62,7 +62,11 @@ class PrometheusServer:
     deleted at stop, so a failed test's log stays in pytest's ``tmp_path``.
     """
 
-    def __init__(self, workdir: Path, sd_dir: Path, scrape_interval: float = 1.0) -> None:
+    def __init__(
+        self, workdir: Path, sd_dir: Path, scrape_interval: float = 1.0, config_text: str | None = None
+    ) -> None:
+        self.config_text = config_text
+        """A configuration to use as it is, instead of the one written from ``sd_dir`` and the interval."""
         self.workdir = Path(workdir)
         self.sd_dir = Path(sd_dir)
         self.scrape_interval = scrape_interval
@@ -85,6 +89,9 @@ class PrometheusServer:
         return None if self._proc is None else self._proc.pid
 
     def _write_config(self) -> None:
+        if self.config_text is not None:
+            self.config_path.write_text(self.config_text)
+            return
         interval = _duration(self.scrape_interval)
         # scrape_timeout must not exceed the interval; a slow scrape then fails
         # instead of overlapping the next one.

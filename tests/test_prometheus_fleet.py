@@ -214,3 +214,54 @@ def test_prometheus_discovers_every_rank_and_reads_what_the_pipeline_logged(
     assert len(list(ranks.sd_dir.glob("*.json"))) == RANKS - 1
     server.wait_for_targets(lambda targets: sorted(t["labels"]["rank"] for t in targets) == ["0", "1"])
     server.wait_for_query(f"up{{{job}}}", lambda r: sorted(by_rank(r)) == ["0", "1"])
+
+
+def documented_setup(sd_dir: Path) -> str:
+    """The manual's ``prometheus.yml``, as written but for its discovery directory."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "prometheus.md").read_text(encoding="utf-8")
+    block = text[text.index("# prometheus.yml") :].split("```", 1)[0]
+    documented = "/var/lib/prometheus/wl-resource-monitor"
+    assert documented in block
+    return block.replace(documented, str(sd_dir))
+
+
+@pytest.mark.timeout(120)
+def test_the_documented_prometheus_setup_finds_a_backend_set_up_as_documented(tmp_path: Path) -> None:
+    """The manual's scrape configuration (its 15 s interval included) and its two env vars
+    on a backend: Prometheus finds the rank through the discovery entry and scrapes it."""
+    sd_dir = tmp_path / "sd"
+    sd_dir.mkdir()
+    port = free_ports()
+    script = backend_script(
+        """
+        sampler.start_resource_monitor_from_config()
+        print("started", flush=True)
+        sys.stdin.readline()
+        sampler.stop_resource_monitor()
+        """
+    )
+    env = {
+        **os.environ,
+        "WL_RESOURCE_MONITOR_PROMETHEUS_PORT": str(port),
+        "WL_RESOURCE_MONITOR_PROMETHEUS_SD_DIR": str(sd_dir),
+        "WL_RESOURCE_MONITOR_CATEGORIES": "cpu",
+    }
+    config = documented_setup(sd_dir)
+    with PrometheusServer(tmp_path / "prometheus", sd_dir, config_text=config) as server:
+        backend = subprocess.Popen(
+            [sys.executable, "-c", script], text=True, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        try:
+            assert backend.stdout is not None and backend.stdout.readline() == "started\n"
+            up = server.wait_for_query(
+                'up{job="wl_resource_monitor"}', lambda r: [float(i["value"][1]) for i in r] == [1.0], 60
+            )
+            assert up[0]["metric"]["rank"] == "0" and up[0]["metric"]["instance"] == f"127.0.0.1:{port}"
+            cpu = server.wait_for_query("wl_resource_cpu_utilization_ratio", lambda r: len(r) == 1, 60)
+            assert 0 <= float(cpu[0]["value"][1]) <= 1
+        finally:
+            assert backend.stdin is not None
+            backend.stdin.write("\n")
+            backend.stdin.flush()
+            if backend.wait(timeout=15) != 0:
+                backend.kill()
