@@ -150,11 +150,13 @@ class ResourceMonitor:
         _resolved: tuple[MonitorSettings, Mapping[str, str]] | None = None,
         **options: Any,
     ) -> None:
-        if _resolved is None or options:
+        if _resolved is None:
             resolved, resolution = settings.resolve_settings(
                 options, min_interval_seconds=_min_interval_seconds
             )
             _resolved = resolved, resolution.sources
+        elif options:
+            raise TypeError("ResourceMonitor(): settings come resolved or as arguments, not both")
         self._settings, self._sources = _resolved[0], dict(_resolved[1])
         for name, fn in (("sink", sink), ("age_source", age_source), ("on_sample", on_sample)):
             if fn is not None and not callable(fn):
