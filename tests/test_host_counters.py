@@ -14,7 +14,8 @@ from sampler.collectors.host import MonotonicTotals
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 REMOVE_AN_INTERFACE = """
-import socket, subprocess, sys
+import socket, subprocess, sys, time
+import psutil
 sys.path.insert(0, {root!r})
 from sampler.collectors.host import NetworkCollector
 
@@ -24,14 +25,23 @@ def ip(*args):
 ip("link", "add", "wl-test0", "type", "veth", "peer", "name", "wl-test1")
 ip("link", "set", "wl-test0", "up")
 ip("link", "set", "wl-test1", "up")
+
+def received(name):
+    return psutil.net_io_counters(pernic=True)[name].bytes_recv
+
 collector = NetworkCollector()
 before = collector.sample()[:2]
-# Ethernet frames out of one end (layer 2 only, inside this private namespace).
+# Ethernet frames out of one end (layer 2 only, inside this private namespace). Until the
+# kernel's link watcher has seen the carrier (up to a second later, more on a loaded machine)
+# the device drops what it is given, so send until the peer has received 100 kB.
+deadline = time.monotonic() + 30
 with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as raw:
     raw.bind(("wl-test0", 0))
     frame = b"\\xff" * 6 + b"\\x02\\x00\\x00\\x00\\x00\\x01" + b"\\x88\\xb5" + b"\\0" * 986
-    for _ in range(100):
-        raw.send(frame)
+    while received("wl-test1") < 100 * 1000 and time.monotonic() < deadline:
+        for _ in range(10):
+            raw.send(frame)
+        time.sleep(0.01)
 sent = collector.sample()[:2]
 ip("link", "del", "wl-test0")  # its peer goes with it
 after = collector.sample()[:2]
