@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,7 @@ import pytest
 from conftest import TESTS_DIR
 
 from sampler.collectors import Sources
-from sampler.ipc.channel import ChildParams, PostmortemTarget
+from sampler.ipc.channel import ChildParams, PostmortemTarget, receive_hello, send_hello
 from sampler.ipc.status import (
     ENDPOINT_BAD_ADDRESS,
     ENDPOINT_NONE,
@@ -136,6 +137,30 @@ def test_child_params_cross_the_channel_typed() -> None:
     assert ChildParams.decode(params.encode()[4:]) == params
     bare = ChildParams(("cpu",), MonitorSettings(), Sources("/", 1, "pynvml"), 1, 8, None)
     assert ChildParams.decode(bare.encode()[4:]) == bare
+
+
+def test_a_hello_with_both_descriptors_arrives_whole_and_one_without_them_is_refused() -> None:
+    params = ChildParams(("cpu",), MonitorSettings(), Sources("/", 1, "pynvml"), 1, 8, None)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    r, w = os.pipe()
+    try:
+        send_hello(ours, params, r, w)
+        got, status_fd, wake_fd = receive_hello(theirs)
+        assert got == params
+        os.write(wake_fd, b".")  # the two descriptors came in the order sent
+        assert os.read(r, 1) == b"."
+        os.close(status_fd)
+        os.close(wake_fd)
+        socket.send_fds(ours, [params.encode()], [r])  # the wake-up pipe left out
+        open_before = len(os.listdir("/proc/self/fd"))
+        with pytest.raises(ConnectionError, match="carried 1 descriptors, expected 2"):
+            receive_hello(theirs)
+        assert len(os.listdir("/proc/self/fd")) == open_before  # the one that came is closed
+    finally:
+        for fd in (r, w):
+            os.close(fd)
+        ours.close()
+        theirs.close()
 
 
 # --------------------------------------------------------------------------- endpoint and health words

@@ -12,7 +12,7 @@ It leaves when the backend asks (``STOP``) or dies, however it dies (SIGKILL
 included): a watchdog thread blocked on the channel and on a pidfd of the
 backend ends the child within a second even if the main thread is stuck in a
 driver call. Wake-ups are sent non-blocking: if the reader falls behind and
-the socket fills, wake-ups are dropped (the records are still in the ring), so
+the pipe fills, wake-ups are dropped (the records are still in the ring), so
 a slow backend never stalls sampling.
 """
 
@@ -78,9 +78,11 @@ class BackendWatch:
 
 
 class Child:
-    def __init__(self, params: ChildParams, sock: socket.socket, status: ChildStatus) -> None:
+    def __init__(self, params: ChildParams, sock: socket.socket, wake_fd: int, status: ChildStatus) -> None:
         self.params = params
         self.sock = sock
+        self.wake_fd = wake_fd
+        """The wake-up pipe's write end (non-blocking): a byte per record."""
         self.status = status
         self.stop = threading.Event()
         self.finished = threading.Event()
@@ -236,7 +238,7 @@ class Child:
             self.status.count_sample(cpu_ns + time.process_time_ns() - before)
             cpu_ns = 0
             try:
-                self.sock.send(RECORD, socket.MSG_DONTWAIT)
+                os.write(self.wake_fd, RECORD)
             except BlockingIOError:
                 pass  # the reader is behind; it finds the record in the ring anyway
             except (BrokenPipeError, ConnectionResetError):
@@ -262,7 +264,7 @@ def main() -> int:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     sock = socket.socket(fileno=0)
     try:
-        params, status_fd = receive_hello(sock)
+        params, status_fd, wake_fd = receive_hello(sock)
     except (ConnectionError, OSError):
         return EXIT_CLEAN  # the backend is gone before it could say anything
     status = ChildStatus.from_fd(status_fd)
@@ -271,7 +273,8 @@ def main() -> int:
     if backend.gone_at_start:
         status.declare_exit(EXIT_CLEAN)
         return EXIT_CLEAN
-    child = Child(params, sock, status)
+    os.set_blocking(wake_fd, False)
+    child = Child(params, sock, wake_fd, status)
     threading.Thread(target=child.watch, args=(backend,), name="backend-watch", daemon=True).start()
     code = 1  # an exception escaping run() below
     try:

@@ -4,9 +4,13 @@ learns that the other is gone.
 One Unix stream socket pair joins them; the child's end is its stdin.
 
 - backend -> child, once: the hello, ``ChildParams`` as length-prefixed JSON,
-  carrying the status block's descriptor (SCM_RIGHTS);
+  carrying the status block's descriptor and the write end of the wake-up
+  pipe (SCM_RIGHTS);
 - child -> backend, once: ``RING``, carrying the ring's descriptor;
-- child -> backend, per record: ``RECORD``, which wakes the reader thread;
+- child -> backend, per record: ``RECORD``, one byte on the wake-up pipe, which
+  wakes the reader thread. A pipe, not the socket: reading a byte from a pipe
+  touches far less kernel code and memory than receiving one on a socket, and
+  the reader pays for every cold page it touches;
 - backend -> child: ``STOP``, the request to leave.
 
 Shared memory therefore never has a name another process could read off a
@@ -116,13 +120,14 @@ class ChildParams:
         return cls(**fields)
 
 
-def send_hello(sock: socket.socket, params: ChildParams, status_fd: int) -> None:
-    """Send the hello with the status block's descriptor attached."""
-    socket.send_fds(sock, [params.encode()], [status_fd])
+def send_hello(sock: socket.socket, params: ChildParams, status_fd: int, wake_fd: int) -> None:
+    """Send the hello with the status block's and the wake-up pipe's descriptors attached."""
+    socket.send_fds(sock, [params.encode()], [status_fd, wake_fd])
 
 
-def receive_hello(sock: socket.socket) -> tuple[ChildParams, int]:
-    """Block until the whole hello has arrived: (params, status block descriptor).
+def receive_hello(sock: socket.socket) -> tuple[ChildParams, int, int]:
+    """Block until the whole hello has arrived: (params, status block descriptor,
+    wake-up pipe's write end).
 
     Reads exactly the hello's bytes, so a ``STOP`` sent right after it stays
     in the socket for whoever reads next. ``ConnectionError`` if the backend
@@ -134,17 +139,17 @@ def receive_hello(sock: socket.socket) -> tuple[ChildParams, int]:
     if length > _MAX_HELLO:
         raise ConnectionError(f"a hello of {length} bytes is not one")
     body = _receive_exactly(sock, length, fds)
-    if len(fds) != 1:
+    if len(fds) != 2:
         for fd in fds:
             os.close(fd)
-        raise ConnectionError(f"the hello carried {len(fds)} descriptors, expected 1")
-    return ChildParams.decode(body), fds[0]
+        raise ConnectionError(f"the hello carried {len(fds)} descriptors, expected 2")
+    return ChildParams.decode(body), fds[0], fds[1]
 
 
 def _receive_exactly(sock: socket.socket, size: int, fds: list[int]) -> bytes:
     buf = b""
     while len(buf) < size:
-        data, got, _, _ = socket.recv_fds(sock, size - len(buf), 1)
+        data, got, _, _ = socket.recv_fds(sock, size - len(buf), 2)
         fds += got
         if not data:
             raise ConnectionError("the backend closed the channel before the hello")

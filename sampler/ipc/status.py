@@ -9,10 +9,11 @@ and handed over as a descriptor, so even a child that dies while NVML
 initialises leaves its last phase behind, and no other process can find it.
 
 Words (int64, native order), each written with one aligned 8-byte store through
-a numpy view and read with one aligned 8-byte load (``struct``'s native ``q``
-copies each word with one 8-byte ``memcpy``; its standard ``<q`` assembles
-bytes one at a time, and ``pack_into`` zeroes the target before writing), so no
-reader ever sees a half-written or transiently zeroed word:
+a numpy view (words 4 and 5, written per logged record, through a memoryview)
+and read with one aligned 8-byte load (``struct``'s native ``q`` copies each
+word with one 8-byte ``memcpy``; its standard ``<q`` assembles bytes one at a
+time, and ``pack_into`` zeroes the target before writing), so no reader ever
+sees a half-written or transiently zeroed word:
 
 0. phase and since, packed into one word so a reader always sees a matching
    pair: ``since_us << 8 | (phase + _PHASE_BIAS)``, where since is
@@ -141,6 +142,9 @@ class ChildStatus:
     def __init__(self, seg: segment.Segment) -> None:
         self._seg = seg
         self._words = np.frombuffer(seg.buf, np.int64, _WORDS)
+        self._logged = memoryview(seg.buf)[32:48].cast("q")
+        """Words 4 and 5 as a plain memoryview: the backend writes them per logged record,
+        cache-cold, and a memoryview store runs far less code than a numpy one."""
 
     @classmethod
     def create(cls) -> tuple[ChildStatus, int]:
@@ -171,9 +175,9 @@ class ChildStatus:
 
     def publish_logged(self, record: int, step: int) -> None:
         """Backend side: record number ``record`` was logged at ``step``."""
-        words = self._words
-        words[4] = step
-        words[5] = record + 1
+        logged = self._logged
+        logged[0] = step
+        logged[1] = record + 1
 
     def logged(self) -> tuple[int, int]:
         """Child side: (records handled through the last one logged, its step)."""
@@ -219,4 +223,5 @@ class ChildStatus:
     def close(self) -> None:
         if not self._seg.buf.closed:
             del self._words
+            self._logged.release()
             self._seg.close()

@@ -2,9 +2,10 @@
 when the child died, is stuck, or has sent nothing for too long.
 
 The ``WL-ResourceMonitor`` thread spends its life in ``poll()``, which
-releases the GIL, on the child's channel (a byte per record), the child's
-pidfd (readable once it exits), the monitor's stop pipe and, with a run store,
-the store's wake-up pipe (a byte when the pipeline logs into an empty queue).
+releases the GIL, on the child's channel until the ring is handed over and on
+the child's wake-up pipe (a byte per record) from then on, the child's pidfd
+(readable once it exits), the monitor's stop pipe and, with a run store, the
+store's wake-up pipe (a byte when the pipeline logs into an empty queue).
 Its only timeouts are the moment the child would be overdue (the current
 phase's deadline, read from the status block) and, while the store's queue
 holds points, the moment they are due to be written, so in steady state with
@@ -54,7 +55,7 @@ CPU_STAT_EVERY = 16
 MAX_WAIT_NS = 3600 * 10**9
 """The longest single wait, whatever the deadlines say."""
 WAKE_BYTES = 4096
-"""The most wake-up bytes (one per record) taken from the channel at once."""
+"""The most wake-up bytes (one per record) taken from the pipe at once."""
 _POLL_NS = int(FALLBACK_POLL_SECONDS * 1e9)
 
 
@@ -111,13 +112,15 @@ class ChildReader:
 
     def serve(self) -> Outcome:
         child = self.child
-        assert child.sock is not None
-        sock_fd = child.sock.fileno()
+        assert child.sock is not None and child.wake_fd is not None
+        wake_fd = child.wake_fd
+        # Where the child is heard: its channel until the ring comes, then the wake-up pipe.
+        heard_fd = child.sock.fileno() if self.ring is None else wake_fd
         pidfd = child.pidfd
         emitter, wake_buffers = self.emitter, self._wake_buffers
         store_fd = emitter.store_wake_fd  # None: no run store, now or later
         poller = select.poll()
-        for fd in (sock_fd, self.stop_fd, pidfd, store_fd):
+        for fd in (heard_fd, self.stop_fd, pidfd, store_fd):
             if fd is not None:
                 poller.register(fd, select.POLLIN)
         started_ns = time.monotonic_ns()
@@ -143,14 +146,15 @@ class ChildReader:
                 return Outcome.STOPPED
             if store_fd is not None:
                 emitter.serve_store(ready, store_due)
-            if sock_fd in ready:
+            if heard_fd in ready:
                 if self.ring is None:
                     alive = self._receive()
-                else:  # from here on only wake-up bytes come, one per record
-                    try:
-                        alive = os.readv(sock_fd, wake_buffers) > 0
-                    except ConnectionResetError:  # a child that left without reading all we sent
-                        alive = False
+                    if self.ring is not None:  # from here on only wake-up bytes come, one per record
+                        poller.unregister(heard_fd)
+                        heard_fd = wake_fd
+                        poller.register(heard_fd, select.POLLIN)
+                else:
+                    alive = os.readv(heard_fd, wake_buffers) > 0
                 if self._drain():
                     # The child has just written a record, so it is idle from
                     # about now: its next deadline needs no status read, which

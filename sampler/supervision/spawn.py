@@ -70,6 +70,8 @@ class SamplingChild:
         self._status_fd = status_fd
         self.pid: int | None = None
         self.sock: socket.socket | None = None
+        self.wake_fd: int | None = None
+        """The read end of the wake-up pipe: a byte per record (``sampler.ipc.channel``)."""
         self.pidfd: int | None = None
         """Readable once the child has exited; None where pidfds are missing."""
         self.exited = False
@@ -85,6 +87,7 @@ class SamplingChild:
         if not hasattr(os, "posix_spawn"):  # Windows: the monitor samples in-thread there
             raise OSError("os.posix_spawn is not available on this platform")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.wake_fd, wake_w = os.pipe()
         try:
             self.pid = os.posix_spawn(
                 sys.executable,
@@ -98,6 +101,8 @@ class SamplingChild:
             )
         except BaseException:
             ours.close()
+            os.close(wake_w)
+            self.close()
             raise
         finally:
             theirs.close()
@@ -106,8 +111,11 @@ class SamplingChild:
             self.pidfd = open_pidfd(self.pid)
         except ProcessLookupError:  # gone already and reaped for us (SIGCHLD ignored)
             self.exited = True
-        with contextlib.suppress(OSError):  # it died already; the reader finds out from the pidfd or EOF
-            send_hello(ours, self.params, self._status_fd)
+        try:
+            with contextlib.suppress(OSError):  # it died already; the reader finds out from the pidfd or EOF
+                send_hello(ours, self.params, self._status_fd, wake_w)
+        finally:
+            os.close(wake_w)  # the child's alone now: its exit is EOF on the pipe
 
     def poll(self) -> bool:
         """Whether the child has exited; reaps it (without blocking) if so."""
@@ -183,6 +191,9 @@ class SamplingChild:
         sock, self.sock = self.sock, None
         if sock is not None:
             sock.close()
+        wake_fd, self.wake_fd = self.wake_fd, None
+        if wake_fd is not None:
+            os.close(wake_fd)
         with self._lock:
             pidfd, self.pidfd = self.pidfd, None
             if pidfd is not None:
