@@ -53,6 +53,7 @@ UNITS = (
     "processes",
     "0/1",
     "bitmask",
+    "steps/s",
 )
 """The units signals are in: MiB and GiB are 1024² and 1024³ bytes (every ``_mb`` and ``_gb``)."""
 
@@ -73,6 +74,8 @@ DEFAULT_CATEGORIES: tuple[str, ...] = (
     "container",
 )
 """Every category, in sampling order (the status block's quarantine bits follow it: append only)."""
+DERIVED_CATEGORIES: tuple[str, ...] = ("progress",)
+"""Categories of signals the backend derives from the step axis, not sampled by the child."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,12 @@ class Signal:
     host_wide: bool = False
     """The same value on every rank of a host although its category is per rank: the
     endpoint exports it only from the rank that samples the host-wide categories."""
+
+    @property
+    def derived(self) -> bool:
+        """Computed by the backend from the step axis (``DERIVED_CATEGORIES``): the child's
+        endpoint cannot export it (``rate(wl_resource_model_age[1m])`` is its metric)."""
+        return self.category in DERIVED_CATEGORIES
 
     @property
     def name(self) -> str:
@@ -255,6 +264,10 @@ _SIGNALS = (
     Signal(
         "container/cpu_throttled_seconds_per_second", "s/s", RATE, "container CPU throttled rate",
         "CPU throttled /s", "Throttled seconds per second since the previous sample.",
+    ),
+    Signal(
+        "progress/steps_per_second", "steps/s", GAUGE, "training throughput", "steps /s",
+        "Steps per second between this logged record and the previous one (from the step axis).",
     ),
     _gpu(
         "utilization_percent", "%", "GPU utilization", "util",

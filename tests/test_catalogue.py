@@ -87,7 +87,7 @@ def test_every_name_a_collector_produces_is_in_the_catalogue_and_nothing_else(
         for name in collector.names:
             assert catalogue.entry(name).category == collector.category, name
     produced = {key(name) for c in collectors for name in c.names}
-    assert produced == set(catalogue.SIGNALS)
+    assert produced == {k for k, signal in catalogue.SIGNALS.items() if not signal.derived}
     # The peaks and means a record carries are the catalogue's, and it reads them back.
     peaks = PeakTracker(collectors, 4)
     readings = [catalogue.lookup(name) for name in peaks.names]
@@ -113,14 +113,15 @@ def test_the_readings_between_records_are_the_ones_with_a_peak(collectors: list[
 
 
 def test_every_entry_is_well_formed() -> None:
-    assert set(catalogue.CATEGORIES) == set(catalogue.DEFAULT_CATEGORIES)
+    assert set(catalogue.CATEGORIES) == {*catalogue.DEFAULT_CATEGORIES, *catalogue.DERIVED_CATEGORIES}
     assert len(set(catalogue.DEFAULT_CATEGORIES)) == len(catalogue.DEFAULT_CATEGORIES)
     for k, signal in catalogue.SIGNALS.items():
         assert signal.key == k and signal.name == catalogue.PREFIX + k
         assert signal.unit in catalogue.UNITS and signal.kind in catalogue.KINDS, k
         assert signal.peak or not signal.mean, f"{k}: a mean without a peak"
         assert (signal.metric is None) == (signal.scale is None), k
-        assert (signal.metric is None) == (signal.kind == catalogue.RATE), f"{k}: rates alone go unexported"
+        unexported = signal.kind == catalogue.RATE or signal.derived
+        assert (signal.metric is None) == unexported, f"{k}: rates and derived signals alone go unexported"
         assert not any("|" in text for text in (signal.title, signal.label, signal.what)), k
         # The unit the name says, 1024-based for _mb and _gb.
         for suffix, units in (("_mb", {"MiB"}), ("_gb", {"GiB"}), ("_percent", {"%"}), ("_bytes", {"bytes"})):

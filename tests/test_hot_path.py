@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ringbuf import Ring
 from sampler.pipeline import emit as emit_module
-from sampler.pipeline.emit import WEIGHTSLAB_CHECK_EVERY, Emitter, Sample
+from sampler.pipeline.emit import THROUGHPUT, WEIGHTSLAB_CHECK_EVERY, Emitter, Sample
 from sampler.pipeline.stats import MonitorStats
 from sampler.pipeline.steps import StepStamper
 
@@ -130,13 +130,27 @@ def test_nan_readings_are_skipped_and_the_others_logged(with_hook: bool) -> None
     em, stats = emitter(sink, samples.append if with_hook else None)
     assert em.emit(FIELDS, (1.0, math.nan, 3.0), 2_000_000_000) == 2
     assert em.emit(FIELDS, (4.0, 5.0, 6.0), 3_000_000_000) == 3
-    assert sink.calls == [("a", 1.0, 2), ("c", 3.0, 2), ("a", 4.0, 3), ("b", 5.0, 3), ("c", 6.0, 3)]
-    assert (stats.signals_logged, stats.records_logged) == (5, 2)
+    rate = (THROUGHPUT, 1.0, 3)  # one step in the second since the previous record
+    assert sink.calls == [("a", 1.0, 2), ("c", 3.0, 2), ("a", 4.0, 3), ("b", 5.0, 3), ("c", 6.0, 3), rate]
+    assert (stats.signals_logged, stats.records_logged) == (6, 2)
     if with_hook:
         assert samples == [
             Sample(2, 2_000_000_000, {"a": 1.0, "c": 3.0}),
-            Sample(3, 3_000_000_000, {"a": 4.0, "b": 5.0, "c": 6.0}),
+            Sample(3, 3_000_000_000, {"a": 4.0, "b": 5.0, "c": 6.0, THROUGHPUT: 1.0}),
         ]
+
+
+def test_throughput_is_the_steps_between_logged_records_over_their_time() -> None:
+    ages = [100, 100, 140, 90, 110]  # a step standing still is dropped; one going back restarts
+    sink, stats = Sink(), MonitorStats()
+    em = Emitter(StepStamper("model_age", lambda: ages.pop(0), 0), sink, stats)
+    for second in (0.0, 1.0, 2.0, 3.0, 3.5):
+        em.emit(("a",), (1.0,), int(second * 1e9))
+    assert [(value, step) for name, value, step in sink.calls if name == THROUGHPUT] == [
+        (20.0, 140),  # 40 steps over the 2 s since the last logged record, the dropped one's time included
+        (40.0, 110),  # after the step went back to 90: from there, 20 steps in 0.5 s
+    ]
+    assert stats.records_dropped == 1
 
 
 def test_no_dict_is_built_for_a_record_nobody_takes_as_a_dict(monkeypatch: pytest.MonkeyPatch) -> None:

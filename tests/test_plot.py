@@ -160,7 +160,7 @@ def test_one_run_training_on_top_then_a_panel_per_quantity_by_category(store: Pa
     categories = [key.split("/")[1] for key in keys[2:]]
     assert all(key.startswith("resource/") for key in keys[2:])
     # Grouped: each category's panels together, in the documented order.
-    expected = ["cpu", "memory", "network", "disk", "process", "process_tree", "gpu"]
+    expected = ["cpu", "memory", "network", "disk", "process", "process_tree", "progress", "gpu"]
     assert list(dict.fromkeys(categories)) == expected
     assert categories == sorted(categories, key=catalogue.CATEGORIES.index)
     # One panel per quantity, its unit on the y axis.

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from sampler import signals
+from sampler import catalogue, signals
 from sampler.pipeline import weightslab as wl_adapter
 from sampler.pipeline.stats import MonitorStats
 from sampler.pipeline.steps import StepStamper
@@ -31,6 +32,9 @@ class Sample:
     placement: Placement | None = None
     """The host and rank of the backend that logged it."""
 
+
+THROUGHPUT = catalogue.SIGNALS["progress/steps_per_second"].name
+"""Logged with every record but the first of a run: steps per second since the previous logged one."""
 
 Sink = Callable[[str, float, int], object]
 SampleHook = Callable[[Sample], object]
@@ -82,6 +86,8 @@ class Emitter:
         self._first = True
         self._emitted = 0
         """Records handed to ``emit`` so far."""
+        self._last_logged: tuple[int, int] | None = None
+        """(step, timestamp ns) of the previous logged record: the throughput's start."""
 
     def emit(self, fields: Sequence[str], values: Sequence[float], timestamp_ns: int) -> int | None:
         """Log one record; returns the step it was logged at, None if it was dropped."""
@@ -106,6 +112,11 @@ class Emitter:
                     (name, value) for name, value in zip(fields, values, strict=True) if value == value
                 ]
                 logged = len(readings)
+            last, self._last_logged = self._last_logged, (step, timestamp_ns)
+            if last is not None and step > last[0] and timestamp_ns > last[1]:
+                throughput = (step - last[0]) * 1e9 / (timestamp_ns - last[1])
+                readings = itertools.chain(readings, ((THROUGHPUT, throughput),))
+                logged += 1
             hook = self.on_sample
             sample = None
             if hook is not None or self.recorder is not None:  # they take the readings as a dict

@@ -81,7 +81,7 @@ def format_in(unit: str, value: float) -> str:
         return f"{value:.1f}%"
     if unit in WHOLE_UNITS:
         return f"{value:.0f}{WHOLE_UNITS[unit]}"
-    if unit in ("s", "s/s"):
+    if unit in ("s", "s/s", "steps/s"):
         return f"{_number(value, 2)} {unit}"
     return _number(value, 2)
 
