@@ -222,6 +222,11 @@ _SIGNALS = (
         metric="process_memory_available_bytes", scale=MIB, seed=True, host_wide=True,
     ),
     Signal(
+        "process/cpu_cores_allowed", "cores", GAUGE, "process CPUs allowed", "CPUs allowed",
+        "CPUs the backend may run on (its affinity), which its workers inherit.",
+        metric="process_cpu_cores_allowed", scale=1.0,
+    ),
+    Signal(
         "process_tree/process_count", "processes", GAUGE, "processes in the tree", "processes",
         "The backend and its descendants (DataLoader and compile workers), never the sampling child.",
         metric="process_tree_processes", scale=1.0,

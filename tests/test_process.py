@@ -11,6 +11,7 @@ import pytest
 from conftest import FAST, Recorder, wait_for
 
 import sampler
+from sampler.collectors.process import ProcessCollector
 
 RSS = "resource/process/memory_in_use_mb"
 THREADS = "resource/process/cpu_threads_in_use"
@@ -52,3 +53,15 @@ def test_thread_count_is_the_backends() -> None:
         for t in extra:
             t.join()
     assert with_extra == baseline + 7
+
+
+def test_cpus_allowed_follow_the_backends_affinity() -> None:
+    name = "resource/process/cpu_cores_allowed"
+    collector = ProcessCollector(os.getpid())
+    before = os.sched_getaffinity(0)
+    try:
+        assert dict(zip(collector.names, collector.sample(), strict=True))[name] == len(before)
+        os.sched_setaffinity(0, {min(before)})
+        assert dict(zip(collector.names, collector.sample(), strict=True))[name] == 1
+    finally:
+        os.sched_setaffinity(0, before)

@@ -36,6 +36,7 @@ ADDED_SIGNALS = {
         "resource/process/cpu_utilization_percent_mean",
         "resource/process/memory_in_use_mb_peak",
         "resource/process/memory_in_use_mb_mean",
+        "resource/process/cpu_cores_allowed",
     },
 }
 """Beside the seed's: peaks and means between records, and the counters' rates."""

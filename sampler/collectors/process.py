@@ -25,6 +25,7 @@ class ProcessCollector(Collector):
         "resource/process/memory_in_use_mb",
         "resource/process/memory_in_use_percent",
         "resource/process/memory_available_mb",
+        "resource/process/cpu_cores_allowed",
     )
     tracked = catalogue.peaked(names)
     averaged = catalogue.averaged(names)
@@ -43,6 +44,7 @@ class ProcessCollector(Collector):
             threads = attempt(proc.num_threads)
             rss = attempt(lambda: proc.memory_info().rss)
             percent = attempt(proc.memory_percent)
+        cores = attempt(proc.cpu_affinity)
         memory = attempt(psutil.virtual_memory)
         return [
             MISSING if cpu is None else float(cpu),
@@ -50,6 +52,7 @@ class ProcessCollector(Collector):
             _memory_mb(rss),
             MISSING if percent is None else float(percent),
             MISSING if memory is None else memory.available / MB,
+            MISSING if not cores else float(len(cores)),
         ]
 
     def sample_tracked(self) -> list[float]:
