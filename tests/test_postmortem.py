@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -119,8 +120,10 @@ class Backend:
         return self.proc.stdout.readline()
 
     def kill(self) -> str:
-        """SIGKILL the backend; returns its stderr once the child has closed it too."""
+        """SIGKILL the backend and reap it at once, as a shell or launcher would (the child learns
+        how it ended only then); returns its stderr once the child has closed it too."""
         self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
         _, err = self.proc.communicate(timeout=30)
         child = self.child
         wait_for(lambda: gone(child), timeout=5, what="the child to exit after its backend")
@@ -724,7 +727,9 @@ def test_a_postmortem_s_planted_text_is_shown_escaped(tmp_path: Path) -> None:
     [path] = [Path(p) for p in [postmortem.write(snap, params.postmortem)] if p is not None]
     header, *rest = path.read_text().splitlines()
     fields = json.loads(header)
-    fields.update(host=evil, fields=[MEMORY + evil])
+    cgroup = postmortem_files.CgroupAtDeath(evil, evil, 1, 0, 1, None, None, evil)
+    fields.update(host=evil, fields=[MEMORY + evil], memory_cgroup=asdict(cgroup),
+                  exit=asdict(postmortem_files.Exit(unknown=evil)))  # fmt: skip
     records = [json.loads(line) for line in rest]
     for record in records:
         record["values"] = {MEMORY + evil: record["values"][MEMORY]}

@@ -34,6 +34,7 @@ from sampler.child.cadence import Cadence
 from sampler.child.peaks import PeakTracker
 from sampler.collectors import Collector, build_collector
 from sampler.collectors.base import starvation
+from sampler.collectors.container import memory_cgroup
 from sampler.collectors.gpu import GpuCollector
 from sampler.ipc.channel import (
     FALLBACK_POLL_SECONDS,
@@ -100,6 +101,8 @@ class Child:
     def watch(self, backend: BackendWatch) -> None:
         """Until STOP, EOF or the backend's death, then make sure the child ends;
         after a death, first leave a postmortem (bounded: ``postmortem.leave``)."""
+        # Before anything can die: the OOM kills counted so far, to tell a new one at the death.
+        witness = postmortem.Witness(backend.pidfd, memory_cgroup(backend.backend_pid))
         fds = [self.sock.fileno()] + ([backend.pidfd] if backend.pidfd is not None else [])
         timeout = None if backend.pidfd is not None else FALLBACK_POLL_SECONDS
         died = True  # unless the loop ends on STOP or on EOF from a backend that lives
@@ -124,7 +127,7 @@ class Child:
             with self.ring_lock:
                 if self.params.prometheus is not None and self.params.prometheus.sd_file is not None:
                     discovery.remove_entry(self.params.prometheus.sd_file)
-                if not postmortem.leave(self.params, self.ring, self.status, time.time()):
+                if not postmortem.leave(self.params, self.ring, self.status, time.time(), witness):
                     self.status.declare_exit(EXIT_CLEAN)
                     os._exit(EXIT_CLEAN)  # a write still stuck: its thread must not keep the child alive
         self.stop.set()
@@ -245,7 +248,12 @@ class Child:
                 # The backend is gone. The watchdog decides what that means and may be
                 # writing a postmortem of this ring: leaving now would close the ring and
                 # end the interpreter under it. It sets ``stop`` once done (bounded).
-                self.stop.wait(postmortem.EOF_DEATH_WAIT_SECONDS + postmortem.WRITE_CAP_SECONDS + 1)
+                bound = (
+                    postmortem.EOF_DEATH_WAIT_SECONDS
+                    + postmortem.EXIT_WAIT_SECONDS
+                    + postmortem.WRITE_CAP_SECONDS
+                )
+                self.stop.wait(bound + 1)
                 return EXIT_CLEAN
             records.advance()
             inner.advance()

@@ -15,7 +15,11 @@ Format: JSON lines (no NaN: a reading that failed is left out).
   ``ring_capacity``, ``fields`` (the ring's field names; peaks and means end in
   ``_peak``/``_mean``), ``records`` (how many follow), ``last_logged_record`` and
   ``last_logged_step`` (the last record the backend logged and its step; null
-  before any);
+  before any); since version 2 how it died: ``exit`` (``Exit``: its exit status or the
+  signal that ended it, learned through its pidfd, or why that could not be learned; null
+  when not looked up) and ``memory_cgroup`` (``CgroupAtDeath``: its memory cgroup's OOM kill
+  count when the child started and when the backend vanished, its high-water mark and limit;
+  null without one), and ``peaks`` (the last record's ``_peak`` fields, name -> value);
 - then one object per record, oldest first: ``record`` (its number), ``wall_time``
   (s since the epoch), ``logged`` (the backend had logged it or a later record)
   and ``values`` (field -> reading).
@@ -46,16 +50,28 @@ import stat
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from ringbuf import Ring
+from sampler.catalogue import PEAK_SUFFIX
+from sampler.child import exitinfo
+from sampler.collectors.base import MB, attempt
+from sampler.collectors.container import ERRORS, MEMORY_NAMES, MemoryCgroup
 from sampler.ipc.channel import ChildParams, PostmortemTarget
 from sampler.ipc.status import ChildStatus
-from sampler.postmortems.files import FORMAT, VERSION, file_name
+from sampler.postmortems.files import (
+    FORMAT,
+    MEMORY_FROM_MARK,
+    MEMORY_FROM_RECORD,
+    VERSION,
+    CgroupAtDeath,
+    Exit,
+    file_name,
+)
 from sampler.store import schema
 from sampler.util import atomicfile
 
@@ -71,6 +87,10 @@ _STDERR = 2
 EOF_DEATH_WAIT_SECONDS = 0.25
 """After EOF on the channel, how long to wait for the backend's death to show: its
 socket closes while it exits, a moment before its pidfd signals."""
+EXIT_WAIT_SECONDS = 0.5
+"""The longest the child waits for the backend's exit status: the kernel has it only once the
+backend's parent has reaped it."""
+_LIMIT, _USED, _ = MEMORY_NAMES
 
 
 def backend_died(backend_pid: int, pidfd: int | None) -> bool:
@@ -124,6 +144,60 @@ class Snapshot:
     values: npt.NDArray[np.float64]
     clock: tuple[float, int]
     """(``time.time()``, ``time.monotonic_ns()``) read together, to date the records."""
+    exit: Exit | None = None
+    """How the backend ended (``Witness.learn``); None when not looked up."""
+    memory_cgroup: CgroupAtDeath | None = None
+    """The backend's memory cgroup then; None without one, or when not looked up."""
+
+
+class Witness:
+    """What the child reads when it starts, to tell later how the backend died: the backend's
+    pidfd, and its memory cgroup with the OOM kills counted there so far."""
+
+    def __init__(self, pidfd: int | None, cgroup: MemoryCgroup | None) -> None:
+        self.pidfd = pidfd
+        self.cgroup = cgroup
+        self.oom_kills_at_start = None if cgroup is None else attempt(cgroup.oom_kills, ERRORS)
+
+    def learn(self, snap: Snapshot) -> Snapshot:
+        """``snap`` with how the backend ended and its cgroup now; waits up to
+        ``EXIT_WAIT_SECONDS`` for the exit status."""
+        return replace(
+            snap, exit=exitinfo.wait(self.pidfd, EXIT_WAIT_SECONDS), memory_cgroup=self._cgroup(snap)
+        )
+
+    def _cgroup(self, snap: Snapshot) -> CgroupAtDeath | None:
+        cgroup, at_start = self.cgroup, self.oom_kills_at_start
+        if cgroup is None or at_start is None:
+            return None
+        mark = cgroup.memory_bytes()
+        used, limit = mark if mark is not None else _last_memory(snap)
+        source = None if used is None else MEMORY_FROM_MARK if mark is not None else MEMORY_FROM_RECORD
+        return CgroupAtDeath(
+            name=cgroup.name,
+            directory=str(cgroup.directory),
+            version=2 if cgroup.v2 else 1,
+            oom_kills_at_start=at_start,
+            oom_kills_at_death=attempt(cgroup.oom_kills, ERRORS),
+            memory_used_bytes=used,
+            memory_limit_bytes=limit if limit is not None and math.isfinite(limit) else None,
+            memory_from=source,
+        )
+
+
+def _last_memory(snap: Snapshot) -> tuple[float | None, float | None]:
+    """(used, limit) in bytes from the last record that read the container's memory: its peak
+    since the previous record where it has one; (None, None) without any."""
+    columns = {name: i for i, name in enumerate(snap.fields)}
+    if _USED not in columns:
+        return None, None
+    for row in snap.values[::-1]:
+        readings = [row[columns[n]] for n in (_USED, _USED + PEAK_SUFFIX) if n in columns]
+        used = [r for r in readings if math.isfinite(r)]
+        if used:
+            limit = row[columns[_LIMIT]] if _LIMIT in columns else math.nan
+            return float(max(used)) * MB, float(limit) * MB if math.isfinite(limit) else None
+    return None, None
 
 
 def take(params: ChildParams, ring: Ring | None, status: ChildStatus, vanished_at: float) -> Snapshot:
@@ -167,6 +241,9 @@ def lines(snap: Snapshot, target: PostmortemTarget, written_at: float) -> list[s
         "records": len(snap.indices),
         "last_logged_record": snap.logged_through - 1 if logged else None,
         "last_logged_step": snap.logged_step if logged else None,
+        "exit": None if snap.exit is None else asdict(snap.exit),
+        "memory_cgroup": None if snap.memory_cgroup is None else asdict(snap.memory_cgroup),
+        "peaks": _peaks(snap),
     }
     out = [json.dumps(header, allow_nan=False)]
     now_wall, now_ns = snap.clock
@@ -179,6 +256,16 @@ def lines(snap: Snapshot, target: PostmortemTarget, written_at: float) -> list[s
         }
         out.append(json.dumps(record, allow_nan=False))
     return out
+
+
+def _peaks(snap: Snapshot) -> dict[str, float]:
+    """The last record's peaks: each ``_peak`` field that read a number, name -> value."""
+    if not snap.indices:
+        return {}
+    last = snap.values[-1].tolist()
+    return {
+        f: v for f, v in zip(snap.fields, last, strict=True) if f.endswith(PEAK_SUFFIX) and math.isfinite(v)
+    }
 
 
 def _say(message: str) -> None:
@@ -255,13 +342,16 @@ def write(snap: Snapshot, target: PostmortemTarget) -> str | None:
     return None
 
 
-def leave(params: ChildParams, ring: Ring | None, status: ChildStatus, vanished_at: float) -> bool:
-    """Write the postmortem of the backend that just vanished, within ``WRITE_CAP_SECONDS``;
-    False if it was still being written then (the child should leave anyway)."""
+def leave(
+    params: ChildParams, ring: Ring | None, status: ChildStatus, vanished_at: float, witness: Witness
+) -> bool:
+    """Write the postmortem of the backend that just vanished, with how it died, within
+    ``EXIT_WAIT_SECONDS + WRITE_CAP_SECONDS``; False if it was still being written then (the
+    child should leave anyway)."""
     target = params.postmortem
     if target is None:
         return True
-    snap = take(params, ring, status, vanished_at)
+    snap = witness.learn(take(params, ring, status, vanished_at))
     # Not a daemon (which it would be by default, made by the watchdog): if the main
     # thread ends meanwhile, the interpreter waits for it.
     writer = threading.Thread(target=write, args=(snap, target), name="postmortem", daemon=False)

@@ -5,6 +5,9 @@ The cgroup files are found once, in ``open()``: cgroup v2 (the unified ``0::`` h
 mounted at the cgroup root or at ``unified`` under it) first, then cgroup v1 (one mount per
 controller, ``memory``, ``cpu`` or a joined ``cpu,cpuacct``). The limit that applies is the
 smallest over the process's cgroup and its ancestors up to the mount root.
+
+``memory_cgroup()`` finds the same memory cgroup for the child's postmortem: its OOM kills
+(v2 ``memory.events``, v1 ``memory.oom_control``, ``oom_kill N``), its high-water mark and limit.
 """
 
 from __future__ import annotations
@@ -146,6 +149,16 @@ def _v1_ancestry(cgroup_root: Path, v1: dict[str, tuple[str, str]], controller: 
     return []
 
 
+def _ancestries(
+    pid: int, proc_root: str, cgroup_root: str, controllers: tuple[str, ...]
+) -> tuple[list[Path], dict[str, list[Path]]]:
+    """The v2 ancestry of process ``pid``, and its v1 ancestry for each of ``controllers``.
+    ``OSError`` when its cgroup file or the cgroup filesystem cannot be read."""
+    v2_path, v1 = _parse_cgroup_file(Path(proc_root, str(pid), "cgroup").read_text())
+    root = Path(cgroup_root)
+    return _v2_ancestry(root, v2_path), {c: _v1_ancestry(root, v1, c) for c in controllers}
+
+
 def _with_file(ancestry: list[Path], name: str) -> tuple[Path, ...]:
     return tuple(level for level in ancestry if (level / name).is_file())
 
@@ -199,13 +212,10 @@ class ContainerCollector(Collector):
     ) -> ContainerCollector | None:
         """The collector of process ``pid``; None when it runs under no memory or CPU limit, or
         its cgroups cannot be read (it is gone, or they are out of reach)."""
-        cgroup_file = Path(proc_root, str(pid), "cgroup")
-        root = Path(cgroup_root)
         try:
-            v2_path, v1 = _parse_cgroup_file(cgroup_file.read_text())
-            v2 = _v2_ancestry(root, v2_path)
-            memory = _find_memory(v2, _v1_ancestry(root, v1, "memory"))
-            cpu = _find_cpu(v2, _v1_ancestry(root, v1, "cpu"))
+            v2, v1 = _ancestries(pid, proc_root, cgroup_root, ("memory", "cpu"))
+            memory = _find_memory(v2, v1["memory"])
+            cpu = _find_cpu(v2, v1["cpu"])
         except OSError as exc:  # is_dir() and is_file() raise for denied access, too long a name
             log.debug("resource monitor: no container signals for process %d: %s", pid, exc)
             return None
@@ -253,3 +263,76 @@ class ContainerCollector(Collector):
         if not self._memory:
             return []
         return [_finite(self._used_bytes(self._memory)) / MB]
+
+
+def _oom_kills(events_file: Path) -> int:
+    for line in _read(events_file).splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    raise ValueError(f"no oom_kill in {events_file} (cgroup v1 before Linux 4.13)")
+
+
+@dataclass(frozen=True)
+class MemoryCgroup:
+    """The memory cgroup that holds a process: ``levels`` are its directory and its ancestors
+    up to the mount root (``levels[-1]``), ``v2`` whether it is the unified hierarchy's."""
+
+    levels: tuple[Path, ...]
+    v2: bool
+
+    @property
+    def directory(self) -> Path:
+        return self.levels[0]
+
+    @property
+    def name(self) -> str:
+        """The cgroup as /proc/<pid>/cgroup names it: its path under the mount."""
+        below = self.directory.relative_to(self.levels[-1])
+        return "/" if below == Path() else "/" + below.as_posix()
+
+    def oom_kills(self) -> int:
+        """How many of its processes the OOM killer has killed since the cgroup was made (the
+        kernel counts a kill in the victim's cgroup; v2 adds those of its descendants).
+        ``OSError`` or ``ValueError`` when it cannot be read."""
+        return _oom_kills(self.directory / ("memory.events" if self.v2 else "memory.oom_control"))
+
+    def _limit(self) -> _Limit:
+        limit_file, read = (
+            ("memory.max", _v2_memory_limit_bytes)
+            if self.v2
+            else ("memory.limit_in_bytes", _v1_memory_limit_bytes)
+        )
+        return _Limit(_with_file(list(self.levels), limit_file), read)
+
+    def memory_bytes(self) -> tuple[float, float] | None:
+        """(high-water mark, limit) in bytes of the level whose limit binds (its own cgroup when
+        none does: limit inf), read and never reset (v2 ``memory.peak``, Linux 5.19+; v1
+        ``memory.max_usage_in_bytes``); None when the mark cannot be read."""
+        limit = attempt(self._limit, ERRORS)
+        if limit is None:
+            return None
+        level = limit.binding() or self.directory
+        peak_file = "memory.peak" if self.v2 else "memory.max_usage_in_bytes"
+        peak = attempt(lambda: int(_read(level / peak_file)), ERRORS)
+        bound = attempt(limit.value, ERRORS)
+        return None if peak is None else (peak, math.inf if bound is None else bound)
+
+
+def memory_cgroup(
+    pid: int, *, proc_root: str = "/proc", cgroup_root: str = "/sys/fs/cgroup"
+) -> MemoryCgroup | None:
+    """The memory cgroup of process ``pid`` (v2 where its cgroup there has the memory controller,
+    else v1's); None when it has none whose OOM kills can be counted (the v2 root cgroup), or
+    its cgroups cannot be read (it is gone, or they are out of reach)."""
+    try:
+        v2, v1 = _ancestries(pid, proc_root, cgroup_root, ("memory",))
+        for ancestry, events_file, is_v2 in (
+            (v2, "memory.events", True),
+            (v1["memory"], "memory.oom_control", False),
+        ):
+            if ancestry and (ancestry[0] / events_file).is_file():
+                return MemoryCgroup(tuple(ancestry), is_v2)
+    except OSError as exc:
+        log.debug("resource monitor: no memory cgroup of process %d: %s", pid, exc)
+    return None

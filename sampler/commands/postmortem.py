@@ -19,9 +19,11 @@ from typing import Any, TextIO
 from sampler import settings
 from sampler.child.peaks import MEAN_SUFFIX, PEAK_SUFFIX
 from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, argument
+from sampler.postmortems.files import CgroupAtDeath, Exit
 from sampler.postmortems.reading import (
     Found,
     by_death,
+    cause_of_death,
     in_directory,
     in_store,
     load,
@@ -185,6 +187,7 @@ def _show(found: list[Found], choice: int | str, last: int, out: TextIO) -> int:
 def _describe(
     number: int, entry: Found, header: dict[str, Any], records: list[dict[str, Any]], out: TextIO
 ) -> None:
+    print(cause_of_death(header), file=out)
     print(f"postmortem {number}: {printable(entry.where)}", file=out)
     started = header.get("monitor_started_at")
     print(
@@ -209,6 +212,19 @@ def _describe(
         + f"; {unlogged} never logged",
         file=out,
     )
+    ended = Exit.from_json(header.get("exit"))
+    if ended is not None and ended.unknown is not None:
+        print(f"its exit status could not be learned: {printable(ended.unknown)}", file=out)
+    cgroup = CgroupAtDeath.from_json(header.get("memory_cgroup"))
+    if cgroup is not None:
+        kills = "? OOM kills" if cgroup.oom_kills is None else f"{cgroup.oom_kills} OOM kill"
+        kills += "" if cgroup.oom_kills == 1 else "s"
+        print(
+            f"memory cgroup {printable(cgroup.name)} (v{cgroup.version}, {printable(cgroup.directory)}): "
+            f"{kills} while the child watched"
+            + ("" if cgroup.memory_from is None else f"; memory from its {printable(cgroup.memory_from)}"),
+            file=out,
+        )
 
 
 def _shown(value: object) -> str:

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shlex
+import signal
 import sqlite3
 import threading
 import time
@@ -18,10 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sampler.postmortems.files import FORMAT, READ_MARK, parse_file_name
+from sampler.postmortems.files import FORMAT, READ_MARK, CgroupAtDeath, Exit, parse_file_name
 from sampler.store import schema
 from sampler.store.reader import StoreReader
-from sampler.util.quoting import bounded_repr
+from sampler.util.quoting import bounded_repr, printable
 
 log = logging.getLogger("sampler")
 
@@ -144,6 +145,53 @@ def load(found: Found) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         ):
             raise ValueError("a postmortem record without its values or wall time")
     return _header(first), records
+
+
+_GIB = 1024**3
+_MIB = 1024**2
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _memory(cgroup: CgroupAtDeath) -> str:
+    """The sentence's memory part, ", memory 61.8 of 64.0 GiB" (MiB below a GiB); "" unknown."""
+    used, limit = cgroup.memory_used_bytes, cgroup.memory_limit_bytes
+    if used is None:
+        return ""
+    unit, size = ("GiB", _GIB) if max(used, limit or 0) >= _GIB else ("MiB", _MIB)
+    of = "" if limit is None else f" of {limit / size:.1f}"
+    return f", memory {used / size:.1f}{of} {unit}"
+
+
+def cause_of_death(header: dict[str, Any]) -> str:
+    """One sentence: how the backend died, as far as its postmortem can tell. The OOM killer is
+    named when its cgroup's count rose and the backend ended by SIGKILL, or by what the kernel
+    would not say; a header without ``exit`` and ``memory_cgroup`` (version 1) recorded no cause."""
+    step = header.get("last_logged_step")
+    at = "before any step was logged" if step is None else f"at step {printable(str(step))}"
+    if "exit" not in header and "memory_cgroup" not in header:
+        return f"vanished {at}; the cause was not recorded (an older postmortem)"
+    ended = Exit.from_json(header.get("exit")) or Exit()
+    cgroup = CgroupAtDeath.from_json(header.get("memory_cgroup"))
+    kills = None if cgroup is None else cgroup.oom_kills
+    if cgroup is not None and kills and ended.status is None and ended.signal in (None, signal.SIGKILL):
+        return f"killed by the OOM killer of cgroup {printable(cgroup.name)} {at}{_memory(cgroup)}"
+    if cgroup is not None and kills:
+        took = "1 process" if kills == 1 else f"{kills} processes"
+        aside = f" (the OOM killer of cgroup {printable(cgroup.name)} took {took} of it meanwhile)"
+    else:
+        aside = " (no OOM kill in its cgroup)" if kills == 0 else ""
+    if ended.signal is not None:
+        core = " (core dumped)" if ended.core_dumped else ""
+        return f"ended by {_signal_name(ended.signal)}{core} {at}{aside}"
+    if ended.status is not None:
+        return f"exited with status {ended.status} {at}{aside if kills else ''}"
+    return f"vanished {at}; the cause could not be learned{aside}"
 
 
 def mark_read(found: Sequence[Found]) -> None:
