@@ -25,7 +25,8 @@ test set up:
   missing raises ``NVMLLibraryMismatchError``, as pynvml's does.
 - ``segfault``: {function name: [device indices] or true} calls that crash
   the process with a real SIGSEGV, as a driver does when a GPU falls off the bus.
-- ``hang``: {function name: [device indices] or true} calls that never return.
+- ``hang``: {function name: [device indices] or true} calls that never return;
+  ``hang_marker``: a file such a call creates as it starts hanging.
 
 ``calls`` counts the calls made on each (function, device index), for tests
 that check what is not called.
@@ -178,6 +179,8 @@ def _misbehave(cfg: dict[str, Any], function: str, index: int | None = None) -> 
     if _targets(cfg, "segfault", function, index):
         ctypes.string_at(0)  # reads address 0: SIGSEGV
     if _targets(cfg, "hang", function, index):
+        if "hang_marker" in cfg:
+            open(cfg["hang_marker"], "a").close()
         threading.Event().wait()  # forever, like a call stuck in the driver
     if _targets(cfg, "fail", function, index):
         raise NVMLError(cfg.get("fail_code", {}).get(function, NVML_ERROR_NOT_SUPPORTED))

@@ -100,13 +100,14 @@ def test_a_hanging_call_is_killed_at_its_deadline_and_quarantined(monkeypatch: p
     assert stats["restarts_by_cause"]["hang"] == 3
 
 
-def test_stop_during_a_hang_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_nvml(monkeypatch, hang={"nvmlDeviceGetClockInfo": True})
+def test_stop_during_a_hang_is_bounded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    hung = tmp_path / "hung"
+    fake_nvml(monkeypatch, hang={"nvmlDeviceGetClockInfo": True}, hang_marker=str(hung))
     monitor = sampler.ResourceMonitor(
         categories=["gpu"], sink=Recorder(), nvml_module="fake_nvml", hang_deadline_seconds=60, **FAST
     ).start()
     child = wait_for(lambda: monitor.child_pid, what="the child")
-    time.sleep(0.8)  # the child is now inside the call that never returns
+    wait_for(hung.exists, what="the child inside the call that never returns")
     began = time.monotonic()
     monitor.stop()
     took = time.monotonic() - began
