@@ -165,6 +165,7 @@ def test_module_constants() -> None:
         "process",
         "process_tree",
         "container",
+        "pressure",
     )
     assert settings.STEP_SOURCES == ("model_age", "seconds")
     assert settings.DEFAULT_STEP_SOURCE == "model_age"

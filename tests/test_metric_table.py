@@ -13,6 +13,7 @@ from sampler.child.peaks import PeakTracker
 from sampler.collectors import Sources, build_collectors
 from sampler.collectors.base import Collector
 from sampler.collectors.container import CPU_NAMES, MEMORY_NAMES
+from sampler.collectors.pressure import CGROUP_NAMES, SYSTEM_NAMES
 from sampler.prometheus import metrics
 from sampler.settings import DEFAULT_CATEGORIES
 
@@ -28,12 +29,20 @@ class _Container(Collector):
     tracked = ("resource/container/memory_used_mb",)
 
 
+class _Pressure(Collector):
+    """The pressure category's names, the cgroup's too (this machine may have neither)."""
+
+    category = "pressure"
+    names = SYSTEM_NAMES + CGROUP_NAMES
+
+
 def every_signal(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every name a record can carry: each collector's (two fake GPUs), then the peaks and means."""
     monkeypatch.setenv("FAKE_NVML", json.dumps({"devices": [{}, {}]}))
     sources = Sources(disk_path=os.sep, pid=os.getpid(), nvml_module="fake_nvml")
-    collectors = [c for c in build_collectors(DEFAULT_CATEGORIES, sources) if c.category != "container"]
-    collectors.append(_Container())
+    faked = ("container", "pressure")
+    collectors = [c for c in build_collectors(DEFAULT_CATEGORIES, sources) if c.category not in faked]
+    collectors += [_Container(), _Pressure()]
     try:
         assert {c.category for c in collectors} == set(DEFAULT_CATEGORIES)
         peaks = PeakTracker(collectors, 4)

@@ -398,7 +398,7 @@ def test_rank_1_leaves_the_host_wide_categories_to_local_rank_0(monkeypatch: pyt
     monitor = sampler.ResourceMonitor(step_source="seconds")
     assert monitor.host_sampling == "local_rank_0"
     assert not set(HOST_WIDE_CATEGORIES) & set(monitor.categories)
-    assert monitor.categories == ("gpu", "process", "process_tree")
+    assert monitor.categories == ("gpu", "process", "process_tree", "pressure")
     assert monitor.placement == Placement(HOST, 1, 1, 2, 2, f"{HOST}-{os.getpid()}")
     every = sampler.ResourceMonitor(step_source="seconds", host_sampling="every_rank")
     assert every.categories == settings.DEFAULT_CATEGORIES and every.host_sampling == "every_rank"

@@ -44,10 +44,10 @@ GPU_PANELS = len(GPU_SIGNALS)
 
 
 def train(store: Path, loss_scale: float) -> None:
-    """A training loop with a real monitor (every category but container, which depends on
-    the machine's cgroup limits; two fake GPUs) and the store on."""
+    """A training loop with a real monitor (every category but container and pressure, which
+    depend on the machine's cgroup limits and kernel; two fake GPUs) and the store on."""
     age = [0]
-    categories = [c for c in sampler.DEFAULT_CATEGORIES if c != "container"]
+    categories = [c for c in sampler.DEFAULT_CATEGORIES if c not in ("container", "pressure")]
     options: dict[str, Any] = {**FAST, "nvml_module": "fake_nvml", "categories": categories}
     with sampler.ResourceMonitor(store=store, age_source=lambda: age[0], **options) as mon:
         i = 0

@@ -14,6 +14,7 @@ from sampler.collectors.base import Collector
 from sampler.collectors.container import ContainerCollector
 from sampler.collectors.gpu import GpuCollector
 from sampler.collectors.host import CpuCollector, DiskCollector, MemoryCollector, NetworkCollector
+from sampler.collectors.pressure import PressureCollector
 from sampler.collectors.process import ProcessCollector
 from sampler.collectors.tree import ProcessTreeCollector
 
@@ -27,7 +28,7 @@ class Sources:
     disk_path: str
     """Filesystem the disk usage signals report."""
     pid: int
-    """The process the process, process_tree and container categories describe (the backend)."""
+    """The process the process, process_tree, container and pressure categories describe (the backend)."""
     nvml_module: str
     """Dotted name of the NVML binding."""
     gpu_devices: str | tuple[str, ...] = "all"
@@ -39,7 +40,8 @@ class Sources:
 
 def build_collector(category: str, sources: Sources) -> Collector | None:
     """The collector for ``category``; None for gpu when NVML is unavailable,
-    and for container when the process runs under no cgroup limit.
+    for container when the process runs under no cgroup limit, and for pressure
+    when the kernel has no PSI.
     May raise ``psutil.NoSuchProcess`` when the described process is gone."""
     disk_path, pid, nvml_module = sources.disk_path, sources.pid, sources.nvml_module
     if category == "cpu":
@@ -58,11 +60,13 @@ def build_collector(category: str, sources: Sources) -> Collector | None:
         return ProcessTreeCollector(pid)
     if category == "container":
         return ContainerCollector.open(pid)
+    if category == "pressure":
+        return PressureCollector.open(pid)
     raise ValueError(f"unknown category {category!r}")
 
 
 def build_collectors(categories: Iterable[str], sources: Sources) -> list[Collector]:
-    """Collectors for ``categories``, leaving out gpu when NVML is unavailable."""
+    """Collectors for ``categories``, leaving out those ``build_collector`` has none for."""
     wanted = set(categories)
     built = (build_collector(c, sources) for c in DEFAULT_CATEGORIES if c in wanted)
     return [collector for collector in built if collector is not None]

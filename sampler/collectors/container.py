@@ -1,10 +1,9 @@
 """Cgroup limits of the backend: its memory limit and usage, its CPU quota and throttling.
 
 Only what has a limit is reported; a process under no limit at all has no container collector.
-The cgroup files are found once, in ``open()``: cgroup v2 (the unified ``0::`` hierarchy,
-mounted at the cgroup root or at ``unified`` under it) first, then cgroup v1 (one mount per
-controller, ``memory``, ``cpu`` or a joined ``cpu,cpuacct``). The limit that applies is the
-smallest over the process's cgroup and its ancestors up to the mount root.
+The cgroup files are found once, in ``open()`` (``sampler.collectors.cgroups``): cgroup v2
+first, then cgroup v1. The limit that applies is the smallest over the process's cgroup and its
+ancestors up to the mount root.
 
 ``memory_cgroup()`` finds the same memory cgroup for the child's postmortem: its OOM kills
 (v2 ``memory.events``, v1 ``memory.oom_control``, ``oom_kill N``), its high-water mark and limit.
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from sampler import catalogue
 from sampler.collectors.base import MB, MISSING, Collector, attempt, log
+from sampler.collectors.cgroups import ancestries
 
 ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError)
 """What a cgroup reading may meet: the file gone with its cgroup, or text that is not a number."""
@@ -98,67 +98,6 @@ class _Cpu:
     throttled_units_per_second: float
 
 
-def _parse_cgroup_file(text: str) -> tuple[str | None, dict[str, tuple[str, str]]]:
-    """The v2 path, and per v1 controller (its joined controller list, its path), of one
-    /proc/<pid>/cgroup ("hierarchy-id:controllers:path" per line)."""
-    v2_path = None
-    v1: dict[str, tuple[str, str]] = {}
-    for line in text.splitlines():
-        hierarchy_id, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if hierarchy_id == "0":
-            v2_path = path
-        else:
-            for controller in controllers.split(","):
-                v1[controller] = (controllers, path)
-    return v2_path, v1
-
-
-def _ancestry(mount: Path, path: str) -> list[Path]:
-    """The cgroup directory of ``path`` under ``mount`` and its ancestors up to ``mount``.
-
-    A container that sees only its own cgroup mounted (no cgroup namespace) still reads the
-    host's path (/docker/<id>): then the longest tail of the path that exists is its cgroup.
-    """
-    parts = [part for part in path.split("/") if part]
-    if ".." in parts:  # a cgroup outside this namespace's root: not under the mount
-        return []
-    for start in range(len(parts) + 1):
-        tail = parts[start:]
-        if mount.joinpath(*tail).is_dir():
-            return [mount.joinpath(*tail[:end]) for end in range(len(tail), -1, -1)]
-    return []
-
-
-def _v2_ancestry(cgroup_root: Path, path: str | None) -> list[Path]:
-    if path is None:
-        return []
-    for mount in (cgroup_root, cgroup_root / "unified"):
-        if (mount / "cgroup.controllers").is_file():
-            return _ancestry(mount, path)
-    return []
-
-
-def _v1_ancestry(cgroup_root: Path, v1: dict[str, tuple[str, str]], controller: str) -> list[Path]:
-    if controller not in v1:
-        return []
-    joined, path = v1[controller]
-    for mount in (cgroup_root / joined, cgroup_root / controller):
-        if mount.is_dir():
-            return _ancestry(mount, path)
-    return []
-
-
-def _ancestries(
-    pid: int, proc_root: str, cgroup_root: str, controllers: tuple[str, ...]
-) -> tuple[list[Path], dict[str, list[Path]]]:
-    """The v2 ancestry of process ``pid``, and its v1 ancestry for each of ``controllers``.
-    ``OSError`` when its cgroup file or the cgroup filesystem cannot be read."""
-    v2_path, v1 = _parse_cgroup_file(Path(proc_root, str(pid), "cgroup").read_text())
-    root = Path(cgroup_root)
-    return _v2_ancestry(root, v2_path), {c: _v1_ancestry(root, v1, c) for c in controllers}
-
-
 def _with_file(ancestry: list[Path], name: str) -> tuple[Path, ...]:
     return tuple(level for level in ancestry if (level / name).is_file())
 
@@ -203,6 +142,8 @@ class ContainerCollector(Collector):
         self._cpu = cpu
         self.names = (MEMORY_NAMES if memory else ()) + (CPU_NAMES if cpu else ())
         self.tracked = catalogue.peaked(self.names)
+        self._high_water = None if memory is None else self._read_high_water(memory)
+        """The cgroup's usage high-water mark (bytes) at the previous ``marks()``."""
         self._last_throttled: tuple[float, float] | None = None
         """(monotonic seconds, throttled seconds) at the previous ``sample()``."""
 
@@ -213,7 +154,7 @@ class ContainerCollector(Collector):
         """The collector of process ``pid``; None when it runs under no memory or CPU limit, or
         its cgroups cannot be read (it is gone, or they are out of reach)."""
         try:
-            v2, v1 = _ancestries(pid, proc_root, cgroup_root, ("memory", "cpu"))
+            v2, v1 = ancestries(pid, proc_root, cgroup_root, ("memory", "cpu"))
             memory = _find_memory(v2, v1["memory"])
             cpu = _find_cpu(v2, v1["cpu"])
         except OSError as exc:  # is_dir() and is_file() raise for denied access, too long a name
@@ -263,6 +204,20 @@ class ContainerCollector(Collector):
         if not self._memory:
             return []
         return [_finite(self._used_bytes(self._memory)) / MB]
+
+    def marks(self) -> list[float]:
+        """The usage peak (MB) when the cgroup's high-water mark (v2 ``memory.peak``, v1
+        ``memory.max_usage_in_bytes``, beside the usage file) rose since the previous call. The
+        mark is the container runtime's too: it is read, never reset."""
+        if not self._memory:
+            return []
+        last, self._high_water = self._high_water, self._read_high_water(self._memory)
+        now = self._high_water
+        return [now / MB if last is not None and now is not None and now > last else MISSING]
+
+    def _read_high_water(self, memory: _Memory) -> int | None:
+        name = "memory.peak" if memory.usage_file.name == "memory.current" else "memory.max_usage_in_bytes"
+        return attempt(lambda: int(_read(memory.usage_file.with_name(name))), ERRORS)
 
 
 def _oom_kills(events_file: Path) -> int:
@@ -326,7 +281,7 @@ def memory_cgroup(
     else v1's); None when it has none whose OOM kills can be counted (the v2 root cgroup), or
     its cgroups cannot be read (it is gone, or they are out of reach)."""
     try:
-        v2, v1 = _ancestries(pid, proc_root, cgroup_root, ("memory",))
+        v2, v1 = ancestries(pid, proc_root, cgroup_root, ("memory",))
         for ancestry, events_file, is_v2 in (
             (v2, "memory.events", True),
             (v1["memory"], "memory.oom_control", False),

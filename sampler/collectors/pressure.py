@@ -1,0 +1,151 @@
+"""Pressure stall information (PSI): the share of time tasks were stalled waiting for CPU, memory or I/O.
+
+Linux 4.20+ counts, per resource, the microseconds during which some task (``some``) or every
+non-idle task at once (``full``) was stalled on it: system-wide in /proc/pressure/<resource>, and
+per cgroup v2 in <cgroup>/<resource>.pressure. Each signal is that counter's growth since the
+previous sample over the wall time between them, in %. The files are found and probed once, in
+``open()``: where the kernel has no PSI (no files, or reads failing with EOPNOTSUPP, as under
+``psi=0``) their signals are absent.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sampler.collectors.base import MISSING, Collector, attempt, log
+from sampler.collectors.cgroups import ancestries
+
+ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError)
+"""What a pressure reading may meet: no PSI (ENOENT, EOPNOTSUPP), the cgroup gone, text that is not PSI's."""
+
+READ_BYTES = 4096
+"""One read takes a whole pressure file (two lines of under 100 bytes each)."""
+
+RESOURCES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("cpu", ("some",)),
+    ("memory", ("some", "full")),
+    ("io", ("some", "full")),
+)
+"""Each resource and the lines read of it (a CPU ``full`` line is only meaningful per cgroup, and
+kernels before 5.13 write none)."""
+
+
+def _name(prefix: str, resource: str, line: str) -> str:
+    return f"resource/pressure/{prefix}{resource}_{line}_percent"
+
+
+SYSTEM_NAMES = tuple(_name("", resource, line) for resource, lines in RESOURCES for line in lines)
+"""The system-wide signals, from /proc/pressure."""
+CGROUP_NAMES = tuple(_name("cgroup_", resource, line) for resource, lines in RESOURCES for line in lines)
+"""The backend's cgroup's signals, from its cgroup v2 directory."""
+
+
+@dataclass(frozen=True)
+class _File:
+    """One pressure file: its path, the lines read of it (``some``, ``full``) and their signals."""
+
+    path: str
+    lines: tuple[str, ...]
+    names: tuple[str, ...]
+
+    def totals(self) -> list[int]:
+        """Its ``total=`` counters now (µs), in ``lines`` order; raises one of ``ERRORS`` on failure."""
+        return _totals(_read(self.path), self.lines)
+
+
+def _read(path: str) -> bytes:
+    """The pressure file's text; OSError where there is none (EOPNOTSUPP: the kernel has PSI off)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, READ_BYTES)
+    finally:
+        os.close(fd)
+
+
+def _totals(text: bytes, lines: tuple[str, ...]) -> list[int]:
+    """The ``total=`` counters (µs) of ``lines`` in a pressure file's ``text``
+    (``some avg10=0.12 avg60=0.05 avg300=0.01 total=123456``, one line per kind)."""
+    totals: dict[str, int] = {}
+    for line in text.decode("ascii").splitlines():
+        kind, _, fields = line.partition(" ")
+        for field in fields.split():
+            if field.startswith("total="):
+                totals[kind] = int(field.removeprefix("total="))
+    missing = [kind for kind in lines if kind not in totals]
+    if missing:
+        raise ValueError(f"no {' or '.join(missing)} total in {text[:200]!r}")
+    return [totals[kind] for kind in lines]
+
+
+def _files(directory: Path, pattern: str, prefix: str) -> list[_File]:
+    """The three resources' files in ``directory`` (``pattern`` names one from its resource),
+    their signals named with ``prefix``."""
+    return [
+        _File(
+            str(directory / pattern.format(resource)),
+            lines,
+            tuple(_name(prefix, resource, line) for line in lines),
+        )
+        for resource, lines in RESOURCES
+    ]
+
+
+def _cgroup_directory(pid: int, proc_root: str, cgroup_root: str) -> Path | None:
+    """The cgroup v2 directory of process ``pid``; None outside cgroup v2 or out of reach."""
+    try:
+        ancestry, _ = ancestries(pid, proc_root, cgroup_root, ())
+    except OSError as exc:  # the process is gone, or is_dir() was denied
+        log.debug("resource monitor: no cgroup pressure for process %d: %s", pid, exc)
+        return None
+    return ancestry[0] if ancestry else None
+
+
+class PressureCollector(Collector):
+    """Share of the wall time since the previous sample (%) that tasks were stalled on CPU,
+    memory and I/O, system-wide and in the backend's cgroup v2. The first sample has no
+    window, and a counter that went backwards (the cgroup was replaced) none either: NaN."""
+
+    category = "pressure"
+
+    def __init__(self, files: Sequence[_File]) -> None:
+        self._files = tuple(files)
+        self.names = tuple(name for file in self._files for name in file.names)
+        self._last: list[tuple[int, list[int]] | None] = [None] * len(self._files)
+        """Per file, (monotonic ns, its totals in µs) at the previous sample; None: no window."""
+
+    @classmethod
+    def open(
+        cls, pid: int, *, proc_root: str = "/proc", cgroup_root: str = "/sys/fs/cgroup"
+    ) -> PressureCollector | None:
+        """The collector of the system's pressure and process ``pid``'s cgroup's; None when no
+        pressure file can be read. Each file is read once here: one that is missing or fails
+        (EOPNOTSUPP where the kernel has PSI off) is left out."""
+        files = _files(Path(proc_root, "pressure"), "{}", "")
+        cgroup = _cgroup_directory(pid, proc_root, cgroup_root)
+        if cgroup is not None:
+            files += _files(cgroup, "{}.pressure", "cgroup_")
+        readable = [file for file in files if attempt(file.totals, ERRORS) is not None]
+        return cls(readable) if readable else None
+
+    def sample(self) -> list[float]:
+        values: list[float] = []
+        for index, file in enumerate(self._files):
+            totals = attempt(file.totals, ERRORS)
+            now = time.monotonic_ns()
+            last = self._last[index]
+            self._last[index] = None if totals is None else (now, totals)
+            if totals is None or last is None or now <= last[0]:
+                values += [MISSING] * len(file.lines)
+                continue
+            elapsed_us = (now - last[0]) / 1000
+            # The kernel's clock and ours are read a moment apart: a fully stalled window may
+            # come out a hair above 100 %.
+            values += [
+                min(100.0, (total - before) / elapsed_us * 100) if total >= before else MISSING
+                for total, before in zip(totals, last[1], strict=True)
+            ]
+        return values
