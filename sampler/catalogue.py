@@ -72,6 +72,7 @@ DEFAULT_CATEGORIES: tuple[str, ...] = (
     "process",
     "process_tree",
     "container",
+    "pressure",
 )
 """Every category, in sampling order (the status block's quarantine bits follow it: append only)."""
 DERIVED_CATEGORIES: tuple[str, ...] = ("progress",)
@@ -222,6 +223,12 @@ _SIGNALS = (
         metric="process_memory_available_bytes", scale=MIB, seed=True, host_wide=True,
     ),
     Signal(
+        "process/cpu_wait_percent", "%", GAUGE, "process CPU wait", "CPU wait",
+        "Share of the time since the previous sample that the backend's main thread was ready to run "
+        "but waited for a CPU (the kernel's schedstat).",
+        metric="process_cpu_wait_ratio", scale=PERCENT_TO_RATIO,
+    ),
+    Signal(
         "process/cpu_cores_allowed", "cores", GAUGE, "process CPUs allowed", "CPUs allowed",
         "CPUs the backend may run on (its affinity), which its workers inherit.",
         metric="process_cpu_cores_allowed", scale=1.0,
@@ -269,6 +276,60 @@ _SIGNALS = (
     Signal(
         "container/cpu_throttled_seconds_per_second", "s/s", RATE, "container CPU throttled rate",
         "CPU throttled /s", "Throttled seconds per second since the previous sample.",
+    ),
+    Signal(
+        "pressure/cpu_some_percent", "%", GAUGE, "CPU pressure (some)", "CPU some",
+        "Share of the time since the previous sample the host had a task waiting for a CPU.",
+        metric="pressure_cpu_some_ratio", scale=PERCENT_TO_RATIO, host_wide=True,
+    ),
+    Signal(
+        "pressure/memory_some_percent", "%", GAUGE, "memory pressure (some)", "memory some",
+        "Share of the time since the previous sample the host had a task stalled on memory.",
+        metric="pressure_memory_some_ratio", scale=PERCENT_TO_RATIO, host_wide=True,
+    ),
+    Signal(
+        "pressure/memory_full_percent", "%", GAUGE, "memory pressure (full)", "memory full",
+        "Share of the time since the previous sample the host had every non-idle task stalled on memory.",
+        metric="pressure_memory_full_ratio", scale=PERCENT_TO_RATIO, host_wide=True,
+    ),
+    Signal(
+        "pressure/io_some_percent", "%", GAUGE, "I/O pressure (some)", "I/O some",
+        "Share of the time since the previous sample the host had a task waiting for I/O.",
+        metric="pressure_io_some_ratio", scale=PERCENT_TO_RATIO, host_wide=True,
+    ),
+    Signal(
+        "pressure/io_full_percent", "%", GAUGE, "I/O pressure (full)", "I/O full",
+        "Share of the time since the previous sample the host had every non-idle task waiting for I/O.",
+        metric="pressure_io_full_ratio", scale=PERCENT_TO_RATIO, host_wide=True,
+    ),
+    Signal(
+        "pressure/cgroup_cpu_some_percent", "%", GAUGE, "cgroup CPU pressure (some)", "cgroup CPU some",
+        "Share of the time since the previous sample the backend's cgroup had a task waiting for a CPU.",
+        metric="pressure_cgroup_cpu_some_ratio", scale=PERCENT_TO_RATIO,
+    ),
+    Signal(
+        "pressure/cgroup_memory_some_percent", "%", GAUGE, "cgroup memory pressure (some)",
+        "cgroup memory some",
+        "Share of the time since the previous sample the backend's cgroup had a task stalled on memory.",
+        metric="pressure_cgroup_memory_some_ratio", scale=PERCENT_TO_RATIO,
+    ),
+    Signal(
+        "pressure/cgroup_memory_full_percent", "%", GAUGE, "cgroup memory pressure (full)",
+        "cgroup memory full",
+        "Share of the time since the previous sample the backend's cgroup had every non-idle task "
+        "stalled on memory.",
+        metric="pressure_cgroup_memory_full_ratio", scale=PERCENT_TO_RATIO,
+    ),
+    Signal(
+        "pressure/cgroup_io_some_percent", "%", GAUGE, "cgroup I/O pressure (some)", "cgroup I/O some",
+        "Share of the time since the previous sample the backend's cgroup had a task waiting for I/O.",
+        metric="pressure_cgroup_io_some_ratio", scale=PERCENT_TO_RATIO,
+    ),
+    Signal(
+        "pressure/cgroup_io_full_percent", "%", GAUGE, "cgroup I/O pressure (full)", "cgroup I/O full",
+        "Share of the time since the previous sample the backend's cgroup had every non-idle task "
+        "waiting for I/O.",
+        metric="pressure_cgroup_io_full_ratio", scale=PERCENT_TO_RATIO,
     ),
     Signal(
         "progress/steps_per_second", "steps/s", GAUGE, "training throughput", "steps /s",

@@ -16,6 +16,7 @@ from sampler.child.peaks import PeakTracker
 from sampler.collectors import Sources, build_collectors
 from sampler.collectors.base import Collector
 from sampler.collectors.container import ContainerCollector
+from sampler.collectors.pressure import PressureCollector
 from sampler.views import formatting, plot, top
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -61,15 +62,41 @@ def fake_container(tmp_path: Path) -> ContainerCollector:
     return collector
 
 
+def fake_pressure(tmp_path: Path) -> PressureCollector:
+    """A pressure collector with the system's and a cgroup v2's files (a fake layout)."""
+    pid, root = 4242, tmp_path / "pressure"
+    some = "some avg10=0.00 avg60=0.00 avg300=0.00 total=1000\n"
+    both = some + some.replace("some", "full")
+    files = {
+        f"proc/{pid}/cgroup": "0::/a\n",
+        "proc/pressure/cpu": some,
+        "proc/pressure/memory": both,
+        "proc/pressure/io": both,
+        "cgroup/cgroup.controllers": "cpu memory",
+        "cgroup/a/cpu.pressure": both,
+        "cgroup/a/memory.pressure": both,
+        "cgroup/a/io.pressure": both,
+    }
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    collector = PressureCollector.open(pid, proc_root=str(root / "proc"), cgroup_root=str(root / "cgroup"))
+    assert collector is not None
+    return collector
+
+
 @pytest.fixture
 def collectors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Collector]]:
     """One collector of every category, each with every signal it can produce (two fake GPUs,
-    both cgroup limits); the GPUs' readings all differ, and the backend holds memory on them."""
+    both cgroup limits, the system's and a cgroup's pressure); the GPUs' readings all differ,
+    and the backend holds memory on them."""
     own = {"compute": [{"pid": os.getpid(), "used": OWN_GPU_BYTES}]}
     monkeypatch.setenv("FAKE_NVML", json.dumps({"devices": [own, {**own, "util": 40}]}))
     sources = Sources(disk_path=os.sep, pid=os.getpid(), nvml_module="fake_nvml")
-    built = [c for c in build_collectors(catalogue.DEFAULT_CATEGORIES, sources) if c.category != "container"]
-    built.append(fake_container(tmp_path))
+    faked = ("container", "pressure")
+    built = [c for c in build_collectors(catalogue.DEFAULT_CATEGORIES, sources) if c.category not in faked]
+    built += [fake_container(tmp_path), fake_pressure(tmp_path)]
     assert sorted(c.category for c in built) == sorted(catalogue.DEFAULT_CATEGORIES)
     yield built
     for collector in built:
@@ -100,6 +127,7 @@ def test_the_readings_between_records_are_the_ones_with_a_peak(collectors: list[
     for collector in collectors:
         assert len(collector.sample()) == len(collector.names), collector.category
         assert len(collector.sample_tracked()) == len(collector.tracked), collector.category
+        assert len(collector.marks()) == len(collector.tracked), collector.category
         assert set(collector.averaged) <= set(collector.tracked)
     # Where the source stands still, a reading between records is the record's own:
     # the catalogue's peak flags name what sample_tracked() reads, in its order.

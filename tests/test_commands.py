@@ -97,8 +97,9 @@ def test_export_wide_is_one_row_per_step_with_a_column_per_signal(store: Path, t
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader(out.open()))
     memory = "resource/memory/system_utilization_percent"
+    throughput = "resource/progress/steps_per_second"
     assert list(rows[0]) == ["run_id", "step", "wall_time", CPU, f"{CPU}_mean", f"{CPU}_peak", memory,
-                             f"{memory}_peak", "train/loss"]  # fmt: skip
+                             f"{memory}_peak", throughput, "train/loss"]  # fmt: skip
     steps = [int(r["step"]) for r in rows]
     assert steps == sorted(set(steps)) and set(range(1, 30)) <= set(steps)
     by_step = {int(r["step"]): r for r in rows}

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
+import time
 
 import numpy as np
 import psutil
@@ -65,3 +68,35 @@ def test_cpus_allowed_follow_the_backends_affinity() -> None:
         assert dict(zip(collector.names, collector.sample(), strict=True))[name] == 1
     finally:
         os.sched_setaffinity(0, before)
+
+
+def test_cpu_wait_is_the_share_of_time_the_main_thread_waited_for_a_cpu() -> None:
+    name = "resource/process/cpu_wait_percent"
+    collector = ProcessCollector(os.getpid())
+    assert 0 <= dict(zip(collector.names, collector.sample(), strict=True))[name] <= 100  # since it was built
+
+    def waited_while_working(seconds: float) -> float:
+        collector.sample()
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            pass
+        return dict(zip(collector.names, collector.sample(), strict=True))[name]
+
+    before = os.sched_getaffinity(0)
+    core = min(before)
+    os.sched_setaffinity(0, {core})
+    try:
+        alone = waited_while_working(0.5)
+        spin = f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile 1: pass"
+        busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+        try:
+            starved = waited_while_working(1.0)
+        finally:
+            for process in busy:
+                process.kill()
+                process.wait()
+    finally:
+        os.sched_setaffinity(0, before)
+    # Sharing one core with four more spinning processes, it waits about four fifths of the time;
+    # on a loaded machine it already waited some of it alone.
+    assert starved > max(60, alone + 10), (alone, starved)

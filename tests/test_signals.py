@@ -37,6 +37,7 @@ ADDED_SIGNALS = {
         "resource/process/memory_in_use_mb_peak",
         "resource/process/memory_in_use_mb_mean",
         "resource/process/cpu_cores_allowed",
+        "resource/process/cpu_wait_percent",
     },
 }
 """Beside the seed's: peaks and means between records, and the counters' rates."""

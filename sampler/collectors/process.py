@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import psutil
 
 from sampler import catalogue
 from sampler.collectors.base import MB, MISSING, Collector, attempt
+
+RSS = "resource/process/memory_in_use_mb"
 
 
 class ProcessCollector(Collector):
@@ -26,6 +30,7 @@ class ProcessCollector(Collector):
         "resource/process/memory_in_use_percent",
         "resource/process/memory_available_mb",
         "resource/process/cpu_cores_allowed",
+        "resource/process/cpu_wait_percent",
     )
     tracked = catalogue.peaked(names)
     averaged = catalogue.averaged(names)
@@ -36,6 +41,12 @@ class ProcessCollector(Collector):
         self._process.cpu_percent(interval=None)  # prime: the first call has no window
         self._inner = psutil.Process(pid)
         self._inner.cpu_percent(interval=None)
+        self._schedstat = f"/proc/{pid}/schedstat"
+        self._status = f"/proc/{pid}/status"
+        self._high_water_kb = self._read_high_water()
+        """The backend's RSS high-water mark (``VmHWM``, kB) at the previous ``marks()``."""
+        self._last_wait: tuple[int, int] | None = self._waited()
+        """(monotonic ns, ns the main thread waited on a run queue) at the previous sample."""
 
     def sample(self) -> list[float]:
         proc = self._process
@@ -53,6 +64,7 @@ class ProcessCollector(Collector):
             MISSING if percent is None else float(percent),
             MISSING if memory is None else memory.available / MB,
             MISSING if not cores else float(len(cores)),
+            self._wait_percent(),
         ]
 
     def sample_tracked(self) -> list[float]:
@@ -60,6 +72,41 @@ class ProcessCollector(Collector):
         cpu = attempt(lambda: proc.cpu_percent(interval=None))
         rss = attempt(lambda: proc.memory_info().rss)
         return [MISSING if cpu is None else float(cpu), _memory_mb(rss)]
+
+    def marks(self) -> list[float]:
+        """The RSS peak (MB) when ``VmHWM`` rose since the previous call; the mark is never
+        reset (``getrusage`` reports it as the backend's max RSS), only compared."""
+        last, self._high_water_kb = self._high_water_kb, self._read_high_water()
+        now = self._high_water_kb
+        peak = now * 1024 / MB if last is not None and now is not None and now > last else MISSING
+        return [peak if name == RSS else MISSING for name in self.tracked]
+
+    def _read_high_water(self) -> int | None:
+        def read() -> int:
+            with open(self._status, "rb") as f:
+                for line in f:
+                    if line.startswith(b"VmHWM:"):
+                        return int(line.split()[1])
+            raise ValueError(f"no VmHWM in {self._status}")
+
+        return attempt(read, (OSError, ValueError))
+
+    def _waited(self) -> tuple[int, int] | None:
+        """(now, run-queue wait so far) in ns; None where the kernel keeps no schedstat."""
+
+        def read() -> tuple[int, int]:
+            with open(self._schedstat) as f:
+                return time.monotonic_ns(), int(f.read().split()[1])
+
+        return attempt(read, (OSError, ValueError, IndexError))
+
+    def _wait_percent(self) -> float:
+        """Share of the time since the previous sample the main thread waited for a CPU, %."""
+        last, self._last_wait = self._last_wait, self._waited()
+        now = self._last_wait
+        if last is None or now is None or now[0] <= last[0] or now[1] < last[1]:
+            return MISSING
+        return (now[1] - last[1]) / (now[0] - last[0]) * 100
 
 
 def _memory_mb(rss: int | None) -> float:
