@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import math
 import socket
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import psutil
 import pytest
+from cgroups import cgroup_skip_reason, memory_cgroup
 from conftest import FAST, Recorder, wait_for
 
 import sampler
 from sampler.child.peaks import PeakTracker
 from sampler.collectors import process
 from sampler.collectors.base import Collector
+from sampler.collectors.container import ContainerCollector
 from sampler.collectors.host import CpuCollector, NetworkCollector, Rates
 from sampler.collectors.process import ProcessCollector
 
@@ -240,3 +245,104 @@ def test_a_peak_is_never_below_the_record_s_own_reading() -> None:
     tracker.add([1.0, 2.0])
     tracker.include([5.0, math.nan])  # the record's reading: higher than any inner one for a
     assert tracker.close(0, 0) == [5.0, 2.0, 2.0]  # the mean stays the inner readings'
+
+
+# --------------------------------------------------------------------------- the kernel's high-water marks
+
+SPIKER = """
+import sys
+print("ready", flush=True)
+for line in sys.stdin:
+    block = bytearray(SIZE)
+    block[::4096] = b"\\x01" * len(range(0, SIZE, 4096))  # every page touched: resident
+    del block  # freed at once: the spike lasts a few ms
+    print("spiked", flush=True)
+"""
+SPIKE_MB = 300
+MiB = 1024**2
+
+
+@pytest.fixture
+def spiker() -> Iterator[subprocess.Popen[str]]:
+    """A process that, for each line it reads, holds SPIKE_MB MiB resident for a few ms."""
+    program = SPIKER.replace("SIZE", str(SPIKE_MB * MiB))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", program], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def spike(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline() == "spiked\n"
+
+
+def test_a_spike_shorter_than_the_inner_period_is_caught_by_the_rss_high_water_mark(
+    spiker: subprocess.Popen[str],
+) -> None:
+    collector = ProcessCollector(spiker.pid)
+    rss = collector.tracked.index(process.RSS)
+    base = collector.sample()[collector.names.index(process.RSS)]
+    assert math.isnan(collector.marks()[rss])  # nothing rose since the collector was made
+    polled = []
+    for _ in range(3):  # the child's inner rate, 10 Hz, around one spike
+        polled.append(collector.sample_tracked()[rss])
+        spike(spiker)
+        time.sleep(0.1)
+    mark = collector.marks()[rss]
+    print(f"base {base:.0f} MiB, polled peak {max(polled):.0f} MiB, high-water mark {mark:.0f} MiB")
+    assert mark >= base + 0.95 * SPIKE_MB and mark >= max(polled)
+    assert max(polled) < base + 0.5 * SPIKE_MB  # polling, however fast, read before or after it
+    assert math.isnan(collector.marks()[rss])  # no new spike: the mark did not rise
+
+
+def test_the_child_folds_the_marks_into_the_records_peak(spiker: subprocess.Popen[str]) -> None:
+    collector = ProcessCollector(spiker.pid)
+    tracker = PeakTracker([collector], 4)
+    tracker.add(collector.sample_tracked())
+    spike(spiker)
+    values = collector.sample()
+    tracker.include([values[collector.names.index(name)] for name in collector.tracked])
+    tracker.include(collector.marks())
+    fields = dict(zip(tracker.names, tracker.close(0, 0), strict=True))
+    assert fields[process.RSS + "_peak"] >= values[collector.names.index(process.RSS)] + 0.95 * SPIKE_MB
+    # The mean is the polled readings' alone: a mark is no reading.
+    assert fields[process.RSS + "_mean"] < values[collector.names.index(process.RSS)] + 0.5 * SPIKE_MB
+
+
+@pytest.mark.skipif(cgroup_skip_reason("memory") is not None, reason=str(cgroup_skip_reason("memory")))
+def test_a_container_spike_is_caught_by_the_cgroups_high_water_mark(spiker: subprocess.Popen[str]) -> None:
+    with memory_cgroup(4 * 1024 * MiB) as cgroup:
+        cgroup.add(spiker.pid)
+        collector = ContainerCollector.open(spiker.pid)
+        assert collector is not None
+        used = collector.names.index("resource/container/memory_used_mb")
+        base = collector.sample()[used]
+        polled = collector.sample_tracked()[0]
+        spike(spiker)
+        mark = collector.marks()[0]
+        print(f"cgroup: base {base:.0f} MiB, polled {polled:.0f} MiB, high-water mark {mark:.0f} MiB")
+        assert mark >= base + 0.95 * SPIKE_MB
+        assert math.isnan(collector.marks()[0])
+        spiker.kill()  # out of the cgroup before it goes
+        spiker.wait()
+
+
+def test_a_records_peak_carries_a_spike_between_its_inner_readings(spiker: subprocess.Popen[str]) -> None:
+    """Through the real child: the record after a spike peaks at it, whenever the readings fell."""
+    sink = Recorder()
+    peak = process.RSS + "_peak"
+    with sampler.ResourceMonitor(
+        categories=["process"], sink=sink, pid=spiker.pid, step_source="seconds", inner_rate_hz=1, **FAST
+    ):
+        wait_for(lambda: len(sink.values(peak)) >= 2, what="two records")
+        base = max(sink.values(process.RSS))
+        spike(spiker)
+        wait_for(
+            lambda: max(sink.values(peak)) >= base + 0.95 * SPIKE_MB, what="the spike in a record's peak"
+        )

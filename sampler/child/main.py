@@ -219,9 +219,11 @@ class Child:
             if self._tracking:
                 self._read_tracked(peaks)
             values: list[float] = []
+            marks: list[float] = []
             for collector, phase in zip(self.collectors, phases, strict=True):
                 self.status.enter(phase)
                 values += collector.sample()
+                marks += collector.marks()
             self.status.enter(PHASE_IDLE)
             starved, why = starvation.take()
             if starved:
@@ -233,6 +235,7 @@ class Child:
                     )
                     return EXIT_STARVED
             peaks.include([values[i] for i in tracked_at])
+            peaks.include(marks)  # exact, where the kernel kept a high-water mark that rose
             logged_through, _ = self.status.logged()
             values += peaks.close(ring.head, logged_through)
             ring.write(values, timestamp_ns)

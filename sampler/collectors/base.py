@@ -115,5 +115,12 @@ class Collector:
         """The ``tracked`` readings now (the child calls it at its inner rate)."""
         return []
 
+    def marks(self) -> list[float]:
+        """Exact peaks the kernel kept since the previous call, one per ``tracked`` name: a
+        high-water mark that rose is the highest reading since then, however briefly it
+        lasted, where polling at any rate can miss it; NaN where there is no mark or it did not
+        rise. The child calls it once per record, after ``sample()``."""
+        return [MISSING] * len(self.tracked)
+
     def close(self) -> None:
         """Release what the collector holds (NVML handles); idempotent."""
