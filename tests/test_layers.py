@@ -102,6 +102,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sampler", "sampler.__main__", "sampler.commands"),
     ("sampler.api",),
     ("sampler.views",),
+    ("sampler.analysis",),
     ("sampler.supervision",),
     ("sampler.pipeline", "sampler.signals", "sampler.child"),
     ("sampler.store", "sampler.prometheus", "sampler.postmortems"),

@@ -11,10 +11,10 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from sampler.commands import config, demo, export, plot, postmortem, run, runs, top
+from sampler.commands import config, demo, explain, export, plot, postmortem, run, runs, top
 from sampler.commands.common import EXIT_BROKEN_PIPE, silence
 
-COMMANDS = (demo, run, top, plot, runs, export, config, postmortem)
+COMMANDS = (demo, run, top, plot, explain, runs, export, config, postmortem)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from sampler.analysis.explain import explain
 from sampler.commands.common import output_problem
 from sampler.store.reader import StoreReader
 from sampler.store.schema import StoreVersionError
@@ -59,6 +60,11 @@ def add_parser(commands: Any) -> None:
         "--output",
         metavar="FILE.png",
         help="where to write the PNG (default: ./<store stem>-run<ID>.png)",
+    )
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="shade the stretches `explain` finds (slow, or the step standing still) on every panel",
     )
     parser.set_defaults(handler=main)
 
@@ -111,7 +117,10 @@ def main(args: argparse.Namespace) -> int:
         if problem is not None:
             return _error(problem)
         try:
-            path = plot.render(reader, runs, pattern=args.signals, x=args.x, output=output)
+            shade = explain(reader, runs[0]).stretches if args.explain else []
+            path = plot.render(
+                reader, runs, pattern=args.signals, x=args.x, output=output, shade=[e.stretch for e in shade]
+            )
         except ImportError as exc:
             return _error(str(exc) if plot.INSTALL_HINT in str(exc) else f"{exc}: {plot.INSTALL_HINT}")
         except plot.NothingToPlot as exc:

@@ -153,6 +153,14 @@ class StoreReader:
         ).fetchall()
         return Series(name, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
 
+    def resource_points(self, run_id: int) -> list[tuple[str, int, float, float | None]]:
+        """Every resource point of a run: (name, step, wall time, value), in no set order."""
+        return self.db.execute(
+            "SELECT n.name, p.step, p.wall_time, p.value FROM points AS p"
+            " JOIN signal_names AS n ON n.id = p.name_id WHERE p.run_id = ? AND n.name LIKE 'resource/%'",
+            (run_id,),
+        ).fetchall()
+
     def counts(self, run_id: int) -> tuple[int, int | None]:
         """(resource samples recorded, last step logged) of a run."""
         (samples,) = self.db.execute(

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sampler import catalogue
+from sampler.analysis.stretches import PAUSE, Stretch
 from sampler.store.reader import Run, Series, StoreReader
 from sampler.util import atomicfile
 
@@ -276,13 +277,23 @@ def _layout(categories: list[str]) -> list[tuple[int, int]]:
     return cells
 
 
+SHADES = {PAUSE: ("0.5", 0.18, "step stood still"), "slow": ("tab:red", 0.14, "slow stretch")}
+"""How ``explain``'s stretches are shaded: kind -> (colour, alpha, legend label)."""
+
+
 def figure(
-    reader: StoreReader, runs: Sequence[Run], *, pattern: str | None = None, x: str = "step"
+    reader: StoreReader,
+    runs: Sequence[Run],
+    *,
+    pattern: str | None = None,
+    x: str = "step",
+    shade: Sequence[Stretch] = (),
 ) -> Figure:
     """Draw ``runs`` (overlaid) as small multiples; returns the matplotlib Figure.
 
     ``pattern`` selects signals (:func:`matches`); ``x`` is ``"step"`` or
-    ``"seconds"`` (:data:`X_AXES`). Each panel's Axes has the panel key as its
+    ``"seconds"`` (:data:`X_AXES`); ``shade``: stretches of the first run
+    (``sampler.analysis``) shaded on every panel. Each panel's Axes has the panel key as its
     ``gid`` (``resource/gpu/*/power_watts``) and each line ``run<ID>`` or
     ``run<ID>/gpu<i>`` as its own. Raises ``ValueError`` when there is no run,
     ``x`` is unknown, or (:class:`NothingToPlot`) no signal with a point matches; ``ImportError`` naming
@@ -325,7 +336,8 @@ def figure(
     kinds = [
         kind for kind in catalogue.VARIANTS if any(line[2] == kind for _, lines in drawn for line in lines)
     ]
-    legend_row = 1 if multi or len(devices) > 1 or kinds else 0
+    shaded = list(dict.fromkeys(stretch.kind for stretch in shade))
+    legend_row = 1 if multi or len(devices) > 1 or kinds or shaded else 0
     width = max(PANEL_SIZE[0] * columns, MIN_WIDTH)
     height = PANEL_SIZE[1] * rows + 0.55 * legend_row + 0.5
     fig = figure_class(figsize=(width, height), dpi=DPI, layout="constrained")
@@ -353,6 +365,14 @@ def figure(
         # Steps run to the hundreds of thousands: a few ticks, written 35k, stay apart.
         ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=x == "step"))
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+        for stretch in shade:
+            colour, alpha, _ = SHADES[stretch.kind]
+            span: tuple[float, float]
+            if x == "step":
+                span = (stretch.start_step, stretch.end_step)
+            else:
+                span = (stretch.start_wall - runs[0].started_at, stretch.end_wall - runs[0].started_at)
+            ax.axvspan(*span, color=colour, alpha=alpha, linewidth=0)
         for run, device, kind, xs, ys in lines:
             colour, style = colours[run.id], "-"
             if device:
@@ -407,6 +427,11 @@ def figure(
                 )
                 for i, device in enumerate(devices)
             ]
+        from matplotlib.patches import Patch
+
+        for kind in shaded:
+            colour, alpha, label = SHADES[kind]
+            handles.append(Patch(color=colour, alpha=alpha * 2, label=f"{label} (explain)"))  # type: ignore[arg-type]
         for kind in kinds:
             alpha, variant_style, label = VARIANT_LINES[kind]
             handles.append(
@@ -467,11 +492,12 @@ def render(
     pattern: str | None = None,
     x: str = "step",
     output: str | Path,
+    shade: Sequence[Stretch] = (),
 ) -> Path:
     """Draw ``runs`` (see :func:`figure`) into the PNG ``output`` (atomically, never
     through a link: ``sampler.util.atomicfile``); returns its path. Raises what
     :func:`figure` raises, and ``OSError`` if the file cannot be written."""
-    fig = figure(reader, runs, pattern=pattern, x=x)
+    fig = figure(reader, runs, pattern=pattern, x=x, shade=shade)
     path = Path(output)
     with atomicfile.replacing(path, atomicfile.OUTPUT_MODE) as file:
         fig.savefig(file, format="png", dpi=DPI)

@@ -1,0 +1,1 @@
+"""Reading a finished (or running) run for answers: where it was slow, and why."""

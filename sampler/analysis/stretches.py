@@ -1,0 +1,126 @@
+"""Where a run went slow: stretches of records whose throughput fell well below the run's typical.
+
+Each record ends a window (the time since the record before it). The run's typical throughput is
+the median over its regular windows, so a run slow for less than half its time has its normal
+speed as typical. A window slower than ``SLOW_FRACTION`` of typical is slow; slow windows in a
+row (one regular window between two slow ones does not break them) make a stretch once they
+cover ``MIN_WINDOWS`` windows and ``MIN_INTERVALS`` intervals.
+
+A step that stands still (an evaluation, a checkpoint save) logs no record, since the monitor
+drops a record at the step of the one before: the whole pause is one long window with almost no
+steps in it, between regular ones. Such an isolated window, whose standing-still time is at least
+``PAUSE_INTERVALS`` intervals, ``PAUSE_STEPS`` typical steps and ``PAUSE_MIN_SECONDS``, is a
+pause, not a slowdown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from sampler.analysis.timeline import Timeline
+
+SLOW_FRACTION = 0.6
+"""A window below this share of the typical throughput is slow."""
+MIN_WINDOWS = 3
+MIN_INTERVALS = 3.0
+"""A stretch covers at least this many windows and this many sampling intervals."""
+PAUSE_INTERVALS = 3.0
+PAUSE_STEPS = 20.0
+PAUSE_MIN_SECONDS = 1.0
+"""A pause stood still for at least this many intervals, this many typical step times and this
+long (a thread descheduled for a moment on a busy host is no evaluation)."""
+SLOW = "slow"
+PAUSE = "pause"
+
+
+@dataclass(frozen=True)
+class Stretch:
+    """Records ``first`` to ``last`` (indices into the timeline): their windows were slow, or
+    one window was a pause."""
+
+    kind: str
+    """``slow`` or ``pause``."""
+    first: int
+    last: int
+    start_step: int
+    """The step before the stretch (the record before ``first``)."""
+    end_step: int
+    """The step at its end (record ``last``)."""
+    start_wall: float
+    end_wall: float
+    """When it began and ended, s since the epoch."""
+    throughput: float
+    """Steps per second over the stretch."""
+    still_seconds: float
+    """A pause's time with the step standing still (its length less its steps at the typical rate)."""
+
+    @property
+    def seconds(self) -> float:
+        return self.end_wall - self.start_wall
+
+    @property
+    def records(self) -> range:
+        """The records whose windows make the stretch."""
+        return range(self.first, self.last + 1)
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What ``find`` saw in one run."""
+
+    typical: float
+    """The typical throughput, steps/s (NaN with fewer than two records)."""
+    stretches: list[Stretch]
+    """Slow stretches and pauses, in time order."""
+    regular: npt.NDArray[np.bool_]
+    """Per record: its window is neither slow nor a pause (the baseline evidence is judged by)."""
+
+
+def find(timeline: Timeline, slow_fraction: float = SLOW_FRACTION) -> Findings:
+    """The slow stretches and pauses of ``timeline``."""
+    count = len(timeline)
+    regular = np.zeros(count, dtype=bool)
+    if count < 2:
+        return Findings(float("nan"), [], regular)
+    steps, seconds, rate = timeline.window_steps(), timeline.window_seconds(), timeline.throughput()
+    long_window = seconds >= PAUSE_INTERVALS * timeline.interval
+    usable = np.isfinite(rate) & (seconds > 0)
+    base = usable & ~long_window
+    typical = float(np.median(rate[base] if base.any() else rate[usable])) if usable.any() else float("nan")
+    if not typical > 0:
+        return Findings(typical, [], regular)
+    still = seconds - steps / typical
+    isolated = long_window & ~np.roll(long_window, 1) & ~np.roll(long_window, -1)
+    least = max(PAUSE_INTERVALS * timeline.interval, PAUSE_STEPS / typical, PAUSE_MIN_SECONDS)
+    pause = usable & isolated & (still >= least)
+    slow = usable & ~pause & (rate < slow_fraction * typical)
+    regular = usable & ~pause & ~slow
+    stretches = [_stretch(timeline, PAUSE, int(i), int(i), still[i]) for i in np.flatnonzero(pause)]
+    for first, last in _runs(slow):
+        windows = last - first + 1
+        if windows >= MIN_WINDOWS and seconds[first : last + 1].sum() >= MIN_INTERVALS * timeline.interval:
+            stretches.append(_stretch(timeline, SLOW, first, last, 0.0))
+            regular[first : last + 1] = False  # a regular window bridged into it is the stretch's
+    stretches.sort(key=lambda s: s.first)
+    return Findings(typical, stretches, regular)
+
+
+def _runs(flags: npt.NDArray[np.bool_]) -> list[tuple[int, int]]:
+    """(first, last) of each run of True in ``flags``, bridging single False gaps."""
+    runs: list[tuple[int, int]] = []
+    for i in np.flatnonzero(flags):
+        if runs and i - runs[-1][1] <= 2:
+            runs[-1] = (runs[-1][0], int(i))
+        else:
+            runs.append((int(i), int(i)))
+    return runs
+
+
+def _stretch(timeline: Timeline, kind: str, first: int, last: int, still: float) -> Stretch:
+    start_step, end_step = int(timeline.steps[first - 1]), int(timeline.steps[last])
+    start, end = float(timeline.walls[first - 1]), float(timeline.walls[last])
+    throughput = (end_step - start_step) / (end - start) if end > start else float("nan")
+    return Stretch(kind, first, last, start_step, end_step, start, end, throughput, float(still))

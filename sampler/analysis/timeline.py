@@ -1,0 +1,75 @@
+"""A run's logged resource records as arrays: one row per record, one column per signal.
+
+Every point of one record shares its step and its wall time (the store writes them together),
+so a record is the set of resource points with one (wall time, step). Older runs without
+``resource/progress/steps_per_second`` read the same: throughput comes from the records' steps
+and times, not from that signal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from sampler.store.reader import Run, StoreReader
+
+Floats = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The records of one run, in time order."""
+
+    steps: npt.NDArray[np.int64]
+    """The step each record was logged at."""
+    walls: Floats
+    """When each was sampled, s since the epoch."""
+    values: dict[str, Floats]
+    """Signal name -> its value at each record; NaN where that record has none."""
+    interval: float
+    """The run's sampling interval, s."""
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def window_steps(self) -> Floats:
+        """Steps made in the window that ends at each record (NaN for the first)."""
+        return np.concatenate(([np.nan], np.diff(self.steps).astype(np.float64)))
+
+    def window_seconds(self) -> Floats:
+        """Length of the window that ends at each record, s (NaN for the first)."""
+        return np.concatenate(([np.nan], np.diff(self.walls)))
+
+    def throughput(self) -> Floats:
+        """Steps per second over the window that ends at each record (NaN for the first)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self.window_steps() / self.window_seconds()
+
+    def column(self, name: str) -> Floats | None:
+        """``name``'s values per record, None when the run never logged it."""
+        return self.values.get(name)
+
+
+def load(reader: StoreReader, run: Run) -> Timeline:
+    """The timeline of ``run`` as its store holds it now."""
+    index: dict[tuple[float, int], int] = {}
+    columns: dict[str, dict[int, float]] = {}
+    for name, step, wall, value in reader.resource_points(run.id):
+        row = index.setdefault((wall, step), len(index))
+        if value is not None:
+            columns.setdefault(name, {})[row] = value
+    order = sorted(index, key=lambda key: (key[0], key[1]))
+    rank = np.empty(len(order), dtype=np.intp)
+    for position, key in enumerate(order):
+        rank[index[key]] = position
+    values: dict[str, Floats] = {}
+    for name, cells in columns.items():
+        column = np.full(len(order), np.nan)
+        rows = np.fromiter(cells, dtype=np.intp, count=len(cells))
+        column[rank[rows]] = np.fromiter(cells.values(), dtype=np.float64, count=len(cells))
+        values[name] = column
+    steps = np.array([step for _, step in order], dtype=np.int64)
+    walls = np.array([wall for wall, _ in order], dtype=np.float64)
+    return Timeline(steps, walls, values, run.interval)

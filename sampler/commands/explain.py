@@ -1,0 +1,124 @@
+"""``python -m sampler explain STORE``: where a run went slow, and why.
+
+Finds the stretches whose throughput (steps per second on the step axis) fell well below the
+run's typical (its median), and for each says, strongest first, what the recorded signals show
+was different from the run's typical at the same time: CPU, memory or I/O pressure, the process
+tree on every CPU it may use, the backend at one full core, memory near a container limit, GPU
+throttling or waiting. A pause of the step (an evaluation, a checkpoint) is named as such, and a
+stretch with no evidence says so. ``--json`` for machines; ``plot --explain`` shades the same
+stretches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sqlite3
+import sys
+from typing import Any, TextIO
+
+from sampler.analysis import stretches
+from sampler.analysis.explain import Explanation, explain
+from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, argument, open_store
+from sampler.settings.parsers import Invalid
+from sampler.views.formatting import format_duration
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise Invalid("expected a number between 0 and 1") from None
+    if not 0 < value < 1:
+        raise Invalid("expected a number between 0 and 1")
+    return value
+
+
+def _run_id(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) <= 0:
+        raise Invalid("run ids are whole numbers from 1")
+    return int(text)
+
+
+def add_parser(commands: Any) -> None:
+    """Register ``explain`` with the ``add_subparsers()`` object ``commands``."""
+    parser = commands.add_parser(
+        "explain",
+        help="say where a run went slow, and what the signals show was different then",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+    )
+    parser.add_argument("store", nargs="?", default=DEFAULT_STORE, metavar="STORE", help="the run store")
+    parser.add_argument("--run", type=argument(_run_id), metavar="ID", help="the run (default: the newest)")
+    parser.add_argument(
+        "--slow",
+        type=argument(_fraction),
+        default=stretches.SLOW_FRACTION,
+        metavar="SHARE",
+        help="a window below this share of the typical throughput is slow "
+        f"(default {stretches.SLOW_FRACTION})",
+    )
+    parser.add_argument("--json", action="store_true", help="print the stretches as JSON")
+    parser.set_defaults(handler=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    out: TextIO = getattr(args, "out", None) or sys.stdout
+    reader = open_store(args.store)
+    if reader is None:
+        return EXIT_USAGE
+    with reader:
+        try:
+            run = reader.run(args.run)
+            explanation = explain(reader, run, args.slow)
+        except LookupError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except sqlite3.Error as exc:
+            print(f"error: {args.store} cannot be read as a run store: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    if args.json:
+        json.dump(explanation.as_json(), out, indent=2)
+        out.write("\n")
+    else:
+        out.write(render(explanation))
+    return 0
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 60 else format_duration(seconds)
+
+
+def _clock(wall: float) -> str:
+    return datetime.datetime.fromtimestamp(wall).strftime("%H:%M:%S")
+
+
+def render(explanation: Explanation) -> str:
+    """The explanation as the lines ``explain`` prints."""
+    run = explanation.run
+    head = f"run {run.id} ({run.where}): {explanation.records} records"
+    if explanation.typical != explanation.typical:
+        return head + "; too few to tell a throughput from.\n"
+    lines = [f"{head}, typically {explanation.typical:.3g} steps/s."]
+    if not explanation.stretches:
+        lines.append("No stretch ran well below that, and the step never stood still.")
+    for item in explanation.stretches:
+        s = item.stretch
+        when = (
+            f"steps {s.start_step:,}-{s.end_step:,} "
+            f"({_clock(s.start_wall)}-{_clock(s.end_wall)}, {_duration(s.seconds)})"
+        )
+        if s.kind == stretches.PAUSE:
+            lines.append(
+                f"{when}: the step stood still for {_duration(s.still_seconds)} "
+                "(an evaluation or a checkpoint, not a slowdown)."
+            )
+            continue
+        share = s.throughput / explanation.typical
+        lines.append(f"{when}: {s.throughput:.3g} steps/s, {share:.0%} of typical.")
+        if not item.reasons:
+            lines.append("  no evidence: nothing recorded was different from the run's typical then.")
+        for rank, reason in enumerate(item.reasons, 1):
+            cited = ", ".join(e.signal for e in reason.evidence)
+            lines.append(f"  {rank}. {reason.text} [{cited}]")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,303 @@
+"""``explain`` on real runs: a training loop made slow by real causes, each stretch named by its own.
+
+Each backend is a real training-like script (a fixed amount of Python work per step, its step
+watched by the monitor, a run store) whose main thread is pinned to one core after the monitor
+started. It injects its causes itself and writes down when each began and ended (wall time), so
+the test can match what ``explain`` found against what really happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cgroups import cgroup_skip_reason, memory_cgroup
+from conftest import backend_script, run_command
+
+from sampler.analysis import evidence, stretches
+from sampler.analysis.explain import Explanation, explain
+from sampler.commands import explain as explain_command
+from sampler.commands import plot as plot_command
+from sampler.store.reader import StoreReader
+from sampler.views import plot
+
+WORKLOAD = """
+import json, os, subprocess, time
+STORE, PHASES_FILE, PLAN = {store!r}, {phases!r}, {plan!r}
+
+class Model:
+    age = 0
+    def get_age(self):
+        return self.age
+
+model = Model()
+sampler.watch_model(model)
+monitor = sampler.ResourceMonitor(
+    store=STORE, interval_seconds=0.1, _min_interval_seconds=0.05, step_source="model_age",
+    categories=["cpu", "memory", "process", "process_tree", "container", "pressure"],
+).start()
+while monitor.stats()["records_read"] < 3:
+    time.sleep(0.01)
+core = min(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {{core}})  # this thread only: the monitor's stays free
+
+def step(extra=None):
+    total = 0
+    for i in range(20000):
+        total += i
+    if extra is not None:
+        extra()
+    model.age += 1
+
+def train(seconds, extra=None):
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        step(extra)
+
+def fsync_write():
+    with open(os.path.join(os.path.dirname(STORE), "checkpoint.bin"), "wb") as f:
+        f.write(os.urandom(1 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+
+def read_cyclically(path, chunk=4 << 20):
+    offset = [0]
+    size = os.path.getsize(path)
+    def read():
+        with open(path, "rb") as f:
+            f.seek(offset[0])
+            f.read(chunk)
+        offset[0] = (offset[0] + chunk) % size
+    return read
+
+phases = []
+for kind, seconds in PLAN:
+    start = time.time()
+    if kind == "quiet":
+        train(seconds)
+    elif kind == "cpu":  # four busy processes on the training's core
+        spin = "import os; os.sched_setaffinity(0, {{%d}})\\nwhile 1: pass" % core
+        busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(4)]
+        try:
+            train(seconds)
+        finally:
+            for p in busy:
+                p.kill()
+                p.wait()
+    elif kind == "pause":  # an evaluation: time passes, the step stands still
+        time.sleep(seconds)
+    elif kind == "fsync":  # every step writes a checkpoint and waits for the disk
+        train(seconds, fsync_write)
+    elif kind == "thrash":  # every step reads data that no longer fits the memory cgroup's page cache
+        train(seconds, read_cyclically(os.path.join(os.path.dirname(STORE), "data.bin")))
+    phases.append((kind, start, time.time()))
+train(0.5)
+monitor.stop()
+with open(PHASES_FILE, "w") as f:
+    json.dump(phases, f)
+"""
+
+
+def run_workload(tmp_path: Path, plan: list[tuple[str, float]], before_start: Any = None) -> list[Any]:
+    """Run the workload with ``plan`` to its end; returns its phases: (kind, start, end) wall times.
+    ``before_start(pid)`` runs on the backend's pid as soon as it exists (to move it into a cgroup)."""
+    store, phases = tmp_path / "runs.sqlite", tmp_path / "phases.json"
+    script = tmp_path / "train.py"
+    script.write_text(backend_script(WORKLOAD.format(store=str(store), phases=str(phases), plan=plan)))
+    backend = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, text=True)
+    try:
+        if before_start is not None:
+            before_start(backend.pid)
+        _, err = backend.communicate(timeout=120)
+    finally:
+        backend.kill()
+        backend.wait()
+    assert backend.returncode == 0, err
+    return [tuple(phase) for phase in json.loads(phases.read_text())]
+
+
+def explained(tmp_path: Path) -> Explanation:
+    with StoreReader(str(tmp_path / "runs.sqlite")) as reader:
+        return explain(reader, reader.run())
+
+
+def overlapping(explanation: Explanation, start: float, end: float) -> list[Any]:
+    """The stretches that overlap the wall-time span [start, end]."""
+    return [e for e in explanation.stretches if e.stretch.start_wall < end and e.stretch.end_wall > start]
+
+
+def test_a_starved_stretch_a_pause_and_an_fsync_stall_are_each_named_by_their_cause(tmp_path: Path) -> None:
+    plan = [
+        ("quiet", 2.0),
+        ("cpu", 2.5),
+        ("quiet", 2.0),
+        ("pause", 1.5),
+        ("quiet", 2.0),
+        ("fsync", 2.5),
+        ("quiet", 1.5),
+    ]
+    phases = run_workload(tmp_path, plan)
+    explanation = explained(tmp_path)
+    print(explain_command.render(explanation))
+    found = {}
+    for kind, start, end in phases:
+        if kind == "quiet":
+            continue
+        (item,) = overlapping(explanation, start, end)
+        found[kind] = item
+    assert found["pause"].stretch.kind == stretches.PAUSE and found["pause"].stretch.still_seconds >= 1.0
+    assert found["cpu"].stretch.kind == stretches.SLOW
+    assert found["cpu"].reasons[0].cause in ("cpu_starved", "cpu_pressure")
+    assert found["fsync"].stretch.kind == stretches.SLOW
+    assert found["fsync"].reasons[0].cause == "io_pressure"
+    # Nothing else: the quiet stretches between them are not reported.
+    assert len(explanation.stretches) == 3
+    # plot --explain shades the same stretches on every panel, with a legend for each kind.
+    with StoreReader(str(tmp_path / "runs.sqlite")) as reader:
+        fig = plot.figure(reader, [reader.run()], shade=[e.stretch for e in explanation.stretches])
+    panels = [ax for ax in fig.axes if ax.get_gid()]
+    assert panels and all(len(ax.patches) == 3 for ax in panels)
+    labels = {
+        text.get_text()
+        for legend in fig.legends + [ax.get_legend() for ax in fig.axes]
+        if legend
+        for text in legend.get_texts()
+    }
+    assert {"slow stretch (explain)", "step stood still (explain)"} <= labels
+    status, printed = run_command(
+        "plot",
+        str(tmp_path / "runs.sqlite"),
+        "--explain",
+        "-o",
+        str(tmp_path / "run.png"),
+        handler=plot_command.main,
+    )
+    assert status == 0 and printed.strip() == str(tmp_path / "run.png")
+    assert (tmp_path / "run.png").stat().st_size > 10_000
+
+
+def test_a_quiet_run_has_nothing_to_explain(tmp_path: Path) -> None:
+    run_workload(tmp_path, [("quiet", 4.0)])
+    explanation = explained(tmp_path)
+    assert explanation.records >= 20 and explanation.typical > 0
+    assert explanation.stretches == []
+    status, out = run_command("explain", str(tmp_path / "runs.sqlite"), handler=explain_command.main)
+    assert status == 0 and "No stretch ran well below that" in out
+
+
+@pytest.mark.skipif(cgroup_skip_reason("memory") is not None, reason=str(cgroup_skip_reason("memory")))
+def test_reclaim_in_a_memory_cgroup_near_its_limit_is_named(tmp_path: Path) -> None:
+    """The data each step reads no longer fits beside the backend and its child in the cgroup's
+    limit: every read evicts what the next will need, and the backend reclaims as it reads."""
+    data = tmp_path / "data.bin"
+    with data.open("wb") as f:
+        for _ in range(64):
+            f.write(os.urandom(4 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+        # Out of the page cache: the backend's reads bring it back in, charged to its cgroup.
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    with memory_cgroup(160 << 20) as cgroup:
+        phases = run_workload(tmp_path, [("quiet", 2.5), ("thrash", 3.0), ("quiet", 2.0)], cgroup.add)
+    explanation = explained(tmp_path)
+    print(explain_command.render(explanation))
+    (_, start, end) = phases[1]
+    (item,) = overlapping(explanation, start, end)
+    assert item.stretch.kind == stretches.SLOW
+    causes = [reason.cause for reason in item.reasons]
+    assert "container_memory" in causes or "memory_pressure" in causes, causes
+
+
+# --------------------------------------------------------------------------- the rules, on made-up records
+
+
+def timeline(seconds_per_window: list[float], steps_per_window: list[int], **columns: list[float]) -> Any:
+    """A timeline whose windows last and advance as given (the first record opens the first window)."""
+    import numpy as np
+
+    from sampler.analysis.timeline import Timeline
+
+    walls = np.cumsum([1000.0, *seconds_per_window])
+    steps = np.cumsum([0, *steps_per_window]).astype(np.int64)
+    values = {name: np.array([np.nan, *column]) for name, column in columns.items()}
+    return Timeline(steps, walls, values, interval=0.1)
+
+
+def test_slow_windows_in_a_row_make_a_stretch_and_a_lone_one_does_not() -> None:
+    seconds = [0.1] * 30
+    steps = [50] * 30
+    steps[5] = 10  # one slow window alone: noise
+    for i in range(12, 17):
+        steps[i] = 20  # five in a row (40 % of typical)
+    steps[14] = 40  # one near-normal window inside does not break them
+    found = stretches.find(timeline(seconds, steps))
+    assert found.typical == pytest.approx(500.0)
+    (stretch,) = found.stretches
+    assert (stretch.kind, stretch.first, stretch.last) == (stretches.SLOW, 13, 17)
+    assert stretch.throughput == pytest.approx((20 * 4 + 40) / 0.5)
+    assert not found.regular[13:18].any() and found.regular[1:5].all()
+
+
+def test_one_long_window_with_almost_no_steps_is_a_pause_but_a_run_of_them_is_a_slowdown() -> None:
+    seconds, steps = [0.1] * 20, [50] * 20
+    seconds[8], steps[8] = 2.0, 50  # the step stood still ~1.9 s between two records
+    found = stretches.find(timeline(seconds, steps))
+    (pause,) = found.stretches
+    assert pause.kind == stretches.PAUSE and pause.still_seconds == pytest.approx(1.9)
+    # Steps slower than the interval: every window long, but each one moved: slow, not paused.
+    seconds, steps = [0.1] * 20, [50] * 20
+    for i in range(8, 13):
+        seconds[i], steps[i] = 0.5, 1
+    (slow,) = stretches.find(timeline(seconds, steps)).stretches
+    assert slow.kind == stretches.SLOW and (slow.first, slow.last) == (9, 13)
+
+
+def test_too_few_records_or_no_progress_find_nothing() -> None:
+    assert stretches.find(timeline([], [])).stretches == []
+    assert stretches.find(timeline([0.1] * 5, [0] * 5)).stretches == []
+
+
+def reasons_for(**columns: list[float]) -> list[str]:
+    """The causes the rules give for windows 13-17 slow against columns of 30 windows."""
+    seconds, steps = [0.1] * 30, [50] * 30
+    for i in range(12, 17):
+        steps[i] = 10
+    records = timeline(seconds, steps, **columns)
+    found = stretches.find(records)
+    (stretch,) = found.stretches
+    return [reason.cause for reason in evidence.reasons(records, found, stretch)]
+
+
+def during(inside: float, outside: float) -> list[float]:
+    return [inside if 12 <= i < 17 else outside for i in range(30)]
+
+
+def test_each_rule_fires_on_its_signals_and_is_ranked_by_how_far_past_its_threshold() -> None:
+    assert reasons_for() == []  # nothing recorded: no evidence, no guess
+    cpu = "resource/pressure/cpu_some_percent"
+    assert reasons_for(**{cpu: during(60, 2)}) == ["cpu_pressure"]
+    assert reasons_for(**{cpu: during(9, 2)}) == []  # up 7 points: below the threshold
+    wait = "resource/process/cpu_wait_percent"
+    assert reasons_for(**{wait: during(70, 5), cpu: during(60, 40)}) == ["cpu_starved", "cpu_pressure"]
+    assert reasons_for(**{"resource/pressure/io_some_percent": during(70, 1)}) == ["io_pressure"]
+    memory = {"resource/container/memory_used_percent": during(97, 60)}
+    assert reasons_for(**memory) == ["container_memory"]
+    tree = {
+        "resource/process_tree/cpu_utilization_percent": during(390, 200),
+        "resource/process/cpu_cores_allowed": during(4, 4),
+    }
+    assert reasons_for(**tree) == ["workers_saturated"]
+    gil = {"resource/process/cpu_utilization_percent": during(100, 300)}
+    assert reasons_for(**gil) == ["gil_bound"]
+    gpu = {
+        "resource/gpu/1/throttle_power": during(1, 0),
+        "resource/gpu/1/utilization_percent": during(40, 95),
+    }
+    assert reasons_for(**gpu) == ["gpu_power_throttle", "gpu_waiting"]
+    both = {cpu: during(60, 2), "resource/cpu/utilization_percent": during(95, 60)}
+    assert reasons_for(**both) == ["cpu_pressure", "host_cpu_busy"]  # 5.8 past its threshold, then 2.3
