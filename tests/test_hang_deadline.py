@@ -21,10 +21,11 @@ from sampler.supervision.reader import ChildReader, Outcome
 
 @dataclass
 class ChildChannel:
-    """What the reader needs of a child: the backend's end of its channel, and
-    no pidfd (the test's child is no process; it never exits)."""
+    """What the reader needs of a child: the backend's end of its channel and of its wake-up
+    pipe, and no pidfd (the test's child is no process; it never exits)."""
 
     sock: socket.socket
+    wake_fd: int
     pid: int = 0
     pidfd: int | None = None
 
@@ -38,9 +39,10 @@ def reader() -> Iterator[tuple[ChildReader, ChildStatus, int]]:
     os.close(status_fd)
     ours, theirs = socket.socketpair()
     stop_r, stop_w = os.pipe()
+    wake_r, wake_w = os.pipe()
     stats = MonitorStats()
     emitter = Emitter(StepStamper("seconds", None, 0), lambda *a: None, stats)
-    child = ChildChannel(ours)
+    child = ChildChannel(ours, wake_r)
     yield (
         ChildReader(child, status, stop_r, emitter, stats, interval=0.1, hang_deadline=0.5),  # type: ignore[arg-type]
         status,
@@ -48,7 +50,7 @@ def reader() -> Iterator[tuple[ChildReader, ChildStatus, int]]:
     )
     for end in (ours, theirs):
         end.close()
-    for fd in (stop_r, stop_w):
+    for fd in (stop_r, stop_w, wake_r, wake_w):
         os.close(fd)
     status.close()
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -14,6 +16,7 @@ import pytest
 from conftest import FAST, Recorder, wait_for
 
 import sampler
+from sampler.collectors import process
 from sampler.collectors.process import ProcessCollector
 
 RSS = "resource/process/memory_in_use_mb"
@@ -100,3 +103,15 @@ def test_cpu_wait_is_the_share_of_time_the_main_thread_waited_for_a_cpu() -> Non
     # Sharing one core with four more spinning processes, it waits about four fifths of the time;
     # on a loaded machine it already waited some of it alone.
     assert starved > max(60, alone + 10), (alone, starved)
+
+
+def test_a_cpu_list_is_counted_and_an_unreadable_status_skips_its_readings(tmp_path: Path) -> None:
+    assert process._cpu_count(b"0-3,8,10-11") == 7 and process._cpu_count(b"5") == 1
+    collector = ProcessCollector(os.getpid())
+    status = tmp_path / "status"
+    status.write_text("Cpus_allowed_list:\t0-x\nVmHWM:\t 1000 kB\n")
+    collector._status = str(status)  # what a kernel writing something else would give
+    values = dict(zip(collector.names, collector.sample(), strict=True))
+    assert math.isnan(values["resource/process/cpu_cores_allowed"])
+    assert all(math.isnan(mark) for mark in collector.marks())
+    assert not math.isnan(values["resource/process/memory_in_use_mb"])  # the other readings flow

@@ -9,7 +9,7 @@ round by round (off, thread, process, off, ...) so drift in the machine's speed
 hits all three alike, at the 1 s interval floor and at a stress interval below
 it that makes small per-sample costs visible. In the same rounds it measures
 the floor (a bare daemon thread woken through a pipe by another process once
-per sample, making the same 25 sink calls and nothing else) against the
+per sample, making the same 27 sink calls and nothing else) against the
 isolated monitor with and without the run store, and a GIL-bound training loop
 that logs its loss every step through the pipeline (``log_signal``), with the
 isolated monitor and with the store on. Then it measures how the cost grows

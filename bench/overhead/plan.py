@@ -16,9 +16,9 @@ WORKLOADS = ("idle", "gil", "numpy", "latency")
 TRAINING = ("gil", "numpy", "latency")
 """The workloads that train (all but the idle backend)."""
 NON_GPU = ("cpu", "memory", "disk", "network", "process")
-FLOOR_SIGNALS = 25
+FLOOR_SIGNALS = 27
 """Sink calls per wake of the floor thread: the signals of one sample with the non-GPU categories
-above (cpu 3, memory 2, disk 6, network 4, process 9, counting peaks, means and rates) and the
+above (cpu 3, memory 2, disk 6, network 4, process 11, counting peaks, means and rates) and the
 throughput the backend derives from the step axis."""
 FLOOR = 1.0
 STRESS = 0.01

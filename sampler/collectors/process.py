@@ -43,8 +43,11 @@ class ProcessCollector(Collector):
         self._inner.cpu_percent(interval=None)
         self._schedstat = f"/proc/{pid}/schedstat"
         self._status = f"/proc/{pid}/status"
-        self._high_water_kb = self._read_high_water()
-        """The backend's RSS high-water mark (``VmHWM``, kB) at the previous ``marks()``."""
+        status = self._read_status()
+        self._high_water_kb = None if status is None else status[1]
+        """The backend's RSS high-water mark (``VmHWM``, kB) as the latest ``sample()`` read it."""
+        self._marked_kb = self._high_water_kb
+        """The same mark at the previous ``marks()``."""
         self._last_wait: tuple[int, int] | None = self._waited()
         """(monotonic ns, ns the main thread waited on a run queue) at the previous sample."""
 
@@ -55,7 +58,8 @@ class ProcessCollector(Collector):
             threads = attempt(proc.num_threads)
             rss = attempt(lambda: proc.memory_info().rss)
             percent = attempt(proc.memory_percent)
-        cores = attempt(proc.cpu_affinity)
+        status = self._read_status()
+        cores, self._high_water_kb = (None, None) if status is None else status
         memory = attempt(psutil.virtual_memory)
         return [
             MISSING if cpu is None else float(cpu),
@@ -63,7 +67,7 @@ class ProcessCollector(Collector):
             _memory_mb(rss),
             MISSING if percent is None else float(percent),
             MISSING if memory is None else memory.available / MB,
-            MISSING if not cores else float(len(cores)),
+            MISSING if not cores else float(cores),
             self._wait_percent(),
         ]
 
@@ -74,22 +78,23 @@ class ProcessCollector(Collector):
         return [MISSING if cpu is None else float(cpu), _memory_mb(rss)]
 
     def marks(self) -> list[float]:
-        """The RSS peak (MB) when ``VmHWM`` rose since the previous call; the mark is never
-        reset (``getrusage`` reports it as the backend's max RSS), only compared."""
-        last, self._high_water_kb = self._high_water_kb, self._read_high_water()
-        now = self._high_water_kb
+        """The RSS peak (MB) when ``VmHWM``, as the latest ``sample()`` read it, rose since the
+        previous call; the mark is never reset (``getrusage`` reports it as the backend's max
+        RSS), only compared."""
+        last, now = self._marked_kb, self._high_water_kb
+        self._marked_kb = now
         peak = now * 1024 / MB if last is not None and now is not None and now > last else MISSING
         return [peak if name == RSS else MISSING for name in self.tracked]
 
-    def _read_high_water(self) -> int | None:
-        def read() -> int:
-            with open(self._status, "rb") as f:
-                for line in f:
-                    if line.startswith(b"VmHWM:"):
-                        return int(line.split()[1])
-            raise ValueError(f"no VmHWM in {self._status}")
+    def _read_status(self) -> tuple[int, int] | None:
+        """(CPUs the main thread may run on, ``VmHWM`` in kB) from /proc/<pid>/status."""
 
-        return attempt(read, (OSError, ValueError))
+        def read() -> tuple[int, int]:
+            with open(self._status, "rb") as f:
+                fields = dict(line.split(b":", 1) for line in f if b":" in line)
+            return _cpu_count(fields[b"Cpus_allowed_list"].strip()), int(fields[b"VmHWM"].split()[0])
+
+        return attempt(read, (OSError, ValueError, KeyError, IndexError))
 
     def _waited(self) -> tuple[int, int] | None:
         """(now, run-queue wait so far) in ns; None where the kernel keeps no schedstat."""
@@ -107,6 +112,15 @@ class ProcessCollector(Collector):
         if last is None or now is None or now[0] <= last[0] or now[1] < last[1]:
             return MISSING
         return (now[1] - last[1]) / (now[0] - last[0]) * 100
+
+
+def _cpu_count(cpu_list: bytes) -> int:
+    """CPUs in a kernel CPU list such as ``0-3,8,10-11`` (7)."""
+    count = 0
+    for part in cpu_list.split(b","):
+        first, _, last = part.partition(b"-")
+        count += int(last or first) - int(first) + 1
+    return count
 
 
 def _memory_mb(rss: int | None) -> float:
