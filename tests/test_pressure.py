@@ -180,12 +180,15 @@ def v2_cgroup() -> Iterator[Path]:
 
 def own_cgroup_names() -> tuple[str, ...]:
     """The cgroup signals this process should have: its cgroup v2 directory (read independently
-    of the collector) has pressure files, or none."""
+    of the collector) has pressure files and is not the host's root cgroup, or none."""
     mount = v2_mount()
     lines = [line for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::")]
     if mount is None or not lines:
         return ()
-    return CGROUP if (mount / lines[0].removeprefix("0::").lstrip("/") / "cpu.pressure").is_file() else ()
+    path = lines[0].removeprefix("0::").strip("/")
+    if not path and os.readlink("/proc/self/ns/cgroup") == "cgroup:[4026531835]":
+        return ()  # the host's root cgroup: its pressure is the system's
+    return CGROUP if (mount / path / "cpu.pressure").is_file() else ()
 
 
 # The real kernel.
@@ -506,3 +509,19 @@ def test_a_file_that_fails_after_open_skips_its_readings_then_recovers(
     )  # failed last time: no window
     clocked.write([3000] * 5, [3000] * 5)
     assert clocked.sample()["resource/pressure/memory_some_percent"] > 0
+
+
+@pytest.mark.parametrize(
+    ("namespace", "has_cgroup"), [("cgroup:[4026531835]", False), ("cgroup:[4026532999]", True)]
+)
+def test_the_hosts_root_cgroup_repeats_the_system_but_a_containers_root_is_its_own(
+    tmp_path: Path, namespace: str, has_cgroup: bool
+) -> None:
+    """At the root of the host's own cgroup namespace the cgroup's pressure is the system's again;
+    at the root of a container's namespace it is the container's."""
+    proc_root, cgroup_root = fake_tree(tmp_path, cgroup_file="0::/\n")
+    write_totals(Path(cgroup_root, "unified"), "{}.pressure", [0, 0, 0, 0, 0])
+    (Path(proc_root, str(PID), "ns")).mkdir()
+    Path(proc_root, str(PID), "ns", "cgroup").symlink_to(namespace)
+    collector = PressureCollector.open(PID, proc_root=proc_root, cgroup_root=cgroup_root)
+    assert collector is not None and collector.names == SYSTEM + (CGROUP if has_cgroup else ())

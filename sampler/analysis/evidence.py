@@ -226,7 +226,7 @@ RULES: tuple[Rule, ...] = (
     _cpu_starved,
     _pressure("cpu", "runnable tasks waited for a CPU", 10.0),
     _pressure("memory", "tasks stalled on memory (reclaim, swap-in, refaults)", 5.0),
-    _pressure("io", "tasks waited for I/O", 10.0),
+    _pressure("io", "tasks waited for I/O", 5.0),
     _workers_saturated,
     _gil_bound,
     _all_cores_busy,

@@ -94,14 +94,30 @@ def _files(directory: Path, pattern: str, prefix: str) -> list[_File]:
     ]
 
 
+INITIAL_CGROUP_NAMESPACE = "cgroup:[4026531835]"
+"""``/proc/<pid>/ns/cgroup`` of a process in the host's own cgroup namespace (the kernel's
+fixed inode for it, ``PROC_CGROUP_INIT_INO``)."""
+
+
 def _cgroup_directory(pid: int, proc_root: str, cgroup_root: str) -> Path | None:
-    """The cgroup v2 directory of process ``pid``; None outside cgroup v2 or out of reach."""
+    """The cgroup v2 directory of process ``pid``; None outside cgroup v2, out of reach, or at
+    the host's root cgroup, whose pressure is the system's (the same counters) again. A
+    container's root under its own cgroup namespace is its cgroup, and counts."""
     try:
         ancestry, _ = ancestries(pid, proc_root, cgroup_root, ())
     except OSError as exc:  # the process is gone, or is_dir() was denied
         log.debug("resource monitor: no cgroup pressure for process %d: %s", pid, exc)
         return None
+    if len(ancestry) == 1 and _namespace(pid, proc_root) == INITIAL_CGROUP_NAMESPACE:
+        return None
     return ancestry[0] if ancestry else None
+
+
+def _namespace(pid: int, proc_root: str) -> str | None:
+    try:
+        return os.readlink(Path(proc_root, str(pid), "ns", "cgroup"))
+    except OSError:  # no cgroup namespaces (before Linux 4.6), or the process is gone
+        return None
 
 
 class PressureCollector(Collector):

@@ -38,6 +38,7 @@ from sampler.store.reader import Run, Series, StoreReader
 from sampler.util import atomicfile
 
 if TYPE_CHECKING:
+    from matplotlib.artist import Artist
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
@@ -367,12 +368,17 @@ def figure(
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))
         for stretch in shade:
             colour, alpha, _ = SHADES[stretch.kind]
-            span: tuple[float, float]
-            if x == "step":
-                span = (stretch.start_step, stretch.end_step)
+            marker: Artist
+            if x == "step" and stretch.kind == PAUSE:  # a few steps wide: a line, or it vanishes
+                marker = ax.axvline(stretch.end_step, color=colour, alpha=alpha * 3, linewidth=2.5)
+            elif x == "step":
+                marker = ax.axvspan(
+                    stretch.start_step, stretch.end_step, color=colour, alpha=alpha, linewidth=0
+                )
             else:
-                span = (stretch.start_wall - runs[0].started_at, stretch.end_wall - runs[0].started_at)
-            ax.axvspan(*span, color=colour, alpha=alpha, linewidth=0)
+                start, end = stretch.start_wall - runs[0].started_at, stretch.end_wall - runs[0].started_at
+                marker = ax.axvspan(start, end, color=colour, alpha=alpha, linewidth=0)
+            marker.set_gid(f"explain/{stretch.kind}")
         for run, device, kind, xs, ys in lines:
             colour, style = colours[run.id], "-"
             if device:
