@@ -193,3 +193,12 @@ def old_store(path: Path, version: int) -> Path:
     db.execute("INSERT INTO points VALUES (1, 1, 7, 3.5, 0.25)")
     db.close()
     return path
+
+
+@pytest.fixture
+def backends() -> Iterator[list[Any]]:
+    """Backend processes (objects with ``close()``) to kill and reap after the test, whatever happened."""
+    started: list[Any] = []
+    yield started
+    for backend in started:
+        backend.close()

@@ -26,6 +26,7 @@ import psutil
 import pytest
 from cgroups import cgroup_skip_reason, memory_cgroup
 from conftest import gone, run_command, wait_for
+from test_container import PID, layout
 from test_postmortem import Backend, child_side, files, parse, write_postmortem
 
 from sampler.child import exitinfo, postmortem
@@ -39,17 +40,6 @@ from sampler.postmortems.reading import cause_of_death
 MiB = 1024**2
 USED = "resource/container/memory_used_mb"
 LIMIT = "resource/container/memory_limit_mb"
-PID = 4242
-"""The process of the fake cgroup trees."""
-
-
-@pytest.fixture
-def backends() -> Iterator[list[Backend]]:
-    """Backends to kill (and reap) after the test, whatever happened, with their children."""
-    started: list[Backend] = []
-    yield started
-    for backend in started:
-        backend.close()
 
 
 def needs_cgroups() -> None:
@@ -291,14 +281,7 @@ def test_a_real_oom_kill_is_counted_in_the_cgroup_of_its_victim() -> None:
 def fake_tree(tmp_path: Path, proc_cgroup: str, tree: dict[str, str]) -> MemoryCgroup | None:
     """``memory_cgroup(PID)`` with ``proc_cgroup`` as /proc/<PID>/cgroup and ``tree`` (path:
     text) as the cgroup filesystem."""
-    proc = tmp_path / "proc" / str(PID)
-    proc.mkdir(parents=True)
-    (proc / "cgroup").write_text(proc_cgroup)
-    for name, text in tree.items():
-        path = tmp_path / "cgroup" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text + "\n")
-    return find_memory_cgroup(PID, proc_root=str(tmp_path / "proc"), cgroup_root=str(tmp_path / "cgroup"))
+    return find_memory_cgroup(PID, **layout(tmp_path, proc_cgroup, tree))
 
 
 V2_EVENTS = "low 0\nhigh 0\nmax 12\noom 1\noom_kill {kills}\noom_group_kill 0"

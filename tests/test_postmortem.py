@@ -139,15 +139,6 @@ class Backend:
                 child.kill()
 
 
-@pytest.fixture
-def backends() -> Iterator[list[Backend]]:
-    """Backends to kill (and reap) after the test, whatever happened."""
-    started: list[Backend] = []
-    yield started
-    for backend in started:
-        backend.close()
-
-
 def start(backends: list[Backend], tmp_path: Path, options: str, **kwargs: str) -> Backend:
     backend = Backend(tmp_path, options, **kwargs)
     backends.append(backend)
