@@ -26,7 +26,8 @@ test set up:
 - ``segfault``: {function name: [device indices] or true} calls that crash
   the process with a real SIGSEGV, as a driver does when a GPU falls off the bus.
 - ``hang``: {function name: [device indices] or true} calls that never return;
-  ``hang_marker``: a file such a call creates as it starts hanging.
+  ``hang_marker``: a file such a call creates as it starts hanging; ``hang_holding_gil``: true
+  to hang in C code that never releases the GIL, so no other thread of the child runs either.
 
 ``calls`` counts the calls made on each (function, device index), for tests
 that check what is not called.
@@ -37,6 +38,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -181,6 +183,8 @@ def _misbehave(cfg: dict[str, Any], function: str, index: int | None = None) -> 
     if _targets(cfg, "hang", function, index):
         if "hang_marker" in cfg:
             open(cfg["hang_marker"], "a").close()
+        if cfg.get("hang_holding_gil"):
+            re.match(r"(a+)+$", "a" * 64 + "b")  # backtracks for ages inside the regex engine, GIL held
         threading.Event().wait()  # forever, like a call stuck in the driver
     if _targets(cfg, "fail", function, index):
         raise NVMLError(cfg.get("fail_code", {}).get(function, NVML_ERROR_NOT_SUPPORTED))

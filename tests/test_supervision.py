@@ -100,9 +100,19 @@ def test_a_hanging_call_is_killed_at_its_deadline_and_quarantined(monkeypatch: p
     assert stats["restarts_by_cause"]["hang"] == 3
 
 
-def test_stop_during_a_hang_is_bounded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+@pytest.mark.parametrize("holding_gil", [False, True], ids=["gil-free", "gil-held"])
+def test_stop_during_a_hang_is_bounded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, holding_gil: bool
+) -> None:
+    """A hang that lets the child's watchdog run ends on STOP; one that holds the GIL (the watchdog
+    stuck too) only by the kill that follows."""
     hung = tmp_path / "hung"
-    fake_nvml(monkeypatch, hang={"nvmlDeviceGetClockInfo": True}, hang_marker=str(hung))
+    fake_nvml(
+        monkeypatch,
+        hang={"nvmlDeviceGetClockInfo": True},
+        hang_marker=str(hung),
+        hang_holding_gil=holding_gil,
+    )
     monitor = sampler.ResourceMonitor(
         categories=["gpu"], sink=Recorder(), nvml_module="fake_nvml", hang_deadline_seconds=60, **FAST
     ).start()
