@@ -144,19 +144,24 @@ def test_a_starved_stretch_a_pause_and_an_fsync_stall_are_each_named_by_their_ca
     phases = run_workload(tmp_path, plan)
     explanation = explained(tmp_path)
     print(explain_command.render(explanation))
-    found = {}
+    # Each cause is found where it was injected, and named: a loaded machine may cut a stretch in
+    # two, never name it wrong.
+    causes = {"cpu": {"cpu_starved", "cpu_pressure"}, "fsync": {"io_pressure"}}
+    seen = set()
     for kind, start, end in phases:
         if kind == "quiet":
             continue
-        (item,) = overlapping(explanation, start, end)
-        found[kind] = item
-    assert found["pause"].stretch.kind == stretches.PAUSE and found["pause"].stretch.still_seconds >= 1.0
-    assert found["cpu"].stretch.kind == stretches.SLOW
-    assert found["cpu"].reasons[0].cause in ("cpu_starved", "cpu_pressure")
-    assert found["fsync"].stretch.kind == stretches.SLOW
-    assert found["fsync"].reasons[0].cause == "io_pressure"
+        found = overlapping(explanation, start, end)
+        assert found, f"nothing found for the {kind} stretch"
+        for item in found:
+            seen.add(id(item))
+            if kind == "pause":
+                assert item.stretch.kind == stretches.PAUSE and item.stretch.still_seconds >= 1.0
+            else:
+                assert item.stretch.kind == stretches.SLOW and item.reasons, kind
+                assert item.reasons[0].cause in causes[kind], (kind, item.reasons)
     # Nothing else: the quiet stretches between them are not reported.
-    assert len(explanation.stretches) == 3
+    assert len(seen) == len(explanation.stretches)
     # plot --explain shades the same stretches on every panel, with a legend for each kind.
     with StoreReader(str(tmp_path / "runs.sqlite")) as reader:
         fig = plot.figure(reader, [reader.run()], shade=[e.stretch for e in explanation.stretches])
@@ -167,7 +172,7 @@ def test_a_starved_stretch_a_pause_and_an_fsync_stall_are_each_named_by_their_ca
             for artist in [*ax.patches, *ax.lines]
             if str(artist.get_gid()).startswith("explain/")
         ]
-        assert sorted(marked) == ["explain/pause", "explain/slow", "explain/slow"], marked
+        assert sorted(marked) == sorted(f"explain/{e.stretch.kind}" for e in explanation.stretches), marked
     assert panels
     labels = {
         text.get_text()
