@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import signal
 import socket
 import sqlite3
 import textwrap
@@ -202,3 +203,9 @@ def backends() -> Iterator[list[Any]]:
     yield started
     for backend in started:
         backend.close()
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` of a process a test interrupts: SIGINT at its default, as under a terminal,
+    whatever this test run inherited (a shell's background job starts with SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

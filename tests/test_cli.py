@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import free_ports, scrape
+from conftest import default_sigint, free_ports, scrape
 
 import sampler
 from sampler import commands as cli
@@ -79,6 +79,7 @@ def test_ctrl_c_stops_cleanly(tmp_path: Path) -> None:
         text=True,
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO)},
+        preexec_fn=default_sigint,
     )
     assert proc.stdout is not None
     lines = [proc.stdout.readline(), proc.stdout.readline()]  # banner, the columns' header

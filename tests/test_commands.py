@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import FAST, wait_for
+from conftest import FAST, default_sigint, wait_for
 
 import sampler
 from sampler.commands import common
@@ -191,7 +191,7 @@ def test_run_refuses_a_process_that_is_not_there(tmp_path: Path) -> None:
 def test_run_ctrl_c_ends_the_run_in_the_store(tmp_path: Path) -> None:
     run = subprocess.Popen(
         [sys.executable, "-m", "sampler", "run", "--interval", "1", "--categories", "cpu"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
     )  # fmt: skip
     try:
         assert run.stdout is not None

@@ -313,3 +313,11 @@ def test_each_rule_fires_on_its_signals_and_is_ranked_by_how_far_past_its_thresh
     assert reasons_for(**gpu) == ["gpu_power_throttle", "gpu_waiting"]
     both = {cpu: during(60, 2), "resource/cpu/utilization_percent": during(95, 60)}
     assert reasons_for(**both) == ["cpu_pressure", "host_cpu_busy"]  # 5.8 past its threshold, then 2.3
+
+
+def test_a_run_slowed_for_most_of_its_time_keeps_its_unhindered_speed_as_typical() -> None:
+    steps = [50] * 12 + [10] * 18  # 60 % of the windows at a fifth of the speed
+    found = stretches.find(timeline([0.1] * 30, steps))
+    assert found.typical == pytest.approx(500.0)
+    (stretch,) = found.stretches
+    assert (stretch.first, stretch.last) == (13, 30)

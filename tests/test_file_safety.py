@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FAST, Recorder, free_ports, old_store, run_command, wait_for
+from conftest import FAST, Recorder, default_sigint, free_ports, old_store, run_command, wait_for
 
 import sampler
 from sampler.child import postmortem
@@ -195,6 +195,7 @@ def test_an_interrupted_export_leaves_no_half_file_and_no_temporary(store: Path,
         [sys.executable, "-m", "sampler", "export", str(store), "-o", str(out)],
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,
     )
     try:
         # Something written, on its way: streamed to a temporary beside the output, not held in memory.

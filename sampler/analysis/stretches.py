@@ -1,10 +1,11 @@
 """Where a run went slow: stretches of records whose throughput fell well below the run's typical.
 
 Each record ends a window (the time since the record before it). The run's typical throughput is
-the median over its regular windows, so a run slow for less than half its time has its normal
-speed as typical. A window slower than ``SLOW_FRACTION`` of typical is slow; slow windows in a
-row (one regular window between two slow ones does not break them) make a stretch once they
-cover ``MIN_WINDOWS`` windows and ``MIN_INTERVALS`` intervals.
+the median of its windows within reach (``SLOW_FRACTION``) of its upper quartile, so a run slowed
+for up to three quarters of its time still has its unhindered speed as typical, and a quarter of
+its windows may be outliers. A window slower than ``SLOW_FRACTION`` of typical is slow; slow
+windows in a row (one regular window between two slow ones does not break them) make a stretch
+once they cover ``MIN_WINDOWS`` windows and ``MIN_INTERVALS`` intervals.
 
 A step that stands still (an evaluation, a checkpoint save) logs no record, since the monitor
 drops a record at the step of the one before: the whole pause is one long window with almost no
@@ -89,7 +90,7 @@ def find(timeline: Timeline, slow_fraction: float = SLOW_FRACTION) -> Findings:
     long_window = seconds >= PAUSE_INTERVALS * timeline.interval
     usable = np.isfinite(rate) & (seconds > 0)
     base = usable & ~long_window
-    typical = float(np.median(rate[base] if base.any() else rate[usable])) if usable.any() else float("nan")
+    typical = _typical(rate[base] if base.any() else rate[usable], slow_fraction)
     if not typical > 0:
         return Findings(typical, [], regular)
     still = seconds - steps / typical
@@ -106,6 +107,14 @@ def find(timeline: Timeline, slow_fraction: float = SLOW_FRACTION) -> Findings:
             regular[first : last + 1] = False  # a regular window bridged into it is the stretch's
     stretches.sort(key=lambda s: s.first)
     return Findings(typical, stretches, regular)
+
+
+def _typical(rates: npt.NDArray[np.float64], slow_fraction: float) -> float:
+    """The median of the windows within reach of the upper quartile: the run's speed when nothing
+    slowed it, even if it was slowed for most of its time (NaN without windows)."""
+    if not len(rates):
+        return float("nan")
+    return float(np.median(rates[rates >= slow_fraction * np.percentile(rates, 75)]))
 
 
 def _runs(flags: npt.NDArray[np.bool_]) -> list[tuple[int, int]]:
