@@ -230,7 +230,7 @@ def test_demo_trains_records_and_draws(tmp_path: Path) -> None:
     assert run.status == "ended" and len(loss.steps) > 100 and accuracy.steps
     assert len(cpu.steps) >= 3 and set(cpu.steps) <= set(loss.steps)  # stamped at the model's age
     assert loss.values[-1] < loss.values[0]  # it learned
-    for command in ("runs", "plot", "export", "top"):  # with the interpreter that ran the demo
+    for command in ("runs", "plot", "explain", "export", "top"):  # with the interpreter that ran the demo
         assert f"{sys.executable} -m sampler {command} resource_monitor.sqlite" in done.stdout
     assert "100%" in done.stderr  # the progress bar ran to the end
 

@@ -156,6 +156,7 @@ def main(args: argparse.Namespace) -> int:
         f"recorded as run {run.id}\nplot: {output.resolve()}\n\nlook further:\n"
         f"  {python} -m sampler runs {args.store}\n"
         f"  {python} -m sampler plot {args.store} --run {run.id} --x seconds\n"
+        f"  {python} -m sampler explain {args.store} --run {run.id}\n"
         f"  {python} -m sampler export {args.store} --run {run.id} --wide > run{run.id}.csv\n"
         f"  {python} -m sampler top {args.store}     (live, while a run writes the store)",
         file=out,
