@@ -59,9 +59,11 @@ def train(seconds, extra=None):
     while time.monotonic() < until:
         step(extra)
 
+CHECKPOINT = os.urandom(4 << 20)
+
 def fsync_write():
     with open(os.path.join(os.path.dirname(STORE), "checkpoint.bin"), "wb") as f:
-        f.write(os.urandom(1 << 20))
+        f.write(CHECKPOINT)
         f.flush()
         os.fsync(f.fileno())
 
@@ -157,9 +159,9 @@ def test_a_starved_stretch_a_pause_and_an_fsync_stall_are_each_named_by_their_ca
             seen.add(id(item))
             if kind == "pause":
                 assert item.stretch.kind == stretches.PAUSE and item.stretch.still_seconds >= 1.0
-            else:
+            else:  # named among the reasons: on a busy host a stalled step also waits for a CPU
                 assert item.stretch.kind == stretches.SLOW and item.reasons, kind
-                assert item.reasons[0].cause in causes[kind], (kind, item.reasons)
+                assert causes[kind] & {reason.cause for reason in item.reasons}, (kind, item.reasons)
     # Nothing else: the quiet stretches between them are not reported.
     assert len(seen) == len(explanation.stretches)
     # plot --explain shades the same stretches on every panel, with a legend for each kind.
@@ -240,7 +242,10 @@ def timeline(seconds_per_window: list[float], steps_per_window: list[int], **col
     return Timeline(steps, walls, values, interval=0.1)
 
 
-def test_slow_windows_in_a_row_make_a_stretch_and_a_lone_one_does_not() -> None:
+def test_slow_windows_in_a_row_make_a_stretch_and_a_lone_one_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(stretches, "MIN_SECONDS", 0.0)  # these windows are 0.1 s: see the end
     seconds = [0.1] * 30
     steps = [50] * 30
     steps[5] = 10  # one slow window alone: noise
@@ -253,6 +258,8 @@ def test_slow_windows_in_a_row_make_a_stretch_and_a_lone_one_does_not() -> None:
     assert (stretch.kind, stretch.first, stretch.last) == (stretches.SLOW, 13, 17)
     assert stretch.throughput == pytest.approx((20 * 4 + 40) / 0.5)
     assert not found.regular[13:18].any() and found.regular[1:5].all()
+    monkeypatch.undo()  # half a second of slow windows is no stretch: a busy host's jitter can do that
+    assert stretches.find(timeline(seconds, steps)).stretches == []
 
 
 def test_one_long_window_with_almost_no_steps_is_a_pause_but_a_run_of_them_is_a_slowdown() -> None:
@@ -276,9 +283,9 @@ def test_too_few_records_or_no_progress_find_nothing() -> None:
 
 def reasons_for(**columns: list[float]) -> list[str]:
     """The causes the rules give for windows 13-17 slow against columns of 30 windows."""
-    seconds, steps = [0.1] * 30, [50] * 30
+    seconds, steps = [0.25] * 30, [125] * 30
     for i in range(12, 17):
-        steps[i] = 10
+        steps[i] = 25
     records = timeline(seconds, steps, **columns)
     found = stretches.find(records)
     (stretch,) = found.stretches

@@ -5,7 +5,7 @@ the median of its windows within reach (``SLOW_FRACTION``) of its upper quartile
 for up to three quarters of its time still has its unhindered speed as typical, and a quarter of
 its windows may be outliers. A window slower than ``SLOW_FRACTION`` of typical is slow; slow
 windows in a row (one regular window between two slow ones does not break them) make a stretch
-once they cover ``MIN_WINDOWS`` windows and ``MIN_INTERVALS`` intervals.
+once they cover ``MIN_WINDOWS`` windows, ``MIN_INTERVALS`` intervals and ``MIN_SECONDS``.
 
 A step that stands still (an evaluation, a checkpoint save) logs no record, since the monitor
 drops a record at the step of the one before: the whole pause is one long window with almost no
@@ -27,7 +27,9 @@ SLOW_FRACTION = 0.6
 """A window below this share of the typical throughput is slow."""
 MIN_WINDOWS = 3
 MIN_INTERVALS = 3.0
-"""A stretch covers at least this many windows and this many sampling intervals."""
+MIN_SECONDS = 1.0
+"""A stretch covers at least this many windows, this many sampling intervals and this long (on a
+busy host a few short windows in a row can be slow by chance)."""
 PAUSE_INTERVALS = 3.0
 PAUSE_STEPS = 20.0
 PAUSE_MIN_SECONDS = 1.0
@@ -102,7 +104,8 @@ def find(timeline: Timeline, slow_fraction: float = SLOW_FRACTION) -> Findings:
     stretches = [_stretch(timeline, PAUSE, int(i), int(i), still[i]) for i in np.flatnonzero(pause)]
     for first, last in _runs(slow):
         windows = last - first + 1
-        if windows >= MIN_WINDOWS and seconds[first : last + 1].sum() >= MIN_INTERVALS * timeline.interval:
+        length = seconds[first : last + 1].sum()
+        if windows >= MIN_WINDOWS and length >= max(MIN_INTERVALS * timeline.interval, MIN_SECONDS):
             stretches.append(_stretch(timeline, SLOW, first, last, 0.0))
             regular[first : last + 1] = False  # a regular window bridged into it is the stretch's
     stretches.sort(key=lambda s: s.first)
