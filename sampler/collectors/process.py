@@ -44,7 +44,7 @@ class ProcessCollector(Collector):
         self._schedstat = f"/proc/{pid}/schedstat"
         self._status = f"/proc/{pid}/status"
         status = self._read_status()
-        self._high_water_kb = None if status is None else status[1]
+        self._high_water_kb = None if status is None else status[2]
         """The backend's RSS high-water mark (``VmHWM``, kB) as the latest ``sample()`` read it."""
         self._marked_kb = self._high_water_kb
         """The same mark at the previous ``marks()``."""
@@ -55,11 +55,10 @@ class ProcessCollector(Collector):
         proc = self._process
         with proc.oneshot():
             cpu = attempt(lambda: proc.cpu_percent(interval=None))
-            threads = attempt(proc.num_threads)
             rss = attempt(lambda: proc.memory_info().rss)
             percent = attempt(proc.memory_percent)
-        status = self._read_status()
-        cores, self._high_water_kb = (None, None) if status is None else status
+        status = self._read_status()  # psutil's num_threads() would read the same file again
+        threads, cores, self._high_water_kb = (None, None, None) if status is None else status
         memory = attempt(psutil.virtual_memory)
         return [
             MISSING if cpu is None else float(cpu),
@@ -86,13 +85,14 @@ class ProcessCollector(Collector):
         peak = now * 1024 / MB if last is not None and now is not None and now > last else MISSING
         return [peak if name == RSS else MISSING for name in self.tracked]
 
-    def _read_status(self) -> tuple[int, int] | None:
-        """(CPUs the main thread may run on, ``VmHWM`` in kB) from /proc/<pid>/status."""
+    def _read_status(self) -> tuple[int, int, int] | None:
+        """(threads, CPUs the main thread may run on, ``VmHWM`` in kB) from /proc/<pid>/status."""
 
-        def read() -> tuple[int, int]:
+        def read() -> tuple[int, int, int]:
             with open(self._status, "rb") as f:
                 fields = dict(line.split(b":", 1) for line in f if b":" in line)
-            return _cpu_count(fields[b"Cpus_allowed_list"].strip()), int(fields[b"VmHWM"].split()[0])
+            cores = _cpu_count(fields[b"Cpus_allowed_list"].strip())
+            return int(fields[b"Threads"]), cores, int(fields[b"VmHWM"].split()[0])
 
         return attempt(read, (OSError, ValueError, KeyError, IndexError))
 
