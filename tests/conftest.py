@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import secrets
 import signal
 import socket
 import sqlite3
@@ -20,7 +21,7 @@ import psutil
 import pytest
 
 import sampler
-from ringbuf import NAME_PREFIX
+from ringbuf import NAME_PREFIX, segment
 from sampler import commands, settings, signals
 from sampler.pipeline import steps
 from sampler.settings.placement import LAUNCHER_VARS
@@ -74,8 +75,27 @@ def run_command(*argv: str, handler: Callable[[argparse.Namespace], int]) -> tup
     return args.handler(args), out.getvalue()
 
 
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+"""This pytest-xdist worker's name (``gw0``, ``gw1``...), empty in a serial run."""
+SHM_PREFIX = NAME_PREFIX + (f"{int(WORKER.removeprefix('gw')):02x}" if WORKER else "")
+"""The start of every segment name this worker's tests make (``per_worker_segment_names``),
+so that tests running beside it in other workers never look like its leftovers."""
+
+
+@pytest.fixture(autouse=True, scope="session")
+def per_worker_segment_names() -> Iterator[None]:
+    """Segment names keep their form (the prefix and 16 hex digits), the first two
+    digits naming the worker."""
+    with pytest.MonkeyPatch.context() as patch:
+        if WORKER:
+            tail = 16 - (len(SHM_PREFIX) - len(NAME_PREFIX))
+            patch.setattr(segment, "new_name", lambda: SHM_PREFIX + secrets.token_hex(8)[:tail])
+        yield
+
+
 def shm_segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith(NAME_PREFIX)}
+    """This test run's (this worker's) named segments in /dev/shm."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith(SHM_PREFIX)}
 
 
 def open_fds() -> set[int]:

@@ -8,17 +8,13 @@ import time
 
 import numpy as np
 import pytest
+from conftest import shm_segments
 
 from ringbuf import NAME_PREFIX, Ring, segment
 from ringbuf import ring as ring_mod
 
 SHM_DIR = "/dev/shm"
 FIELDS = ("cpu", "mem", "gpu_util")
-
-
-def shm_entries() -> set[str]:
-    """Names of this package's segments currently in /dev/shm."""
-    return {n for n in os.listdir(SHM_DIR) if n.startswith(NAME_PREFIX)}
 
 
 def mappings_of(name: str) -> int:
@@ -58,13 +54,13 @@ class Rings:
 
 @pytest.fixture
 def rings():
-    before = shm_entries()
+    before = shm_segments()
     rs = Rings()
     try:
         yield rs
     finally:
         rs.cleanup()
-    assert shm_entries() <= before, "test left wlrb_* segments in /dev/shm"
+    assert shm_segments() <= before, "test left wlrb_* segments in /dev/shm"
 
 
 # --- create / attach -------------------------------------------------------------------------
@@ -231,18 +227,18 @@ def test_wrong_number_of_values_raises(rings, bad):
 
 @pytest.mark.parametrize("capacity", [0, -1])
 def test_capacity_below_one_raises(capacity):
-    before = shm_entries()
+    before = shm_segments()
     with pytest.raises(ValueError, match="capacity"):
         Ring.create(FIELDS, capacity)
-    assert shm_entries() == before
+    assert shm_segments() == before
 
 
 @pytest.mark.parametrize("fields", [("a", "b", "a"), ("x", "x"), ("a", 1)])
 def test_bad_field_names_raise(fields):
-    before = shm_entries()
+    before = shm_segments()
     with pytest.raises(ValueError, match="distinct strings"):
         Ring.create(fields, 4)
-    assert shm_entries() == before
+    assert shm_segments() == before
 
 
 # --- attach errors ---------------------------------------------------------------------------
@@ -410,7 +406,7 @@ def test_reservation_failure_raises_enospc_and_leaves_nothing(monkeypatch, expli
 
     monkeypatch.setattr(os, "posix_fallocate", no_space)
     name = segment.new_name() if explicit_name else None
-    before = shm_entries()
+    before = shm_segments()
     fds_before = len(os.listdir("/proc/self/fd"))
     try:
         with pytest.raises(OSError) as excinfo:
@@ -421,7 +417,7 @@ def test_reservation_failure_raises_enospc_and_leaves_nothing(monkeypatch, expli
     assert excinfo.value.errno == errno.ENOSPC
     assert len(calls) == 1
     assert calls[0][1] >= 16 * (ring_mod._SLOT_META + len(FIELDS)) * 8
-    assert shm_entries() == before
+    assert shm_segments() == before
     assert len(os.listdir("/proc/self/fd")) == fds_before
 
 

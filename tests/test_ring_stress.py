@@ -7,15 +7,15 @@ that ``Ring.read`` accepted is caught by the reader process and reported back.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import queue
 import time
 from multiprocessing import resource_tracker
 
 import pytest
 import ring_stress_worker as worker
+from conftest import shm_segments
 
-from ringbuf import NAME_PREFIX, Ring
+from ringbuf import Ring
 
 DURATION_S = 2.0
 STARTUP_TIMEOUT_S = 60.0
@@ -38,10 +38,6 @@ def _resource_tracker_running():
     interpreter exits; it is not one of this test's workers, all of which are joined.
     """
     resource_tracker.ensure_running()
-
-
-def shm_entries() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith(NAME_PREFIX)}
 
 
 def start(p, procs) -> None:
@@ -112,9 +108,9 @@ def run_stress(capacity: int, n_fields: int) -> dict[str, dict[str, int]]:
 @pytest.mark.parametrize("n_fields", [8, 64])
 @pytest.mark.parametrize("capacity", [1, 2, 7, 4096])
 def test_concurrent_readers_never_accept_torn_records(capacity, n_fields):
-    before = shm_entries()
+    before = shm_segments()
     out = run_stress(capacity, n_fields)
-    leftovers = shm_entries() - before
+    leftovers = shm_segments() - before
     assert not leftovers, f"segments left in /dev/shm: {leftovers}"
 
     written = out["writer"]["written"]

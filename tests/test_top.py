@@ -140,10 +140,18 @@ def test_a_row_per_gpu_with_its_signals_side_by_side() -> None:
             prefix + "fan_rpm": series(1200),  # one the table does not know: no column (the store has it)
         }
 
-    points = {**gpu(10, 50, 70), **gpu(2, 87, 45), "train/loss": series(1.0)}
+    points = {
+        **gpu(10, 50, 70),
+        **gpu(2, 87, 45),
+        "train/loss": series(1.0),
+        "resource/cpu/utilization_percent": series(10),
+        "resource/pressure/cpu_some_percent": series(1),
+    }
     view = View(store="s.sqlite", run=make_run(), points=points, last_step=1, newest=NOW - 0.5)
     lines = top.render(view, NOW, width=120)
     text = text_of(lines)
+    groups = [line.text.split()[0] for line in lines if line.style == "heading" and line.text.strip()]
+    assert groups[1:] == ["train", "gpu", "cpu", "pressure"], text  # GPUs first of the resources
     header = row(text, "gpu").split()
     assert header[:6] == ["gpu", "util", "memory", "mem", "%", "temp"] and "fan_rpm" not in header
     rows = [line.split() for line in text.splitlines() if line.strip().startswith("gpu/")]
@@ -255,7 +263,7 @@ def test_once_prints_a_frame_of_a_run_a_real_monitor_is_writing(
     assert row(text, "memory (RSS)").split()[3] == "MiB"
     gpus = [line.split() for line in text.splitlines() if line.strip().startswith("gpu/")]
     assert [g[0] for g in gpus] == ["gpu/0", "gpu/1"] and [g[1] for g in gpus] == ["87.0%", "12.0%"]
-    assert text.index("loss") < text.index("cpu") < text.index("gpu/0")
+    assert text.index("loss") < text.index("gpu/0") < text.index("\ncpu")
     status, text = once(store)  # the monitor stopped: the run ended, nothing is stale
     assert status == 0 and "| ended |" in text and "no sample" not in text
 
@@ -488,8 +496,11 @@ def terminal_unsafe(text: str) -> list[str]:
     return [c for c in text if c != "\n" and not c.isprintable()]
 
 
-def test_once_shows_the_stores_host_command_and_names_escaped(tmp_path: Path) -> None:
-    store = tmp_path / "runs.sqlite"
+def test_once_shows_the_stores_host_command_and_names_escaped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = Path("runs.sqlite")  # a short path: the command line after it fits in the width, wherever tmp is
     writer = RunWriter(str(store), run_info())
     writer.log("train/\x1b[8mloss", 0.5, 1)
     write(writer, 1, 1.0)

@@ -101,12 +101,8 @@ def _start_floor(run: Run, began: float) -> Floor:
 def _start_monitor(
     run: Run, began: float, store: str | None, latencies: list[float]
 ) -> sampler.ResourceMonitor:
-    first = threading.Event()
-
     def on_sample(sample: sampler.Sample) -> None:
         latencies.append((time.monotonic_ns() - sample.timestamp_ns) / 1e6)
-        if not first.is_set():  # Event.set() takes a lock: not at every sample
-            first.set()
 
     monitor = sampler.ResourceMonitor(
         interval_seconds=run.interval,
@@ -115,15 +111,19 @@ def _start_monitor(
         step_source="seconds",
         nvml_module="fake_nvml" if run.devices else "pynvml",
         isolation="thread" if run.mode == "thread" else "process",
-        on_sample=on_sample,
+        # The idle backend measures what the monitor costs as users run it: with no hook,
+        # which would make a dict and a Sample of every record the floor has no part in.
+        on_sample=None if run.workload == "idle" else on_sample,
         store=store,
         _min_interval_seconds=min(run.interval, FLOOR),
     )
     monitor.start()
     run.start_ms = (time.perf_counter() - began) * 1e3
-    if not first.wait(START_TIMEOUT_SECONDS):
-        monitor.stop()
-        raise RuntimeError(f"no sample within {START_TIMEOUT_SECONDS:g} s ({run.mode}, {run.workload})")
+    _wait(
+        lambda: monitor.stats()["records_logged"],
+        f"no sample ({run.mode}, {run.workload})",
+        monitor.stop,
+    )
     run.first_sample_ms = (time.perf_counter() - began) * 1e3
     if store is not None:  # the first write opens the store (schema, runs row): start-up, not per sample
         _wait(lambda: monitor.stats()["store_points_written"], "the store was not written", monitor.stop)
@@ -153,18 +153,22 @@ def measure(
         thread_clock = _thread_clock(Floor.THREAD if floor is not None else MONITOR_THREAD)
         thread_cpu0 = time.clock_gettime(thread_clock) if thread_clock is not None else None
         child_pid = monitor.child_pid if monitor is not None else None
-        signals0 = monitor.stats()["signals_logged"] if monitor is not None else 0
+        stats0 = monitor.stats() if monitor is not None else {}
         floor0 = floor.samples if floor is not None else 0
         cpu0, wall0 = time.process_time(), time.perf_counter()
         durations = run_workload(workload, seconds, log_loss=mode in LOG_MODES)
         cpu1, wall1 = time.process_time(), time.perf_counter()
-        samples = len(latencies) if floor is None else floor.samples - floor0
+        stats1 = monitor.stats() if monitor is not None else {}
+        if floor is not None:
+            samples = floor.samples - floor0
+        else:
+            samples = stats1.get("records_logged", 0) - stats0.get("records_logged", 0)
         run.latency_ms = list(latencies)
         if thread_clock is not None and thread_cpu0 is not None and samples:
             thread_ms = (time.clock_gettime(thread_clock) - thread_cpu0) * 1e3
             run.monitor_thread_cpu_ms_per_sample = thread_ms / samples
         if monitor is not None and samples:
-            run.signals_per_sample = (monitor.stats()["signals_logged"] - signals0) / samples
+            run.signals_per_sample = (stats1["signals_logged"] - stats0["signals_logged"]) / samples
         if mode in LOG_MODES:
             run.log_call_us = time_log_signal()
         if monitor is not None and child_pid is not None:

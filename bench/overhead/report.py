@@ -77,23 +77,23 @@ def _per_sample_markdown(summary: Summary) -> list[str]:
     lines = ["\n## Cost per sample and latency\n"]
     lines.append(
         "| interval | mode | backend CPU ms/sample (idle) | monitor thread CPU ms/sample (GIL load) "
-        "| child CPU ms/sample | child RSS MB | sample-to-sink p50/p99 ms idle | ... under GIL load "
+        "| child CPU ms/sample | child RSS MB | sample-to-sink p50/p99 ms (GIL load) "
         "| start() ms | first sample ms |"
     )
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     for interval in INTERVALS:
         for mode in ("thread", "process"):
             idle = summary.cells.get(CellKey("idle", interval, mode), {})
             gil = summary.cells.get(CellKey("gil", interval, mode), {})
             if not idle:
                 continue
-            li, lg = idle["sample_to_sink_ms"], gil.get("sample_to_sink_ms", {})
+            latency = gil.get("sample_to_sink_ms", {})
             lines.append(
                 f"| {interval:g} s | {mode} | {_fmt_spread(idle['backend_cpu_ms_per_sample'], 3)} "
                 f"| {_fmt(gil.get('monitor_thread_cpu_ms_per_sample', {}).get('median'), 3)} "
                 f"| {_fmt(idle['child_cpu_ms_per_sample']['median'], 3)} "
                 f"| {_fmt(idle['child_rss_mb']['median'], 1)} "
-                f"| {_fmt(li['p50'])} / {_fmt(li['p99'])} | {_fmt(lg.get('p50'))} / {_fmt(lg.get('p99'))} "
+                f"| {_fmt(latency.get('p50'))} / {_fmt(latency.get('p99'))} "
                 f"| {_fmt(idle['start_ms']['median'])} | {_fmt(idle['first_sample_ms']['median'], 0)} |"
             )
     return lines

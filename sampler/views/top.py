@@ -203,7 +203,8 @@ def signal_lines(
     points: Mapping[str, Sequence[Point]], width: int, window: int = WINDOW_POINTS
 ) -> list[Line]:
     """A row per signal, grouped (see ``group_of``): label, current value, min
-    and max over the window, sparkline; GPUs as one row per device (see ``gpu_lines``).
+    and max over the window, sparkline; GPUs as one row per device (see
+    ``gpu_lines``), between the training signals and the other resources.
     Peaks, means and counters' own rates have no row (``_shown_elsewhere``)."""
     spark = max(MIN_SPARK_WIDTH, min(MAX_SPARK_WIDTH, width - LABEL_WIDTH - 3 * VALUE_WIDTH - 4))
     lines: list[Line] = []
@@ -222,7 +223,10 @@ def signal_lines(
         f" (min/max: the last {window} points)"
     )
     lines.append(Line(columns, "heading"))
-    for (_, group), members in sorted(rows.items()):
+    for (key, group), members in sorted(rows.items()):
+        if gpus and key[0] == 1:  # the GPUs right below training: a short terminal still shows them
+            lines += gpu_lines(gpus, spark)
+            gpus = {}
         lines.append(Line(group, "heading"))
         for _, label, name in sorted(members):
             series = list(points[name])
