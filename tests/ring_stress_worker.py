@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -58,8 +59,30 @@ def writer(name, n_fields, duration_s, ready, go, done, results) -> None:
             ring.close()
 
 
+class Committed(NamedTuple):
+    """What ``Ring.read_committed`` returned, as arrays like ``Ring.read``'s."""
+
+    indices: npt.NDArray[np.int64]
+    values: npt.NDArray[np.float64]
+    timestamps_ns: npt.NDArray[np.int64]
+    cursor: int
+    lost: int
+
+
+def read_committed(ring: Ring, cursor: int, n_fields: int) -> Committed:
+    records, cursor, lost = ring.read_committed(cursor)
+    return Committed(
+        np.array([index for index, _, _ in records], dtype=np.int64),
+        np.array([values for _, values, _ in records], dtype=np.float64).reshape(len(records), n_fields),
+        np.array([stamp for _, _, stamp in records], dtype=np.int64),
+        cursor,
+        lost,
+    )
+
+
 def reader(name, n_fields, label, pause_s, ready, go, done, results) -> None:
-    """Read in a loop (sleeping ``pause_s`` between reads) until the writer is done, then once more."""
+    """Read in a loop (sleeping ``pause_s`` between reads) until the writer is done, then once more;
+    the ``committed`` reader as the monitor's does (``read_committed``), the others with ``read``."""
     ring = None
     stats = {
         "accepted": 0,
@@ -96,8 +119,9 @@ def reader(name, n_fields, label, pause_s, ready, go, done, results) -> None:
         ring = Ring.attach(name)
         ready.put((label, None))
         go.wait()
+        read = ring.read if label != "committed" else lambda cursor: read_committed(ring, cursor, n_fields)
         while not done.is_set():
-            take(ring.read(cursor))
+            take(read(cursor))
             if pause_s:
                 time.sleep(pause_s)
         stats["accepted_while_writing"] = stats["accepted"]

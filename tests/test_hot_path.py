@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ringbuf import Ring
+from ringbuf import ring as ring_module
 from sampler.pipeline import emit as emit_module
 from sampler.pipeline.emit import THROUGHPUT, WEIGHTSLAB_CHECK_EVERY, Emitter, Sample
 from sampler.pipeline.stats import MonitorStats
@@ -81,13 +82,51 @@ def test_read_committed_needs_no_head_for_records_in_order(pair: tuple[Ring, Rin
     assert reader.read_committed(3) == ([], 3, 0)
 
 
-def test_a_corrupt_slot_is_left_to_read_rows_which_counts_it_lost(pair: tuple[Ring, Ring]) -> None:
-    writer, reader = pair
-    write(writer, 0, 3)
-    writer._slots[1, 4] ^= 1 << 17  # a value word: seq still says "record 1, committed"
-    records, cursor, lost = reader.read_committed(0)
-    assert [(index, values) for index, values, _ in records] == [(0, values_of(0)), (2, values_of(2))]
-    assert (cursor, lost) == (3, 1)
+def test_a_corrupt_slot_is_left_to_read_rows_which_counts_it_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ring_module, "VERIFY_CHECKSUMS", True)  # as on aarch64, whatever this machine is
+    writer, fd = Ring.create_anonymous(FIELDS, 4)  # after the patch: a ring reads it when made
+    try:
+        reader = Ring.from_fd(fd)
+    finally:
+        os.close(fd)
+    with writer, reader:
+        write(writer, 0, 3)
+        writer._slots[1, 4] ^= 1 << 17  # a value word: seq still says "record 1, committed"
+        records, cursor, lost = reader.read_committed(0)
+        assert [(index, values) for index, values, _ in records] == [(0, values_of(0)), (2, values_of(2))]
+        assert (cursor, lost) == (3, 1)
+
+
+@pytest.mark.parametrize("checksums", [False, True], ids=["seqlock", "seqlock+checksum"])
+def test_a_slot_the_writer_begins_to_overwrite_during_the_copy_is_not_returned(
+    monkeypatch: pytest.MonkeyPatch, checksums: bool
+) -> None:
+    """The seqlock's second read: the writer starts the next lap in a slot right after
+    the reader copied it. The copy may be torn, so the record counts as lost."""
+    monkeypatch.setattr(ring_module, "VERIFY_CHECKSUMS", checksums)
+    writer, fd = Ring.create_anonymous(FIELDS, 4)
+    try:
+        reader = Ring.from_fd(fd)
+    finally:
+        os.close(fd)
+    real = ring_module._U64
+    reads = []
+
+    class WriterBetweenReads:
+        """``struct.Struct("<Q")`` whose second read of slot 1's seq finds record 5 begun there."""
+
+        def unpack_from(self, buf: object, offset: int = 0) -> tuple[int, ...]:
+            reads.append(offset)
+            if reads.count(offset) == 2 and offset == reader._data_offset + reader._slot_bytes:
+                writer._slots[1, 0] = 2 * 5 + 1
+            return real.unpack_from(buf, offset)  # type: ignore[arg-type]
+
+    with writer, reader:
+        write(writer, 0, 3)
+        monkeypatch.setattr(ring_module, "_U64", WriterBetweenReads())
+        records, cursor, lost = reader.read_committed(0)
+        assert [index for index, _, _ in records] == [0, 2]
+        assert (cursor, lost) == (3, 1)
 
 
 def test_a_slot_being_written_ends_the_read_there(pair: tuple[Ring, Ring]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import platform
 import time
 
 import numpy as np
@@ -367,7 +368,21 @@ def _assert_record_1_lost(r):
     assert res.cursor == 3 == len(res) + res.lost
 
 
-def test_torn_slot_odd_sequence_is_lost(rings, read_path):
+@pytest.fixture(params=[False, True], ids=["seqlock", "seqlock+checksum"])
+def checksums(request, monkeypatch):
+    """Run a test with readers that check checksums and with readers that rely on the
+    seqlock alone (x86's default), whatever this machine is."""
+    monkeypatch.setattr(ring_mod, "VERIFY_CHECKSUMS", request.param)
+    return request.param
+
+
+def test_readers_check_checksums_only_where_stores_may_be_seen_out_of_order():
+    assert not ring_mod.verifies_checksums("x86_64") and not ring_mod.verifies_checksums("AMD64")
+    assert ring_mod.verifies_checksums("aarch64") and ring_mod.verifies_checksums("ppc64le")
+    assert ring_mod.verifies_checksums(platform.machine()) == ring_mod.VERIFY_CHECKSUMS
+
+
+def test_torn_slot_odd_sequence_is_lost(rings, read_path, checksums):
     w, r = _write_three(rings)
     slot = 1 % w.capacity
     assert int(w._slots[slot, 0]) == 2 * 1 + 2  # committed
@@ -375,7 +390,7 @@ def test_torn_slot_odd_sequence_is_lost(rings, read_path):
     _assert_record_1_lost(r)
 
 
-def test_slot_with_other_records_sequence_is_lost(rings, read_path):
+def test_slot_with_other_records_sequence_is_lost(rings, read_path, checksums):
     w, r = _write_three(rings)
     w._slots[1, 0] = 2 * (1 + w.capacity) + 2  # committed, but for record 5 (a lap later)
     _assert_record_1_lost(r)
@@ -385,7 +400,8 @@ def test_slot_with_other_records_sequence_is_lost(rings, read_path):
     ("column", "what"),
     [(1, "checksum"), (2, "timestamp"), (3, "first value"), (3 + len(FIELDS) - 1, "last value")],
 )
-def test_corrupt_word_fails_checksum_and_is_lost(rings, column, what, read_path):
+def test_corrupt_word_fails_checksum_and_is_lost(rings, column, what, read_path, monkeypatch):
+    monkeypatch.setattr(ring_mod, "VERIFY_CHECKSUMS", True)  # as on aarch64, whatever this machine is
     w, r = _write_three(rings)
     assert int(w._slots[1, 0]) == 4  # seq still says "record 1, committed"
     w._slots[1, column] ^= np.uint64(1 << 17)
