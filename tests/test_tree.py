@@ -19,7 +19,13 @@ from conftest import FAST, Recorder, backend_script, wait_for
 
 import sampler
 from sampler.collectors.base import MB
-from sampler.collectors.tree import COUNT, SAMPLING_CHILD_PROGRAM, ProcessTreeCollector, runs_a_sampling_child
+from sampler.collectors.tree import (
+    COUNT,
+    SAMPLING_CHILD_PROGRAM,
+    ProcessTreeCollector,
+    read_stat,
+    runs_a_sampling_child,
+)
 from sampler.supervision import spawn
 
 ALWAYS = math.inf
@@ -443,3 +449,43 @@ def test_every_sampling_child_command_line_is_recognised() -> None:
     assert not runs_a_sampling_child([sys.executable, "-c", "print('hi')"])
     assert not runs_a_sampling_child([sys.executable, "train.py", "-c", SAMPLING_CHILD_PROGRAM])
     assert not runs_a_sampling_child([])
+
+
+# --- the one-file reading of a process's CPU time and RSS ----------------------------------------
+
+
+def test_read_stat_gives_what_psutil_reads_from_two_files_whatever_the_command_name(tmp_path: Path) -> None:
+    odd = tmp_path / "x) (y z"  # the name shows in stat between parentheses, spaces and all
+    odd.symlink_to(sys.executable)
+    busy = (
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+        "print(1, flush=True)\ntime.sleep(60)"
+    )
+    proc = subprocess.Popen([str(odd), "-c", busy], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "1\n"  # 0.3 s of CPU spent, now idle
+        reading = read_stat(Path(f"/proc/{proc.pid}/stat"))
+        ps = psutil.Process(proc.pid)
+        assert ps.name().startswith("x) (y z")
+        times, rss = ps.cpu_times(), ps.memory_info().rss
+        assert reading is not None
+        assert reading[0] == pytest.approx(times.user + times.system, abs=0.02) and reading[0] >= 0.29
+        assert reading[1] == pytest.approx(rss, abs=MB)  # per-CPU RSS counters, summed approximately
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_read_stat_is_none_for_a_zombie_a_process_gone_and_a_file_it_cannot_parse(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        wait_for(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE, what="a zombie")
+        assert read_stat(Path(f"/proc/{proc.pid}/stat")) is None  # exited, not reaped: no process to read
+    finally:
+        proc.wait()
+    assert read_stat(Path(f"/proc/{proc.pid}/stat")) is None  # reaped: the file is gone
+    garbled = tmp_path / "stat"
+    garbled.write_bytes(b"123 (python) S 1 2 3 x y")
+    assert read_stat(garbled) is None  # too few fields
+    garbled.write_bytes(b"123 (python) S" + b" ?" * 30)
+    assert read_stat(garbled) is None  # no numbers where the times and RSS are

@@ -18,15 +18,29 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
-import numpy as np
-import numpy.typing as npt
-
 # Re-exported: sampler.commands.postmortem and bench.gpu_check import them from here.
 from sampler.catalogue import MEAN_SUFFIX as MEAN_SUFFIX
 from sampler.catalogue import PEAK_SUFFIX as PEAK_SUFFIX
 from sampler.collectors import Collector
 
-Floats = npt.NDArray[np.float64]
+
+class _Window:
+    """One record's window: the peak, sum and count of each tracked name's readings."""
+
+    __slots__ = ("count", "peak", "record", "total")
+
+    def __init__(self, width: int) -> None:
+        self.record = -1
+        self.peak = [math.nan] * width
+        self.total = [0.0] * width
+        self.count = [0] * width
+
+    def fold_peaks(self, readings: Sequence[float]) -> None:
+        """Raise each peak to its reading; a NaN (a failed reading) never wins over a number."""
+        peak = self.peak
+        for k, value in enumerate(readings):
+            if value > peak[k] or peak[k] != peak[k]:
+                peak[k] = value
 
 
 class PeakTracker:
@@ -35,7 +49,10 @@ class PeakTracker:
     averaged one with ``_mean``.
 
     Keeps at most ``capacity`` windows (the ring's capacity: a backend that has
-    logged nothing for longer than that has lost those records anyway).
+    logged nothing for longer than that has lost those records anyway). Plain
+    lists, not arrays: a window is a few numbers per collector, folded ten times
+    a second by a process that sleeps in between, where numpy's per-call cost
+    (cold, after each sleep) is most of the work.
     """
 
     def __init__(self, collectors: Sequence[Collector], capacity: int) -> None:
@@ -45,31 +62,25 @@ class PeakTracker:
         if unknown:
             raise ValueError(f"averaged names that are not tracked: {sorted(unknown)}")
         self.names = tuple(n + PEAK_SUFFIX for n in tracked) + tuple(n + MEAN_SUFFIX for n in averaged)
-        self._means = np.array([tracked.index(n) for n in averaged], dtype=np.intp)
+        self._means = [tracked.index(n) for n in averaged]
         self._width = len(tracked)
-        self._windows: deque[tuple[int, Floats, Floats, Floats]] = deque(maxlen=max(1, capacity))
-        self._reset()
-
-    def _reset(self) -> None:
-        self._peak = np.full(self._width, math.nan)
-        self._sum = np.zeros(self._width)
-        self._count = np.zeros(self._width)
+        self._windows: deque[_Window] = deque(maxlen=max(1, capacity))
+        self._window = _Window(self._width)
 
     def add(self, readings: Sequence[float]) -> None:
         """One inner reading of every tracked name (NaN where it failed)."""
-        if not self._width:
-            return
-        values = np.asarray(readings, dtype=np.float64)
-        np.fmax(self._peak, values, out=self._peak)  # fmax: a NaN never wins over a number
-        seen = ~np.isnan(values)
-        self._sum[seen] += values[seen]
-        self._count += seen
+        window = self._window
+        window.fold_peaks(readings)
+        total, count = window.total, window.count
+        for k, value in enumerate(readings):
+            if value == value:
+                total[k] += value
+                count[k] += 1
 
     def include(self, readings: Sequence[float]) -> None:
         """The record's own readings of the tracked names: they count for the peak
         (a peak is never below the reading beside it), not for the mean."""
-        if self._width:
-            np.fmax(self._peak, np.asarray(readings, dtype=np.float64), out=self._peak)
+        self._window.fold_peaks(readings)
 
     def close(self, record: int, logged_through: int) -> list[float]:
         """End the window of record number ``record`` and return its fields:
@@ -77,17 +88,15 @@ class PeakTracker:
         ``logged_through`` or later (those the backend has not logged past)."""
         if not self._width:
             return []
-        self._windows.append((record, self._peak, self._sum, self._count))
-        self._reset()
-        while self._windows and self._windows[0][0] < logged_through:
+        self._window.record = record
+        self._windows.append(self._window)
+        self._window = _Window(self._width)
+        while self._windows and self._windows[0].record < logged_through:
             self._windows.popleft()
-        peak = np.full(self._width, math.nan)
-        total = np.zeros(self._width)
-        count = np.zeros(self._width)
-        for _, window_peak, window_sum, window_count in self._windows:
-            np.fmax(peak, window_peak, out=peak)
-            total += window_sum
-            count += window_count
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = np.where(count > 0, total / count, math.nan)
-        return [*peak.tolist(), *mean[self._means].tolist()]
+        merged = _Window(self._width)
+        for window in self._windows:
+            merged.fold_peaks(window.peak)
+            merged.total = [a + b for a, b in zip(merged.total, window.total, strict=True)]
+            merged.count = [a + b for a, b in zip(merged.count, window.count, strict=True)]
+        means = [merged.total[k] / merged.count[k] if merged.count[k] else math.nan for k in self._means]
+        return [*merged.peak, *means]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ SAMPLING_CHILD_PROGRAM = "from sampler.child.main import main"
 bootstrap around it, and the tree knows any monitor's child by it, whichever backend, and
 whichever version of this package, started it."""
 
-PSS_CPU_SHARE = 0.02
+PSS_CPU_SHARE = 0.005
 """Share of one core that PSS passes may take on average: a pass that cost C CPU seconds
 is followed by the next no sooner than C / PSS_CPU_SHARE seconds later."""
 
@@ -44,24 +45,32 @@ def _smaps_rollup(path: Path) -> tuple[int, int] | None:
     return None if pss is None else (pss, uss)
 
 
+_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def read_stat(path: Path) -> tuple[float, int] | None:
+    """CPU seconds (user + system) and RSS bytes from a ``/proc/<pid>/stat`` file, read once;
+    None when the process is gone, a zombie, or the file cannot be parsed. What psutil reads
+    from two files (``stat`` and ``statm``) through a handle's cache, for a reading taken
+    ten times a second in every process of the tree."""
+    data = attempt(path.read_bytes)  # a failure for want of descriptors or memory is counted
+    if data is None:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()  # after the command name, which may hold anything
+    # fields[0] is the state (field 3 of proc(5)): utime, stime and rss are fields 14, 15 and 24.
+    if len(fields) < 22 or fields[0] == b"Z":
+        return None
+    try:
+        return (int(fields[11]) + int(fields[12])) / _TICKS_PER_SECOND, int(fields[21]) * _PAGE_BYTES
+    except ValueError:
+        return None
+
+
 def runs_a_sampling_child(cmdline: list[str]) -> bool:
     """Whether ``cmdline`` is a sampling child's: ``python -c <program> ...`` whose program
     runs ``SAMPLING_CHILD_PROGRAM``."""
     return len(cmdline) > 2 and cmdline[1] == "-c" and SAMPLING_CHILD_PROGRAM in cmdline[2]
-
-
-def _read(proc: psutil.Process) -> tuple[float, int] | None:
-    """CPU seconds (user + system) and RSS bytes of a live process; None once it has
-    exited (a zombie included) or cannot be read."""
-
-    def read() -> tuple[float, int] | None:
-        with proc.oneshot():  # on Linux status and cpu_times share one read of /proc/<pid>/stat
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return None
-            times = proc.cpu_times()
-            return times.user + times.system, proc.memory_info().rss
-
-    return attempt(read)
 
 
 @dataclass
@@ -69,6 +78,8 @@ class _Member:
     """One process of the tree and its readings at the start of each window."""
 
     proc: psutil.Process
+    stat: Path
+    """Its ``/proc/<pid>/stat``, which every reading of its CPU time and RSS reads."""
     record_cpu_seconds: float
     """CPU time at the previous ``sample()``; 0 for a process born since, so all its CPU counts."""
     tracked_cpu_seconds: float
@@ -123,8 +134,8 @@ class ProcessTreeCollector(Collector):
     watched backend's own when ``run --pid`` watches a backend that runs a monitor too.
     Descendants are found (``children(recursive=True)``, which reads the parent of every
     process on the machine) only in ``sample()``. ``sample_tracked()`` reads only the CPU
-    times and RSS (``/proc/<pid>/stat`` and ``statm``) of the processes found then, through
-    cached handles: a process started since is seen from the next record on. Its CPU % has
+    times and RSS of the processes found then, from one ``/proc/<pid>/stat`` each
+    (``read_stat``): a process started since is seen from the next record on. Its CPU % has
     its own window per process, since that process's previous ``sample_tracked()``.
 
     A process that exits is dropped from the sums, never a reason for NaN; the readings are
@@ -176,13 +187,15 @@ class ProcessTreeCollector(Collector):
         for proc in [self._root, *descendants]:
             if proc is not self._root and runs_a_sampling_child(attempt(proc.cmdline) or []):
                 continue  # a monitor's, not the training's (the backend itself is never left out)
-            reading = _read(proc)
-            if reading is None:
-                continue  # exited since it was listed
-            cpu, rss = reading
             member = self._members.get(proc.pid)
-            if member is None or member.proc != proc:  # new, or its pid reused (create time differs)
-                member = _Member(proc, 0.0 if born_in_window else cpu, cpu, now, rss)
+            known = member is not None and member.proc == proc  # not new, nor its pid reused
+            stat = member.stat if member is not None and known else Path(f"/proc/{proc.pid}/stat")
+            reading = read_stat(stat)
+            if reading is None:
+                continue  # exited (or turned zombie) since it was listed
+            cpu, rss = reading
+            if member is None or not known:
+                member = _Member(proc, stat, 0.0 if born_in_window else cpu, cpu, now, rss)
             cpu_seconds += max(0.0, cpu - member.record_cpu_seconds)
             member.record_cpu_seconds = cpu
             found.append((member, rss))
@@ -216,7 +229,7 @@ class ProcessTreeCollector(Collector):
         cpu_percent = 0.0
         memory_bytes = 0
         for pid, member in list(self._members.items()):
-            reading = _read(member.proc)
+            reading = read_stat(member.stat)
             if reading is None:
                 if pid == self.pid:
                     return [MISSING, MISSING]

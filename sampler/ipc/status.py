@@ -145,6 +145,8 @@ class ChildStatus:
         self._logged = memoryview(seg.buf)[32:48].cast("q")
         """Words 4 and 5 as a plain memoryview: the backend writes them per logged record,
         cache-cold, and a memoryview store runs far less code than a numpy one."""
+        self._phase = memoryview(seg.buf)[0:24].cast("q")
+        """Words 0 to 2 the same way: the child marks a phase several times per reading."""
 
     @classmethod
     def create(cls) -> tuple[ChildStatus, int]:
@@ -161,11 +163,11 @@ class ChildStatus:
 
     def enter(self, phase: int) -> None:
         """Mark the start of ``phase`` now."""
-        self._words[0] = _pack(phase, time.monotonic_ns())
+        self._phase[0] = _pack(phase, time.monotonic_ns())
 
     def count_sample(self, cpu_ns: int) -> None:
         """One more sample written, which cost the child ``cpu_ns`` of CPU time."""
-        words = self._words
+        words = self._phase
         words[2] += cpu_ns
         words[1] += 1
 
@@ -224,4 +226,5 @@ class ChildStatus:
         if not self._seg.buf.closed:
             del self._words
             self._logged.release()
+            self._phase.release()
             self._seg.close()
