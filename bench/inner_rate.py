@@ -1,10 +1,10 @@
 """What the inner rate costs: the backend's monitor thread and the sampling child.
 
-The child reads the tracked signals between records (10 Hz by default) for their
+The child reads the tracked signals between records (5 Hz by default) for their
 peaks and means; the backend still wakes once per record and logs the same
 fields whatever the inner rate. This runs the isolated monitor at a 1 s
-interval with the inner rate at 1 Hz (no reads between records), 10 Hz and
-50 Hz, in alternating rounds, and prints per record: the monitor thread's CPU
+interval with the inner rate at 1 Hz (no reads between records), 5 Hz, 10 Hz
+and 50 Hz, in alternating rounds, and prints per record: the monitor thread's CPU
 (its own thread clock), the child's CPU (its status block, which counts the
 inner reads towards the record they precede) and the child's share of a core,
 each also as a ratio to 1 Hz measured in the same rounds.
@@ -26,7 +26,7 @@ import psutil
 import sampler
 from bench.overhead import noop_sink
 
-RATES_HZ = (1.0, 10.0, 50.0)
+RATES_HZ = (1.0, 5.0, 10.0, 50.0)
 CATEGORIES = ("cpu", "memory", "disk", "network", "process", "process_tree")
 INTERVAL = 1.0
 

@@ -118,7 +118,7 @@ def test_json_report(scratch: Path) -> None:
         "disk_path": settings.DEFAULT_DISK_PATH,
         "step_source": "seconds",
         "store": str(scratch / "runs.sqlite"),
-        "inner_rate_hz": 10.0,
+        "inner_rate_hz": 5.0,
         "gpu_devices": "all",
         "prometheus_port": None,
         "prometheus_address": "127.0.0.1",

@@ -290,7 +290,7 @@ def test_a_spike_shorter_than_the_inner_period_is_caught_by_the_rss_high_water_m
     base = collector.sample()[collector.names.index(process.RSS)]
     assert math.isnan(collector.marks()[rss])  # nothing rose since the collector was made
     polled = []
-    for _ in range(3):  # the child's inner rate, 10 Hz, around one spike
+    for _ in range(3):  # an inner rate of 10 Hz around one spike
         polled.append(collector.sample_tracked()[rss])
         spike(spiker)
         time.sleep(0.1)
