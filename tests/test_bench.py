@@ -98,6 +98,20 @@ def test_inner_rate_benchmark_prints_each_rate_against_1_hz() -> None:
     assert all(float(row[2]) > 0 and float(row[4]) > 0 for row in rows)  # backend and child CPU per record
 
 
+def test_child_cost_benchmark_prints_the_childs_cost_and_each_categorys() -> None:
+    done = quick("bench.child_cost")
+    rows = {
+        row[1].strip(): [cell.strip() for cell in row[2:-1]]
+        for row in (line.split("|") for line in done.stdout.splitlines() if line.startswith("| "))
+    }
+    child_ms, core_percent = rows["measured"]
+    assert float(child_ms.removesuffix(" ms")) > 0 and float(core_percent.removesuffix(" %")) > 0
+    assert {"cpu", "memory", "disk", "network", "process", "process_tree"} <= set(rows)
+    assert float(rows["process_tree"][3]) > 0  # its PSS pass
+    per_record = [float(rows[c][-1]) for c in rows if c not in ("", "measured", "all", "category")]
+    assert float(rows["all"][-1]) == pytest.approx(sum(per_record), abs=0.01 * len(per_record))
+
+
 def test_tree_cost_benchmark_covers_0_8_and_64_workers() -> None:
     done = quick("bench.tree_cost")
     firsts = [line.split("|")[1].strip() for line in done.stdout.splitlines() if line.startswith("| ")]
