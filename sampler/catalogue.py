@@ -152,6 +152,29 @@ _SIGNALS = (
         peak=True, metric="memory_utilization_ratio", scale=PERCENT_TO_RATIO, seed=True,
     ),
     Signal(
+        "memory/swap_used_mb", "MiB", GAUGE, "swap used", "swap used",
+        "Swap space in use (only where the machine has swap).",
+        metric="memory_swap_used_bytes", scale=MIB,
+    ),
+    Signal(
+        "memory/swapped_in_mb", "MiB", COUNTER, "swapped in", "swapped in",
+        "Read back from swap since boot: memory the machine had pushed out and needed again.",
+        metric="memory_swapped_in_bytes_total", scale=MIB,
+    ),
+    Signal(
+        "memory/swapped_out_mb", "MiB", COUNTER, "swapped out", "swapped out",
+        "Written out to swap since boot.",
+        metric="memory_swapped_out_bytes_total", scale=MIB,
+    ),
+    Signal(
+        "memory/swapped_in_mb_per_second", "MiB/s", RATE, "swap-in rate", "swapped in /s",
+        "Read back from swap per second since the previous sample.",
+    ),
+    Signal(
+        "memory/swapped_out_mb_per_second", "MiB/s", RATE, "swap-out rate", "swapped out /s",
+        "Written out to swap per second since the previous sample.",
+    ),
+    Signal(
         "network/bytes_sent", "bytes", COUNTER, "network sent", "sent",
         "Bytes sent over every interface since boot.",
         metric="network_sent_bytes_total", scale=1.0, seed=True,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -136,13 +137,17 @@ def _remove(path: Path, parent: Path) -> None:
 
 
 @contextlib.contextmanager
-def memory_cgroup(limit_bytes: int) -> Iterator[MemoryCgroup]:
-    """A new memory cgroup limited to ``limit_bytes``, swap included (swap cannot dodge it)."""
+def memory_cgroup(limit_bytes: int, swap_bytes: int = 0) -> Iterator[MemoryCgroup]:
+    """A new memory cgroup limited to ``limit_bytes`` of memory and ``swap_bytes`` of swap
+    beside it (none by default: swap cannot dodge the limit)."""
     v1 = [("memory.limit_in_bytes", str(limit_bytes))]
     hierarchy = _hierarchy("memory")
     if not hierarchy.v2 and (hierarchy.own / "memory.memsw.limit_in_bytes").exists():
-        v1.append(("memory.memsw.limit_in_bytes", str(limit_bytes)))  # after the limit: memsw >= limit
-    v2 = [("memory.max", str(limit_bytes)), ("memory.swap.max", "0")]
+        # After the limit (memsw >= limit); memsw counts memory and swap together.
+        v1.append(("memory.memsw.limit_in_bytes", str(limit_bytes + swap_bytes)))
+    if swap_bytes and not hierarchy.v2:
+        v1.append(("memory.swappiness", "100"))  # swap as readily as the page cache is dropped
+    v2 = [("memory.max", str(limit_bytes)), ("memory.swap.max", str(swap_bytes))]
     with _cgroup("memory", v1, v2) as path:
         yield MemoryCgroup(path=str(path), limit_bytes=limit_bytes)
 
@@ -169,3 +174,42 @@ def cgroup_skip_reason(controller: str = "memory") -> str | None:
             return None
     except (OSError, ValueError) as exc:
         return f"cannot make a {controller} cgroup here: {exc}"
+
+
+SWAP_FILE_DIR = Path("/var/tmp")
+"""Where a test's swap file goes: a disk filesystem (tmpfs cannot hold swap)."""
+
+
+@contextlib.contextmanager
+def swap_file(size_bytes: int) -> Iterator[Path]:
+    """A swap file of ``size_bytes`` turned on for the machine (``swapon``), off and removed
+    after; OSError where it cannot be (not root, no CAP_SYS_ADMIN, a filesystem that refuses)."""
+    path = SWAP_FILE_DIR / f"wl-test-swap-{uuid.uuid4().hex[:12]}"
+    try:
+        with path.open("wb") as f:
+            os.posix_fallocate(f.fileno(), 0, size_bytes)
+        path.chmod(0o600)
+        for command in (["mkswap", str(path)], ["swapon", str(path)]):
+            done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+            if done.returncode:
+                raise OSError(f"{' '.join(command)} failed: {done.stderr.strip() or done.returncode}")
+        try:
+            yield path
+        finally:
+            subprocess.run(["swapoff", str(path)], capture_output=True, timeout=120, check=True)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+@functools.cache
+def swap_skip_reason() -> str | None:
+    """None when this machine lets a test turn a swap file on (a probe one is made, turned on
+    and off) and make a memory cgroup; else why not, for ``pytest.skip``."""
+    memory = cgroup_skip_reason("memory")
+    if memory is not None:
+        return memory
+    try:
+        with swap_file(16 * 1024**2):
+            return None
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"cannot turn swap on here: {exc}"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import overhead
+from sampler.collectors.host import SWAP_NAMES
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -63,7 +64,8 @@ def test_quick_benchmark_produces_every_number(tmp_path: Path) -> None:
     for mode in ("floor", "process", "store"):
         assert floor[f"{mode}_ms"]["median"] > 0 and floor[f"{mode}_samples"] > 0
     assert floor["process_x_floor"]["median"] > 0 and floor["store_x_floor"]["median"] > 0
-    assert 0 < floor["process_signals_per_sample"] <= overhead.FLOOR_SIGNALS  # the floor's sink calls
+    # The floor's sink calls, counted on this machine; a test elsewhere may turn swap on meanwhile.
+    assert 0 < floor["process_signals_per_sample"] <= overhead.FLOOR_SIGNALS + len(SWAP_NAMES)
     # The loop that logs its loss every step: with the isolated monitor, without and with the store.
     for mode in ("log", "log+store"):
         assert cells[f"gil@1s/{mode}"]["steps_per_second"]["median"] > 0

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cgroups import cgroup_skip_reason, memory_cgroup
+from cgroups import cgroup_skip_reason, memory_cgroup, swap_file, swap_skip_reason
 from conftest import backend_script, run_command
 
 from sampler.analysis import evidence, stretches
@@ -28,7 +28,7 @@ from sampler.views import plot
 
 WORKLOAD = """
 import json, os, subprocess, time
-STORE, PHASES_FILE, PLAN = {store!r}, {phases!r}, {plan!r}
+STORE, PHASES_FILE, PLAN, SWAP_MB = {store!r}, {phases!r}, {plan!r}, {swap_mb!r}
 
 class Model:
     age = 0
@@ -97,6 +97,16 @@ for kind, seconds in PLAN:
         train(seconds, fsync_write)
     elif kind == "thrash":  # every step reads data that no longer fits the memory cgroup's page cache
         train(seconds, read_cyclically(os.path.join(os.path.dirname(STORE), "data.bin")))
+    elif kind == "swap":  # the step's data outgrew the memory cgroup: each step pages some back in
+        held = bytearray(SWAP_MB << 20)
+        held[::4096] = b"\x01" * len(range(0, len(held), 4096))  # every page written: swapped, not zero
+        chunk = [0]
+        def touch_next():
+            start = chunk[0]
+            held[start : start + (2 << 20) : 4096] = b"\x02" * 512
+            chunk[0] = (start + (2 << 20)) % len(held)
+        train(seconds, touch_next)
+        del held
     phases.append((kind, start, time.time()))
 train(0.5)
 monitor.stop()
@@ -105,12 +115,17 @@ with open(PHASES_FILE, "w") as f:
 """
 
 
-def run_workload(tmp_path: Path, plan: list[tuple[str, float]], before_start: Any = None) -> list[Any]:
+def run_workload(
+    tmp_path: Path, plan: list[tuple[str, float]], before_start: Any = None, swap_mb: int = 0
+) -> list[Any]:
     """Run the workload with ``plan`` to its end; returns its phases: (kind, start, end) wall times.
-    ``before_start(pid)`` runs on the backend's pid as soon as it exists (to move it into a cgroup)."""
+    ``before_start(pid)`` runs on the backend's pid as soon as it exists (to move it into a cgroup);
+    ``swap_mb``: what a ``swap`` phase holds and sweeps."""
     store, phases = tmp_path / "runs.sqlite", tmp_path / "phases.json"
     script = tmp_path / "train.py"
-    script.write_text(backend_script(WORKLOAD.format(store=str(store), phases=str(phases), plan=plan)))
+    script.write_text(
+        backend_script(WORKLOAD.format(store=str(store), phases=str(phases), plan=plan, swap_mb=swap_mb))
+    )
     backend = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, text=True)
     try:
         if before_start is not None:
@@ -227,6 +242,27 @@ def test_reclaim_in_a_memory_cgroup_near_its_limit_is_named(tmp_path: Path) -> N
     assert "container_memory" in causes or "memory_pressure" in causes, causes
 
 
+def test_a_backend_whose_memory_outgrew_its_cgroup_and_swaps_is_named(tmp_path: Path) -> None:
+    """With swap on and a memory cgroup of 160 MiB, the backend holds 192 MiB and each step writes
+    the next 2 MiB of it: pages come back from swap as others go out."""
+    reason = swap_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with swap_file(512 << 20), memory_cgroup(160 << 20, swap_bytes=512 << 20) as cgroup:
+        plan = [("quiet", 2.5), ("swap", 3.0), ("quiet", 2.0)]
+        phases = run_workload(tmp_path, plan, cgroup.add, swap_mb=192)
+    explanation = explained(tmp_path)
+    print(explain_command.render(explanation))
+    (_, start, end) = phases[1]
+    items = overlapping(explanation, start, end)
+    assert any(item.stretch.kind == stretches.SLOW for item in items), items
+    causes = [reason.cause for item in items for reason in item.reasons]
+    assert "swap" in causes, causes
+    with StoreReader(str(tmp_path / "runs.sqlite")) as reader:
+        names = set(reader.names(reader.run().id))
+    assert {"resource/memory/swap_used_mb", "resource/memory/swapped_out_mb_per_second"} <= names
+
+
 # --------------------------------------------------------------------------- the rules, on made-up records
 
 
@@ -281,15 +317,20 @@ def test_too_few_records_or_no_progress_find_nothing() -> None:
     assert stretches.find(timeline([0.1] * 5, [0] * 5)).stretches == []
 
 
-def reasons_for(**columns: list[float]) -> list[str]:
-    """The causes the rules give for windows 13-17 slow against columns of 30 windows."""
+def reasons_with(**columns: list[float]) -> list[evidence.Reason]:
+    """The reasons the rules give for windows 13-17 slow against columns of 30 windows."""
     seconds, steps = [0.25] * 30, [125] * 30
     for i in range(12, 17):
         steps[i] = 25
     records = timeline(seconds, steps, **columns)
     found = stretches.find(records)
     (stretch,) = found.stretches
-    return [reason.cause for reason in evidence.reasons(records, found, stretch)]
+    return evidence.reasons(records, found, stretch)
+
+
+def reasons_for(**columns: list[float]) -> list[str]:
+    """The causes of ``reasons_with``, strongest first."""
+    return [reason.cause for reason in reasons_with(**columns)]
 
 
 def during(inside: float, outside: float) -> list[float]:
@@ -320,6 +361,13 @@ def test_each_rule_fires_on_its_signals_and_is_ranked_by_how_far_past_its_thresh
     assert reasons_for(**gpu) == ["gpu_power_throttle", "gpu_waiting"]
     both = {cpu: during(60, 2), "resource/cpu/utilization_percent": during(95, 60)}
     assert reasons_for(**both) == ["cpu_pressure", "host_cpu_busy"]  # 5.8 past its threshold, then 2.3
+    swap_in = "resource/memory/swapped_in_mb_per_second"
+    assert reasons_for(**{swap_in: during(40, 0)}) == ["swap"]
+    assert reasons_for(**{swap_in: during(0.5, 0)}) == []  # half a MiB/s: below the threshold
+    assert reasons_for(**{swap_in: during(12, 8)}) == []  # a run that always swaps: not what changed
+    swapping = {swap_in: during(40, 0), "resource/memory/swapped_out_mb_per_second": during(30, 0)}
+    (text,) = [r.text for r in reasons_with(**swapping)]
+    assert "40.0 MiB/s back from swap" in text and "wrote 30.0 MiB/s out" in text
 
 
 def test_a_run_slowed_for_most_of_its_time_keeps_its_unhindered_speed_as_typical() -> None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import NamedTuple
+
+from sampler.child.peaks import PeakTracker
+from sampler.collectors import Sources, build_collectors
 
 MODES = ("off", "thread", "process")
 FLOOR_MODES = ("floor", "store")
@@ -16,10 +20,25 @@ WORKLOADS = ("idle", "gil", "numpy", "latency")
 TRAINING = ("gil", "numpy", "latency")
 """The workloads that train (all but the idle backend)."""
 NON_GPU = ("cpu", "memory", "disk", "network", "process")
-FLOOR_SIGNALS = 27
+
+
+def signals_per_sample(categories: tuple[str, ...]) -> int:
+    """What the isolated monitor logs per sample with ``categories`` on this machine: each
+    collector's readings (a machine with swap has more memory signals, one without disk
+    counters fewer disk signals), their peaks and means, and the throughput."""
+    sources = Sources(disk_path=os.path.abspath(os.sep), pid=os.getpid(), nvml_module="pynvml")
+    collectors = build_collectors(categories, sources)
+    try:
+        readings = sum(len(c.names) for c in collectors)
+        return readings + len(PeakTracker(collectors, 1).names) + 1
+    finally:
+        for collector in collectors:
+            collector.close()
+
+
+FLOOR_SIGNALS = signals_per_sample(NON_GPU)
 """Sink calls per wake of the floor thread: the signals of one sample with the non-GPU categories
-above (cpu 3, memory 2, disk 6, network 4, process 11, counting peaks, means and rates) and the
-throughput the backend derives from the step axis."""
+above, as this machine gives them (27 without swap)."""
 FLOOR = 1.0
 STRESS = 0.01
 """The stress interval: 100 samples/s, below the floor only benchmarks may use, so that

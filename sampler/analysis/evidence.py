@@ -169,6 +169,31 @@ def _container_memory(timeline: Timeline, inside: Mask, baseline: Mask) -> list[
     return [Reason("container_memory", text, (used.evidence,), 1 + (used.stretch - 90) / 5)]
 
 
+SWAP_IN_MIB_PER_SECOND = 1.0
+"""Swap-ins that make a reason: this many MiB/s more than typical, and twice typical."""
+
+
+def _swapping(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
+    swap_in = _compare(timeline, "resource/memory/swapped_in_mb_per_second", inside, baseline)
+    if (
+        swap_in is None
+        or swap_in.stretch - swap_in.typical < SWAP_IN_MIB_PER_SECOND
+        or swap_in.stretch < 2 * swap_in.typical
+    ):
+        return []
+    text = (
+        f"swapping: the machine read {swap_in.stretch:.1f} MiB/s back from swap (typically "
+        f"{swap_in.typical:.1f}): memory the training needed had been pushed out"
+    )
+    evidence = [swap_in.evidence]
+    swap_out = _compare(timeline, "resource/memory/swapped_out_mb_per_second", inside, baseline)
+    if swap_out is not None and swap_out.stretch - swap_out.typical >= SWAP_IN_MIB_PER_SECOND:
+        text += f", and wrote {swap_out.stretch:.1f} MiB/s out"
+        evidence.append(swap_out.evidence)
+    strength = 1 + np.log2((swap_in.stretch - swap_in.typical) / SWAP_IN_MIB_PER_SECOND)
+    return [Reason("swap", text, tuple(evidence), float(strength))]
+
+
 _GPU = re.compile(r"^resource/gpu/(\d+)/")
 _THROTTLES = (
     ("throttle_power", "power"),
@@ -231,6 +256,7 @@ RULES: tuple[Rule, ...] = (
     _gil_bound,
     _all_cores_busy,
     _container_memory,
+    _swapping,
     _gpu_throttled,
     _gpu_idle,
 )

@@ -121,20 +121,43 @@ def _busy(times: psutil._common.scputimes) -> float:  # type: ignore[name-define
     return float(sum(times) - times.idle - getattr(times, "iowait", 0.0))
 
 
+SWAP_NAMES = (
+    "resource/memory/swap_used_mb",
+    "resource/memory/swapped_in_mb",
+    "resource/memory/swapped_out_mb",
+    "resource/memory/swapped_in_mb" + catalogue.RATE_SUFFIX,
+    "resource/memory/swapped_out_mb" + catalogue.RATE_SUFFIX,
+)
+
+
 class MemoryCollector(Collector):
-    """System-wide memory utilization (%); tracked between records."""
+    """System-wide memory utilization (%), tracked between records; and where the machine
+    has swap when the collector is made (a child started after ``swapon`` has them), swap in
+    use (MB), MB swapped in and out since boot (the kernel's ``pswpin``/``pswpout`` pages) and
+    their rates (MB/s) between consecutive samples."""
 
     category = "memory"
-    names = ("resource/memory/system_utilization_percent",)
-    tracked = catalogue.peaked(names)
-    averaged = catalogue.averaged(names)
+
+    def __init__(self) -> None:
+        swap = attempt(psutil.swap_memory)
+        self._swap = swap is not None and swap.total > 0
+        self.names = ("resource/memory/system_utilization_percent", *(SWAP_NAMES if self._swap else ()))
+        self.tracked = catalogue.peaked(self.names)
+        self.averaged = catalogue.averaged(self.names)
+        self._rates = Rates(2)
 
     def sample(self) -> list[float]:
-        memory = attempt(psutil.virtual_memory)
-        return [MISSING if memory is None else float(memory.percent)]
+        values = self.sample_tracked()
+        if self._swap:
+            swap = attempt(psutil.swap_memory)
+            counters = [MISSING, MISSING] if swap is None else [swap.sin / MB, swap.sout / MB]
+            used = MISSING if swap is None else swap.used / MB
+            values += [used, *counters, *self._rates.update(counters, time.monotonic())]
+        return values
 
     def sample_tracked(self) -> list[float]:
-        return self.sample()
+        memory = attempt(psutil.virtual_memory)
+        return [MISSING if memory is None else float(memory.percent)]
 
 
 class DiskCollector(Collector):
