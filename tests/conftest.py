@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import io
 import os
 import secrets
 import signal
 import socket
 import sqlite3
+import tempfile
 import textwrap
 import threading
 import time
@@ -90,6 +92,19 @@ def per_worker_segment_names() -> Iterator[None]:
         if WORKER:
             tail = 16 - (len(SHM_PREFIX) - len(NAME_PREFIX))
             patch.setattr(segment, "new_name", lambda: SHM_PREFIX + secrets.token_hex(8)[:tail])
+        yield
+
+
+WHOLE_MACHINE_LOCK = Path(tempfile.gettempdir()) / "wl-resource-monitor-tests.whole-machine.lock"
+
+
+@pytest.fixture
+def whole_machine() -> Iterator[None]:
+    """For a test that disturbs the whole machine or judges it whole (busy processes pinned to a
+    core, swap turned on, a run whose slow stretches are compared with its typical): one such
+    test at a time, across pytest-xdist workers and test runs (an exclusive lock on one file)."""
+    with WHOLE_MACHINE_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         yield
 
 

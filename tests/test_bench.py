@@ -17,6 +17,7 @@ from sampler.collectors.host import SWAP_NAMES
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.usefixtures("whole_machine")  # it loads the machine to measure it
 def test_quick_benchmark_produces_every_number(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     smallest = ["--quick", "--rounds", "1", "--seconds", "0.3", "--devices", "1"]
@@ -92,6 +93,7 @@ def quick(module: str) -> subprocess.CompletedProcess[str]:
     return done
 
 
+@pytest.mark.usefixtures("whole_machine")  # it loads the machine to measure it
 def test_inner_rate_benchmark_prints_each_rate_against_1_hz() -> None:
     done = quick("bench.inner_rate")
     rows = [line.split("|") for line in done.stdout.splitlines() if line.startswith("| ")]
@@ -100,6 +102,7 @@ def test_inner_rate_benchmark_prints_each_rate_against_1_hz() -> None:
     assert all(float(row[2]) > 0 and float(row[4]) > 0 for row in rows)  # backend and child CPU per record
 
 
+@pytest.mark.usefixtures("whole_machine")  # it loads the machine to measure it
 def test_child_cost_benchmark_prints_the_childs_cost_and_each_categorys() -> None:
     done = quick("bench.child_cost")
     rows = {
@@ -114,12 +117,14 @@ def test_child_cost_benchmark_prints_the_childs_cost_and_each_categorys() -> Non
     assert float(rows["all"][-1]) == pytest.approx(sum(per_record), abs=0.01 * len(per_record))
 
 
+@pytest.mark.usefixtures("whole_machine")  # it loads the machine to measure it
 def test_tree_cost_benchmark_covers_0_8_and_64_workers() -> None:
     done = quick("bench.tree_cost")
     firsts = [line.split("|")[1].strip() for line in done.stdout.splitlines() if line.startswith("| ")]
     assert {"0", "8", "64"} <= set(firsts)
 
 
+@pytest.mark.usefixtures("whole_machine")  # it loads the machine to measure it
 @pytest.mark.skipif(importlib.util.find_spec("prometheus_client") is None, reason="the prometheus extra")
 def test_prometheus_cost_benchmark_prints_the_scrape_and_backend_costs() -> None:
     done = quick("bench.prometheus_cost")

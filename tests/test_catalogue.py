@@ -16,6 +16,7 @@ from sampler.child.peaks import PeakTracker
 from sampler.collectors import Sources, build_collectors
 from sampler.collectors.base import Collector
 from sampler.collectors.container import ContainerCollector
+from sampler.collectors.host import MemoryCollector
 from sampler.collectors.pressure import PressureCollector
 from sampler.views import formatting, plot, top
 
@@ -89,14 +90,14 @@ def fake_pressure(tmp_path: Path) -> PressureCollector:
 @pytest.fixture
 def collectors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Collector]]:
     """One collector of every category, each with every signal it can produce (two fake GPUs,
-    both cgroup limits, the system's and a cgroup's pressure); the GPUs' readings all differ,
+    both cgroup limits, the system's and a cgroup's pressure, swap); the GPUs' readings all differ,
     and the backend holds memory on them."""
     own = {"compute": [{"pid": os.getpid(), "used": OWN_GPU_BYTES}]}
     monkeypatch.setenv("FAKE_NVML", json.dumps({"devices": [own, {**own, "util": 40}]}))
     sources = Sources(disk_path=os.sep, pid=os.getpid(), nvml_module="fake_nvml")
-    faked = ("container", "pressure")
+    faked = ("memory", "container", "pressure")
     built = [c for c in build_collectors(catalogue.DEFAULT_CATEGORIES, sources) if c.category not in faked]
-    built += [fake_container(tmp_path), fake_pressure(tmp_path)]
+    built += [MemoryCollector(swap=True), fake_container(tmp_path), fake_pressure(tmp_path)]
     assert sorted(c.category for c in built) == sorted(catalogue.DEFAULT_CATEGORIES)
     yield built
     for collector in built:

@@ -104,6 +104,7 @@ def test_real_memory_limit_is_enforced() -> None:
         assert process.wait() == -9
 
 
+@pytest.mark.usefixtures("whole_machine")
 def test_real_cpu_quota_and_throttling() -> None:
     needs("cpu")
     with cpu_cgroup(0.5) as cgroup, child("while True: pass") as process:

@@ -148,6 +148,7 @@ def overlapping(explanation: Explanation, start: float, end: float) -> list[Any]
     return [e for e in explanation.stretches if e.stretch.start_wall < end and e.stretch.end_wall > start]
 
 
+@pytest.mark.usefixtures("whole_machine")
 def test_a_starved_stretch_a_pause_and_an_fsync_stall_are_each_named_by_their_cause(tmp_path: Path) -> None:
     plan = [
         ("quiet", 2.0),
@@ -210,6 +211,7 @@ def test_a_starved_stretch_a_pause_and_an_fsync_stall_are_each_named_by_their_ca
     assert (tmp_path / "run.png").stat().st_size > 10_000
 
 
+@pytest.mark.usefixtures("whole_machine")
 def test_a_quiet_run_has_nothing_to_explain(tmp_path: Path) -> None:
     run_workload(tmp_path, [("quiet", 4.0)])
     explanation = explained(tmp_path)
@@ -220,6 +222,7 @@ def test_a_quiet_run_has_nothing_to_explain(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(cgroup_skip_reason("memory") is not None, reason=str(cgroup_skip_reason("memory")))
+@pytest.mark.usefixtures("whole_machine")
 def test_reclaim_in_a_memory_cgroup_near_its_limit_is_named(tmp_path: Path) -> None:
     """The data each step reads no longer fits beside the backend and its child in the cgroup's
     limit: every read evicts what the next will need, and the backend reclaims as it reads."""
@@ -242,6 +245,7 @@ def test_reclaim_in_a_memory_cgroup_near_its_limit_is_named(tmp_path: Path) -> N
     assert "container_memory" in causes or "memory_pressure" in causes, causes
 
 
+@pytest.mark.usefixtures("whole_machine")
 def test_a_backend_whose_memory_outgrew_its_cgroup_and_swaps_is_named(tmp_path: Path) -> None:
     """With swap on and a memory cgroup of 160 MiB, the backend holds 192 MiB and each step writes
     the next 2 MiB of it: pages come back from swap as others go out."""
@@ -310,6 +314,19 @@ def test_one_long_window_with_almost_no_steps_is_a_pause_but_a_run_of_them_is_a_
         seconds[i], steps[i] = 0.5, 1
     (slow,) = stretches.find(timeline(seconds, steps)).stretches
     assert slow.kind == stretches.SLOW and (slow.first, slow.last) == (9, 13)
+
+
+def test_a_pause_between_slow_windows_is_a_pause_and_breaks_them_in_two(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(stretches, "MIN_SECONDS", 0.0)  # these windows are 0.1 s
+    seconds, steps = [0.1] * 30, [50] * 30
+    for i in (*range(5, 9), *range(10, 14)):
+        steps[i] = 10  # slow on both sides of the pause (a busy host around an evaluation)
+    seconds[9], steps[9] = 2.0, 50
+    found = stretches.find(timeline(seconds, steps))
+    kinds = [(s.kind, s.first, s.last) for s in found.stretches]
+    assert kinds == [(stretches.SLOW, 6, 9), (stretches.PAUSE, 10, 10), (stretches.SLOW, 11, 14)], kinds
 
 
 def test_too_few_records_or_no_progress_find_nothing() -> None:

@@ -13,7 +13,7 @@ from sampler.child.peaks import PeakTracker
 from sampler.collectors import Sources, build_collectors
 from sampler.collectors.base import Collector
 from sampler.collectors.container import CPU_NAMES, MEMORY_NAMES
-from sampler.collectors.host import SWAP_NAMES
+from sampler.collectors.host import MemoryCollector
 from sampler.collectors.pressure import CGROUP_NAMES, SYSTEM_NAMES
 from sampler.prometheus import metrics
 from sampler.settings import DEFAULT_CATEGORIES
@@ -30,14 +30,6 @@ class _Container(Collector):
     tracked = ("resource/container/memory_used_mb",)
 
 
-class _Memory(Collector):
-    """The memory category's names with swap (this machine may have none)."""
-
-    category = "memory"
-    names = ("resource/memory/system_utilization_percent", *SWAP_NAMES)
-    tracked = ("resource/memory/system_utilization_percent",)
-
-
 class _Pressure(Collector):
     """The pressure category's names, the cgroup's too (this machine may have neither)."""
 
@@ -51,7 +43,7 @@ def every_signal(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     sources = Sources(disk_path=os.sep, pid=os.getpid(), nvml_module="fake_nvml")
     faked = ("memory", "container", "pressure")
     collectors = [c for c in build_collectors(DEFAULT_CATEGORIES, sources) if c.category not in faked]
-    collectors += [_Memory(), _Container(), _Pressure()]
+    collectors += [MemoryCollector(swap=True), _Container(), _Pressure()]  # swap: this machine may have none
     try:
         assert {c.category for c in collectors} == set(DEFAULT_CATEGORIES)
         peaks = PeakTracker(collectors, 4)

@@ -217,6 +217,7 @@ def test_a_monitor_logs_the_pressure_through_its_child() -> None:
 
 
 @needs_psi
+@pytest.mark.usefixtures("whole_machine")
 def test_cpu_pressure_rises_when_tasks_wait_for_one_core() -> None:
     collector = PressureCollector.open(os.getpid())
     assert collector is not None
@@ -230,6 +231,7 @@ def test_cpu_pressure_rises_when_tasks_wait_for_one_core() -> None:
 
 
 @needs_psi
+@pytest.mark.usefixtures("whole_machine")
 def test_io_pressure_rises_while_a_process_waits_on_fsync(tmp_path: Path) -> None:
     collector = PressureCollector.open(os.getpid())
     assert collector is not None
@@ -242,6 +244,7 @@ def test_io_pressure_rises_while_a_process_waits_on_fsync(tmp_path: Path) -> Non
 
 
 @needs_psi
+@pytest.mark.usefixtures("whole_machine")
 def test_cgroup_cpu_pressure_is_the_backends_own_not_the_hosts() -> None:
     with v2_cgroup() as cgroup, processes(1, SLEEP) as (sleeper,):
         (cgroup / "cgroup.procs").write_text(str(sleeper.pid))

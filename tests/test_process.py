@@ -73,6 +73,7 @@ def test_cpus_allowed_follow_the_backends_affinity() -> None:
         os.sched_setaffinity(0, before)
 
 
+@pytest.mark.usefixtures("whole_machine")
 def test_cpu_wait_is_the_share_of_time_the_main_thread_waited_for_a_cpu() -> None:
     name = "resource/process/cpu_wait_percent"
     collector = ProcessCollector(os.getpid())

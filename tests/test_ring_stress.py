@@ -105,6 +105,7 @@ def run_stress(capacity: int, n_fields: int) -> dict[str, dict[str, int]]:
             ring.close()
 
 
+@pytest.mark.usefixtures("whole_machine")  # four busy processes: no test that judges speed beside them
 @pytest.mark.parametrize("n_fields", [8, 64])
 @pytest.mark.parametrize("capacity", [1, 2, 7, 4096])
 def test_concurrent_readers_never_accept_torn_records(capacity, n_fields):

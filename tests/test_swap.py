@@ -35,6 +35,7 @@ def test_the_memory_category_names_swap_only_where_the_machine_has_swap() -> Non
     assert len(collector.sample_tracked()) == len(collector.tracked) == 1  # swap is read at records only
 
 
+@pytest.mark.usefixtures("whole_machine")
 def test_a_process_that_outgrows_its_cgroup_moves_the_swap_signals() -> None:
     reason = swap_skip_reason()
     if reason is not None:

@@ -4,8 +4,9 @@ Each record ends a window (the time since the record before it). The run's typic
 the median of its windows within reach (``SLOW_FRACTION``) of its upper quartile, so a run slowed
 for up to three quarters of its time still has its unhindered speed as typical, and a quarter of
 its windows may be outliers. A window slower than ``SLOW_FRACTION`` of typical is slow; slow
-windows in a row (one regular window between two slow ones does not break them) make a stretch
-once they cover ``MIN_WINDOWS`` windows, ``MIN_INTERVALS`` intervals and ``MIN_SECONDS``.
+windows in a row (one regular window between two slow ones does not break them, a pause does)
+make a stretch once they cover ``MIN_WINDOWS`` windows, ``MIN_INTERVALS`` intervals and
+``MIN_SECONDS``.
 
 A step that stands still (an evaluation, a checkpoint save) logs no record, since the monitor
 drops a record at the step of the one before: the whole pause is one long window with almost no
@@ -102,7 +103,7 @@ def find(timeline: Timeline, slow_fraction: float = SLOW_FRACTION) -> Findings:
     slow = usable & ~pause & (rate < slow_fraction * typical)
     regular = usable & ~pause & ~slow
     stretches = [_stretch(timeline, PAUSE, int(i), int(i), still[i]) for i in np.flatnonzero(pause)]
-    for first, last in _runs(slow):
+    for first, last in _runs(slow, pause):
         windows = last - first + 1
         length = seconds[first : last + 1].sum()
         if windows >= MIN_WINDOWS and length >= max(MIN_INTERVALS * timeline.interval, MIN_SECONDS):
@@ -120,11 +121,12 @@ def _typical(rates: npt.NDArray[np.float64], slow_fraction: float) -> float:
     return float(np.median(rates[rates >= slow_fraction * np.percentile(rates, 75)]))
 
 
-def _runs(flags: npt.NDArray[np.bool_]) -> list[tuple[int, int]]:
-    """(first, last) of each run of True in ``flags``, bridging single False gaps."""
+def _runs(flags: npt.NDArray[np.bool_], breaks: npt.NDArray[np.bool_]) -> list[tuple[int, int]]:
+    """(first, last) of each run of True in ``flags``, bridging single False gaps unless the gap
+    is one of ``breaks`` (a pause between slow windows is the pause, not part of a slowdown)."""
     runs: list[tuple[int, int]] = []
     for i in np.flatnonzero(flags):
-        if runs and i - runs[-1][1] <= 2:
+        if runs and i - runs[-1][1] <= 2 and not breaks[runs[-1][1] + 1 : i].any():
             runs[-1] = (runs[-1][0], int(i))
         else:
             runs.append((int(i), int(i)))

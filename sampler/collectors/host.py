@@ -138,9 +138,12 @@ class MemoryCollector(Collector):
 
     category = "memory"
 
-    def __init__(self) -> None:
-        swap = attempt(psutil.swap_memory)
-        self._swap = swap is not None and swap.total > 0
+    def __init__(self, swap: bool | None = None) -> None:
+        """``swap``: whether to read swap; None: where the machine has swap now."""
+        if swap is None:
+            swap_now = attempt(psutil.swap_memory)
+            swap = swap_now is not None and swap_now.total > 0
+        self._swap = swap
         self.names = ("resource/memory/system_utilization_percent", *(SWAP_NAMES if self._swap else ()))
         self.tracked = catalogue.peaked(self.names)
         self.averaged = catalogue.averaged(self.names)
