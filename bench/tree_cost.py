@@ -14,7 +14,7 @@ which samples as the child does) of
 
 Then the share of one core each takes at 1 record/s with 10 tracked readings/s: the
 collector, whose PSS passes are held to ``PSS_CPU_SHARE`` of a core, and the same with a
-pass at every record, against the naive tick at 10 Hz.
+pass at every record, against the naive tick at the same rate (the default inner rate).
 """
 
 from __future__ import annotations
@@ -34,12 +34,13 @@ from dataclasses import dataclass
 import psutil
 
 from sampler.collectors.tree import PSS_CPU_SHARE, ProcessTreeCollector
+from sampler.settings import DEFAULT_INNER_RATE_HZ
 
 PARENT_MB = 256
 WORKER_MB = 16
 WORKERS = (0, 8, 64)
 RECORDS_PER_SECOND = 1
-TRACKED_PER_SECOND = 10
+TRACKED_PER_SECOND = DEFAULT_INNER_RATE_HZ
 
 PARENT = r"""
 import os, signal, sys
@@ -179,12 +180,12 @@ def main(argv: list[str] | None = None) -> int:
         f"(the children scan reads each one's parent)\n"
         f"parent touched {PARENT_MB} MB then forked the workers, each touched {WORKER_MB} MB; "
         f"CPU ms per call (user + kernel); % of one core at {RECORDS_PER_SECOND} record/s and "
-        f"{TRACKED_PER_SECOND} tracked readings/s; PSS passes held to {PSS_CPU_SHARE:.0%} of a core\n"
+        f"{TRACKED_PER_SECOND:g} tracked readings/s; PSS passes held to {PSS_CPU_SHARE:.1%} of a core\n"
     )
     print(
         "| workers | sample() with PSS pass | sample() | sample_tracked() | PSS pass every (s) "
-        "| core %, budgeted | core %, pass every record | naive tick | naive core % at 10 Hz "
-        "| naive / budgeted |"
+        "| core %, budgeted | core %, pass every record | naive tick "
+        f"| naive core % at {TRACKED_PER_SECOND:g} Hz | naive / budgeted |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
