@@ -24,13 +24,14 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import psutil
 
 import sampler
 from bench.overhead import noop_sink
+from bench.tree_cost import cpu_ms
 from sampler.catalogue import DEFAULT_CATEGORIES
 from sampler.collectors import Sources, build_collector
 from sampler.collectors.tree import PSS_CPU_SHARE, ProcessTreeCollector
@@ -89,14 +90,6 @@ def workers(count: int, mb: int) -> Iterator[list[int]]:
             os.waitpid(pid, 0)
         os.close(ready_r)
         os.close(ready_w)
-
-
-def cpu_ms(calls: int, call: Callable[[], object]) -> float:
-    """CPU milliseconds of this process per call, over ``calls`` calls."""
-    began = time.process_time()
-    for _ in range(calls):
-        call()
-    return (time.process_time() - began) / calls * 1e3
 
 
 @dataclass(frozen=True)
