@@ -132,22 +132,34 @@ def documented_snippet(after: str) -> str:
     return "\n".join(line.removeprefix("  ") for line in block.splitlines()) + "\n"
 
 
+KEEP_THE_MONITOR = """\
+import sampler
+STARTED = []  # the monitor the snippet starts, whatever it keeps of it: the loop asks its stats
+_start = sampler.ResourceMonitor.start
+def _keep(self, *args, **kwargs):
+    STARTED.append(self)
+    return _start(self, *args, **kwargs)
+sampler.ResourceMonitor.start = _keep
+"""
+
+
 def train_with_snippet(
     tmp_path: Path, after: str, step_body: str, end: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run the manual's snippet after ``after``, as written, then 4 s of training whose every
-    step runs ``step_body`` (indented lines; ``step`` is the step), then ``end``; with the
-    monitor at its 1 s floor sampling cpu only."""
+    """Run the manual's snippet after ``after``, as written, then training whose every step runs
+    ``step_body`` (indented lines; ``step`` is the step) until the monitor logged three samples (at
+    most 60 s: a loaded machine starts the child late), then ``end``; with the monitor at its 1 s
+    floor sampling cpu only."""
     loop = (
         "import time\n"
-        "step, deadline = 0, time.monotonic() + 4\n"
-        "while time.monotonic() < deadline:\n"
+        "step, deadline = 0, time.monotonic() + 60\n"
+        "while (not STARTED or STARTED[0].stats()['records_logged'] < 3) and time.monotonic() < deadline:\n"
         f"{step_body}"
         "    step += 1\n"
         f"{end}"
     )
     script = tmp_path / "train.py"
-    script.write_text(documented_snippet(after) + loop)
+    script.write_text(KEEP_THE_MONITOR + documented_snippet(after) + loop)
     monitor = {"WL_RESOURCE_MONITOR_INTERVAL_SECONDS": "1", "WL_RESOURCE_MONITOR_CATEGORIES": "cpu"}
     done = subprocess.run(
         [sys.executable, str(script)],

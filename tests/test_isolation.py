@@ -107,12 +107,16 @@ def test_twenty_start_stop_cycles_leave_nothing_behind() -> None:
     for cycle in range(20):
         monitor.start()
         pids.append(wait_for(lambda: monitor.child_pid, what="the child"))
-        if cycle % 2:  # half the cycles stop before the child is even ready
+        ready = bool(cycle % 2)  # half the cycles stop before the child is even ready
+        if ready:
             wait_for(lambda: monitor.stats()["records_read"] >= 1, what="a record")
         monitor.stop()
         monitor.stop()  # idempotent
         assert monitor.child_pid is None
-        assert monitor.stats()["child_exit_code"] == 0  # it left when asked, it was not killed
+        # A running child leaves when asked. One still importing hears STOP only once it has,
+        # which on a loaded machine can take longer than stop() waits: then it is killed.
+        code = monitor.stats()["child_exit_code"]
+        assert code == 0 or (not ready and code == -signal.SIGKILL), (cycle, code)
     assert len(set(pids)) == 20
     assert all(gone(pid) for pid in pids)
     assert me.children() == children
