@@ -76,12 +76,13 @@ def test_sigkilled_backend_takes_the_child_and_its_segment_along(tmp_path: Path,
         backend.send_signal(signal.SIGKILL)
         backend.wait(10)
         killed_at = time.monotonic()
-        wait_for(lambda: gone(child_pid), timeout=1.0, what="the child to exit after the backend died")
+        # Within about a second on an idle machine (printed below); the bound is for a loaded one.
+        wait_for(lambda: gone(child_pid), timeout=10.0, what="the child to exit after the backend died")
         print(f"child gone {time.monotonic() - killed_at:.3f} s after the backend was killed")
     finally:
         backend.kill()
         backend.wait()
-    wait_for(lambda: shm_segments() <= shm_before, timeout=2.0, what="no leftover segment")
+    wait_for(lambda: shm_segments() <= shm_before, timeout=10.0, what="no leftover segment")
 
 
 def test_start_does_not_wait_for_the_child() -> None:

@@ -92,7 +92,7 @@ def test_cpu_wait_is_the_share_of_time_the_main_thread_waited_for_a_cpu() -> Non
     try:
         alone = waited_while_working(0.5)
         spin = f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile 1: pass"
-        busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+        busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(4)]
         try:
             starved = waited_while_working(1.0)
         finally:
@@ -102,8 +102,8 @@ def test_cpu_wait_is_the_share_of_time_the_main_thread_waited_for_a_cpu() -> Non
     finally:
         os.sched_setaffinity(0, before)
     # Sharing one core with four more spinning processes, it waits about four fifths of the time;
-    # on a loaded machine it already waited some of it alone.
-    assert starved > max(60, alone + 10), (alone, starved)
+    # on a loaded machine it already waited some of it alone, and waits a good part of the rest.
+    assert starved > max(60, alone + 0.3 * (100 - alone)), (alone, starved)
 
 
 def test_a_cpu_list_is_counted_and_an_unreadable_status_skips_its_readings(tmp_path: Path) -> None:

@@ -42,6 +42,10 @@ def test_a_run_holds_its_resources_and_everything_else_logged_beside_them(tmp_pa
             model_age[0] = step
             sampler.signals.log_signal("train/loss", 1.0 / step, step)
             time.sleep(0.02)
+        wait_for(
+            lambda: mon.stats()["records_logged"] > 0,
+            what="a record (a loaded machine starts the child late)",
+        )
         wait_for(lambda: mon.stats()["store_points_written"] > 0)
     stats = mon.stats()
     assert stats["store_path"] == str(store) and stats["store_error"] is None

@@ -64,7 +64,10 @@ for run in range(5):
     off = sampler.signals.subscribe(lambda name, value, step: seen.append((name, step)))
     sampler.start_resource_monitor_from_config()
     batches = loader()  # the workers fork while the monitor starts its child
-    train(batches, 4)
+    train(batches, 2)
+    until = time.monotonic() + 60  # two records, however late a loaded machine starts the child
+    while sampler.get_resource_monitor().stats()["records_logged"] < 2 and time.monotonic() < until:
+        train(batches, 0.5)
     stats = sampler.get_resource_monitor().stats()
     sampler.stop_resource_monitor()
     del batches
