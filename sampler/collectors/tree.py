@@ -188,13 +188,14 @@ class ProcessTreeCollector(Collector):
             if proc is not self._root and runs_a_sampling_child(attempt(proc.cmdline) or []):
                 continue  # a monitor's, not the training's (the backend itself is never left out)
             member = self._members.get(proc.pid)
-            known = member is not None and member.proc == proc  # not new, nor its pid reused
-            stat = member.stat if member is not None and known else Path(f"/proc/{proc.pid}/stat")
+            if member is not None and member.proc != proc:
+                member = None  # its pid reused (create time differs): a new process
+            stat = member.stat if member is not None else Path(f"/proc/{proc.pid}/stat")
             reading = read_stat(stat)
             if reading is None:
                 continue  # exited (or turned zombie) since it was listed
             cpu, rss = reading
-            if member is None or not known:
+            if member is None:
                 member = _Member(proc, stat, 0.0 if born_in_window else cpu, cpu, now, rss)
             cpu_seconds += max(0.0, cpu - member.record_cpu_seconds)
             member.record_cpu_seconds = cpu

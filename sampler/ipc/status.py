@@ -145,8 +145,9 @@ class ChildStatus:
         self._logged = memoryview(seg.buf)[32:48].cast("q")
         """Words 4 and 5 as a plain memoryview: the backend writes them per logged record,
         cache-cold, and a memoryview store runs far less code than a numpy one."""
-        self._phase = memoryview(seg.buf)[0:24].cast("q")
-        """Words 0 to 2 the same way: the child marks a phase several times per reading."""
+        self._child_words = memoryview(seg.buf)[0:24].cast("q")
+        """Words 0 to 2 (phase, samples, CPU) the same way: the child marks a phase several
+        times per reading."""
 
     @classmethod
     def create(cls) -> tuple[ChildStatus, int]:
@@ -163,11 +164,11 @@ class ChildStatus:
 
     def enter(self, phase: int) -> None:
         """Mark the start of ``phase`` now."""
-        self._phase[0] = _pack(phase, time.monotonic_ns())
+        self._child_words[0] = _pack(phase, time.monotonic_ns())
 
     def count_sample(self, cpu_ns: int) -> None:
         """One more sample written, which cost the child ``cpu_ns`` of CPU time."""
-        words = self._phase
+        words = self._child_words
         words[2] += cpu_ns
         words[1] += 1
 
@@ -226,5 +227,5 @@ class ChildStatus:
         if not self._seg.buf.closed:
             del self._words
             self._logged.release()
-            self._phase.release()
+            self._child_words.release()
             self._seg.close()
