@@ -101,11 +101,12 @@ for kind, seconds in PLAN:
     elif kind == "swap":  # the step's data outgrew the memory cgroup: each step pages some back in
         held = bytearray(SWAP_MB << 20)
         held[::4096] = b"\x01" * len(range(0, len(held), 4096))  # every page written: swapped, not zero
+        start = time.time()  # the phase begins once the data is in: filling it is a pause of its own
         chunk = [0]
         def touch_next():
-            start = chunk[0]
-            held[start : start + (2 << 20) : 4096] = b"\x02" * 512
-            chunk[0] = (start + (2 << 20)) % len(held)
+            first = chunk[0]
+            held[first : first + (1 << 20) : 4096] = b"\x02" * 256
+            chunk[0] = (first + (1 << 20)) % len(held)
         train(seconds, touch_next)
         del held
     phases.append((kind, start, time.time()))
@@ -264,7 +265,7 @@ def test_reclaim_in_a_memory_cgroup_near_its_limit_is_named(tmp_path: Path) -> N
 @pytest.mark.usefixtures("whole_machine")
 def test_a_backend_whose_memory_outgrew_its_cgroup_and_swaps_is_named(tmp_path: Path) -> None:
     """With swap on and a memory cgroup of 160 MiB, the backend holds 192 MiB and each step writes
-    the next 2 MiB of it: pages come back from swap as others go out."""
+    the next 1 MiB of it: pages come back from swap as others go out."""
     reason = swap_skip_reason()
     if reason is not None:
         pytest.skip(reason)
