@@ -335,6 +335,8 @@ class Ring:
             (timestamp_ns,) = _I64.unpack_from(raw, _TIMESTAMP_OFFSET)
             records.append((index, self._unpack_values(raw, _SLOT_META * 8), timestamp_ns))
             index += 1
+        if index > self.head:  # the writer committed what we took but has not yet advanced its head
+            return records, index, 0
         rest = self.read_rows(index)
         records += zip(rest.indices, rest.values, rest.timestamps_ns, strict=True)
         return records, rest.cursor, rest.lost

@@ -82,6 +82,27 @@ def test_read_committed_needs_no_head_for_records_in_order(pair: tuple[Ring, Rin
     assert reader.read_committed(3) == ([], 3, 0)
 
 
+def test_a_full_batch_past_a_head_not_yet_advanced_is_returned_without_a_read_rows() -> None:
+    """The writer committed record ``_FEW - 1`` but has not advanced its head: the
+    loop takes ``_FEW`` records and stops with the cursor one past the head, where
+    ``read_rows`` would refuse it. The records come, and the next read goes on from there."""
+    writer, fd = Ring.create_anonymous(FIELDS, 4 * ring_module._FEW)
+    try:
+        reader = Ring.from_fd(fd)
+    finally:
+        os.close(fd)
+    with writer, reader:
+        few = ring_module._FEW
+        write(writer, 0, few)
+        writer._head[0] = few - 1
+        records, cursor, lost = reader.read_committed(0)
+        assert [index for index, _, _ in records] == list(range(few))
+        assert (cursor, lost) == (few, 0)
+        writer._head[0] = few
+        write(writer, few, 2)
+        assert [index for index, _, _ in reader.read_committed(cursor)[0]] == [few, few + 1]
+
+
 def test_a_corrupt_slot_is_left_to_read_rows_which_counts_it_lost(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ring_module, "VERIFY_CHECKSUMS", True)  # as on aarch64, whatever this machine is
     writer, fd = Ring.create_anonymous(FIELDS, 4)  # after the patch: a ring reads it when made
