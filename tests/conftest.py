@@ -158,6 +158,10 @@ class Recorder:
     def names(self) -> set[str]:
         return {name for name, _, _ in self.calls}
 
+    def gpus(self) -> set[str]:
+        """The GPU indices some ``resource/gpu/<index>/...`` signal was logged for."""
+        return {name.split("/")[2] for name in self.names() if name.startswith("resource/gpu/")}
+
     def steps(self, name: str) -> list[int]:
         return [step for n, _, step in self.calls if n == name]
 
