@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import fake_driver
 import psutil
 import pytest
 
@@ -37,6 +38,7 @@ ENV_VARS = (
     settings.ENV_CONFIG_PATH,
     "CUDA_VISIBLE_DEVICES",
     "FAKE_NVML",
+    fake_driver.CONTROL_ENV,
     *LAUNCHER_VARS,
     "MASTER_ADDR",
     "MASTER_PORT",
@@ -233,6 +235,13 @@ def old_store(path: Path, version: int) -> Path:
     db.execute("INSERT INTO points VALUES (1, 1, 7, 3.5, 0.25)")
     db.close()
     return path
+
+
+@pytest.fixture
+def nvml(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> fake_driver.Driver:
+    """The fake NVIDIA driver for this test (``nvml.configure(devices=[...])``): the real
+    binding loads it in every process started after, the sampling child included."""
+    return fake_driver.Driver(tmp_path, monkeypatch)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import fake_driver
 import fake_nvml
 import psutil
 import pynvml
@@ -55,22 +56,20 @@ READ_CALLS_PER_SAMPLE = 10
 """NVML calls ``sample()`` makes on a healthy device."""
 
 
-def fake(monkeypatch: pytest.MonkeyPatch, **config: object) -> None:
-    monkeypatch.setenv("FAKE_NVML", json.dumps(config))
-
-
 Opener = Callable[..., GpuCollector | None]
 
 
 @pytest.fixture
-def opened(monkeypatch: pytest.MonkeyPatch) -> Iterator[Opener]:
-    """Open a collector in this process, choosing ``choose`` for ``pid``, on the
-    fake configured by the other keyword arguments; closed at the end of the test."""
+def opened(nvml: fake_driver.Driver) -> Iterator[Opener]:
+    """Open a collector in this process through the real binding, choosing ``choose``
+    for ``pid``, on the fake driver configured by the other keyword arguments;
+    closed at the end of the test."""
+    fake_driver.load()
     collectors: list[GpuCollector] = []
 
     def open_(choose: str | tuple[str, ...] = "all", pid: int = 0, **config: object) -> GpuCollector | None:
-        fake(monkeypatch, **config)
-        gpu = GpuCollector.open("fake_nvml", choose, pid)
+        nvml.configure(**config)
+        gpu = GpuCollector.open("pynvml", choose, pid)
         if gpu is not None:
             collectors.append(gpu)
         return gpu
@@ -97,20 +96,16 @@ def device_indices(gpu: GpuCollector | None) -> list[int]:
     return [] if gpu is None else sorted({int(name.split("/")[2]) for name in gpu.names})
 
 
-def calls(function: str, index: int) -> int:
-    return int(fake_nvml._state["calls"][function, index])
-
-
-def device_calls(index: int) -> int:
-    return int(fake_nvml._state["device_calls"][index])
+calls = fake_driver.calls
+device_calls = fake_driver.device_calls
 
 
 # --- through a real monitor --------------------------------------------------------------------
 
 
-def test_two_devices_give_two_full_sets_with_units(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake(monkeypatch, devices=TWO_DEVICES)
-    sink, _ = run_monitor(categories=["gpu", "cpu"], nvml_module="fake_nvml")
+def test_two_devices_give_two_full_sets_with_units(nvml: fake_driver.Driver) -> None:
+    nvml.configure(devices=TWO_DEVICES)
+    sink, _ = run_monitor(categories=["gpu", "cpu"])
     for i in (0, 1):
         assert {f"resource/gpu/{i}/{s}" for s in SPEC_GPU} <= sink.names()
     last = {name: value for name, value, _ in sink.calls}
@@ -130,26 +125,25 @@ def test_two_devices_give_two_full_sets_with_units(monkeypatch: pytest.MonkeyPat
 @pytest.mark.parametrize(
     "setup",
     [
-        {"nvml_module": "fake_nvml", "config": {"devices": TWO_DEVICES, "init_error": 9}},
+        {"nvml_module": "pynvml", "config": {"devices": TWO_DEVICES, "init_error": 9}},
         {"nvml_module": "no_such_nvml_binding", "config": {}},
-        {"nvml_module": "fake_nvml", "config": {"devices": []}},
+        {"nvml_module": "pynvml", "config": {"devices": []}},
         {"nvml_module": "pynvml", "config": {}},  # the real binding, and no NVIDIA driver here
     ],
     ids=["init-fails", "module-missing", "no-devices", "real-pynvml-no-driver"],
 )
-def test_no_nvml_means_no_gpu_signals_and_nothing_else_changes(
-    monkeypatch: pytest.MonkeyPatch, setup: dict
-) -> None:
-    fake(monkeypatch, **setup["config"])
+def test_no_nvml_means_no_gpu_signals_and_nothing_else_changes(nvml: fake_driver.Driver, setup: dict) -> None:
+    if setup["config"]:
+        nvml.configure(**setup["config"])
     sink, stats = run_monitor(categories=["gpu", "cpu", "memory"], nvml_module=setup["nvml_module"])
     assert not {name for name in sink.names() if name.startswith("resource/gpu/")}
     assert {"resource/cpu/utilization_percent", "resource/memory/system_utilization_percent"} <= sink.names()
     assert stats["sink_errors"] == 0
 
 
-def test_a_failing_call_skips_only_that_reading(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake(monkeypatch, devices=TWO_DEVICES, fail={"nvmlDeviceGetTemperature": [1]})
-    sink, stats = run_monitor(records=3, categories=["gpu"], nvml_module="fake_nvml")
+def test_a_failing_call_skips_only_that_reading(nvml: fake_driver.Driver) -> None:
+    nvml.configure(devices=TWO_DEVICES, fail={"nvmlDeviceGetTemperature": [1]})
+    sink, stats = run_monitor(records=3, categories=["gpu"])
     assert "resource/gpu/1/temperature_celsius" not in sink.names()
     assert "resource/gpu/0/temperature_celsius" in sink.names()
     assert {f"resource/gpu/1/{s}" for s in SPEC_GPU if s != "temperature_celsius"} <= sink.names()
@@ -157,11 +151,10 @@ def test_a_failing_call_skips_only_that_reading(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_new_signals_and_their_peaks_arrive_through_a_real_monitor(
-    monkeypatch: pytest.MonkeyPatch, descendant: subprocess.Popen[bytes]
+    nvml: fake_driver.Driver, descendant: subprocess.Popen[bytes]
 ) -> None:
     me = os.getpid()
-    fake(
-        monkeypatch,
+    nvml.configure(
         devices=[
             {
                 "used": 30 * GIB,
@@ -173,7 +166,7 @@ def test_new_signals_and_their_peaks_arrive_through_a_real_monitor(
             {"throttle": HW_SLOWDOWN},
         ],
     )
-    sink, stats = run_monitor(categories=["gpu"], nvml_module="fake_nvml")
+    sink, stats = run_monitor(categories=["gpu"])
     last = {name: value for name, value, _ in sink.calls}
     assert last["resource/gpu/0/process_memory_bytes"] == 3 * GIB  # the backend: this process
     assert last["resource/gpu/0/tree_memory_bytes"] == 4 * GIB
@@ -191,24 +184,26 @@ def test_new_signals_and_their_peaks_arrive_through_a_real_monitor(
     assert stats["restarts"] == 0
 
 
-def test_a_device_lost_mid_run_stops_alone_and_the_child_lives_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake(monkeypatch, devices=[{}, {"lost_after": 40}])  # a record costs at least 13 calls on it
-    sink, stats = run_monitor(records=8, categories=["gpu"], nvml_module="fake_nvml")
+def test_a_device_lost_mid_run_stops_alone_and_the_child_lives_on(nvml: fake_driver.Driver) -> None:
+    nvml.configure(devices=[{}, {"lost_after": 40}])  # a record costs at least 13 calls on it
+    sink, stats = run_monitor(records=8, categories=["gpu"])
     assert len(sink.values("resource/gpu/0/temperature_celsius")) >= 8
     assert 1 <= len(sink.values("resource/gpu/1/temperature_celsius")) <= 3
     assert stats["restarts"] == 0 and stats["quarantined"] == []
 
 
-def test_visible_devices_reach_the_child_through_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_visible_devices_reach_the_child_through_its_environment(
+    monkeypatch: pytest.MonkeyPatch, nvml: fake_driver.Driver
+) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", UUID_B)
-    fake(monkeypatch, devices=THREE_NAMED)
-    sink, _ = run_monitor(categories=["gpu"], nvml_module="fake_nvml", gpu_devices="visible")
+    nvml.configure(devices=THREE_NAMED)
+    sink, _ = run_monitor(categories=["gpu"], gpu_devices="visible")
     assert sink.gpus() == {"2"}
 
 
-def test_listed_devices_reach_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake(monkeypatch, devices=THREE_NAMED)
-    sink, _ = run_monitor(categories=["gpu"], nvml_module="fake_nvml", gpu_devices=[MIG_D, "0"])
+def test_listed_devices_reach_the_child(nvml: fake_driver.Driver) -> None:
+    nvml.configure(devices=THREE_NAMED)
+    sink, _ = run_monitor(categories=["gpu"], gpu_devices=[MIG_D, "0"])
     assert sink.gpus() == {"0", "1"}
 
 
@@ -281,7 +276,7 @@ def test_without_a_process_its_memory_is_nan(opened: Opener) -> None:
 
 
 def test_the_tree_is_rescanned_by_each_sample_and_only_there(
-    opened: Opener, monkeypatch: pytest.MonkeyPatch
+    opened: Opener, nvml: fake_driver.Driver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     me = os.getpid()
     scans: list[int] = []
@@ -297,7 +292,7 @@ def test_the_tree_is_rescanned_by_each_sample_and_only_there(
     assert readings(gpu)["resource/gpu/0/tree_memory_bytes"] == GIB
     later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        fake_nvml._config()["devices"][0]["compute"].append({"pid": later.pid, "used": GIB})
+        nvml.configure(devices=[{"compute": [{"pid": me, "used": GIB}, {"pid": later.pid, "used": GIB}]}])
         for _ in range(5):
             gpu.sample_tracked()
         assert scans == [me]
@@ -363,13 +358,13 @@ def test_tracked_readings_are_few_and_cheap(opened: Opener) -> None:
     assert gpu.averaged == ("resource/gpu/0/utilization_percent", "resource/gpu/1/utilization_percent")
     assert set(gpu.tracked) <= set(gpu.names)
     gpu.sample()
-    before = dict(fake_nvml._state["calls"])
+    before = fake_driver.all_calls()
     assert gpu.sample_tracked()[:3] == [7 * GIB, 55, GIB]
-    made = {key for key, count in fake_nvml._state["calls"].items() if count != before.get(key)}
+    made = {key for key, count in fake_driver.all_calls().items() if count != before.get(key)}
     assert {function for function, _ in made} == {
         "nvmlDeviceGetMemoryInfo",
         "nvmlDeviceGetUtilizationRates",
-        "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlDeviceGetComputeRunningProcesses_v3",
     }
 
 
@@ -379,7 +374,7 @@ def test_tracked_readings_are_few_and_cheap(opened: Opener) -> None:
         ("nvmlDeviceGetPowerUsage", ["power_watts"]),
         ("nvmlDeviceGetEnforcedPowerLimit", ["power_limit_watts"]),
         ("nvmlDeviceGetCurrentClocksEventReasons", ["clock_throttle_reasons", "throttle_power"]),
-        ("nvmlDeviceGetComputeRunningProcesses", ["process_memory_bytes", "tree_memory_bytes"]),
+        ("nvmlDeviceGetComputeRunningProcesses_v3", ["process_memory_bytes", "tree_memory_bytes"]),
     ],
 )
 def test_a_reading_not_supported_is_nan_and_not_asked_again(
@@ -403,12 +398,12 @@ def test_a_device_without_graphics_lists_still_reads_compute_memory(opened: Open
     gpu = opened(
         pid=me,
         devices=[{"compute": [{"pid": me, "used": GIB}]}],
-        fail={"nvmlDeviceGetGraphicsRunningProcesses": True},
+        fail={"nvmlDeviceGetGraphicsRunningProcesses_v3": True},
     )
     assert gpu is not None
     assert readings(gpu)["resource/gpu/0/process_memory_bytes"] == GIB
     assert readings(gpu)["resource/gpu/0/process_memory_bytes"] == GIB
-    assert calls("nvmlDeviceGetGraphicsRunningProcesses", 0) == 1
+    assert calls("nvmlDeviceGetGraphicsRunningProcesses_v3", 0) == 1
 
 
 def test_a_reading_failing_this_time_is_nan_and_asked_again(opened: Opener) -> None:
@@ -416,9 +411,9 @@ def test_a_reading_failing_this_time_is_nan_and_asked_again(opened: Opener) -> N
     gpu = opened(
         pid=me,
         devices=[{"compute": [{"pid": me, "used": GIB}]}],
-        fail={"nvmlDeviceGetGraphicsRunningProcesses": True, "nvmlDeviceGetTemperature": True},
+        fail={"nvmlDeviceGetGraphicsRunningProcesses_v3": True, "nvmlDeviceGetTemperature": True},
         fail_code={
-            "nvmlDeviceGetGraphicsRunningProcesses": fake_nvml.NVML_ERROR_UNKNOWN,
+            "nvmlDeviceGetGraphicsRunningProcesses_v3": fake_nvml.NVML_ERROR_UNKNOWN,
             "nvmlDeviceGetTemperature": fake_nvml.NVML_ERROR_UNKNOWN,
         },
     )
@@ -429,7 +424,7 @@ def test_a_reading_failing_this_time_is_nan_and_asked_again(opened: Opener) -> N
         values["resource/gpu/0/process_memory_bytes"]
     )  # graphics unknown: who holds what is too
     assert math.isnan(values["resource/gpu/0/temperature_celsius"])
-    assert calls("nvmlDeviceGetGraphicsRunningProcesses", 0) == 3
+    assert calls("nvmlDeviceGetGraphicsRunningProcesses_v3", 0) == 3
     assert calls("nvmlDeviceGetTemperature", 0) == 3
 
 
@@ -443,7 +438,7 @@ def test_a_reading_raising_something_else_is_nan_and_asked_again(
         tries.append(handle)
         raise error
 
-    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetPowerUsage", broken)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetPowerUsage", broken)
     gpu = opened(devices=[{}])
     assert gpu is not None
     for _ in range(3):
@@ -463,30 +458,41 @@ def test_a_reading_raising_something_else_is_nan_and_asked_again(
     ],
 )
 def test_a_driver_older_than_the_binding_gets_the_older_call(
-    opened: Opener, missing: str, used_instead: str
+    nvml: fake_driver.Driver, missing: str, used_instead: str
 ) -> None:
+    """A library built without ``missing`` (as an older driver lacks it), loaded by a
+    fresh interpreter as a child would: the binding's call fails to resolve it once,
+    and the older function serves every sample after."""
     me = os.getpid()
     processes = [{"pid": me, "used": GIB}]
-    gpu = opened(
-        pid=me,
+    nvml.configure(
         devices=[{"throttle": HW_SLOWDOWN, "compute": processes, "graphics": processes}] * 2,
         missing=[missing],
     )
-    assert gpu is not None
-    for _ in range(3):
-        values = readings(gpu)
+    probe = f"""
+import json, sys
+sys.path.insert(0, {str(REPO / "tests")!r})
+import fake_driver
+from sampler.collectors.gpu import GpuCollector
+gpu = GpuCollector.open("pynvml", "all", {me})
+for _ in range(3):
+    values = dict(zip(gpu.names, gpu.sample()))
+print(json.dumps({{"values": values, "calls": [fake_driver.calls({used_instead!r}, i) for i in (0, 1)]}}))
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
     for i in (0, 1):
-        assert values[f"resource/gpu/{i}/clock_throttle_reasons"] == HW_SLOWDOWN
-        assert values[f"resource/gpu/{i}/process_memory_bytes"] == GIB
-    newer = missing.removesuffix("_v3")
-    assert sum(count for (function, _), count in fake_nvml._state["calls"].items() if function == newer) == 1
-    assert calls(used_instead, 0) == calls(used_instead, 1) == 3
+        assert seen["values"][f"resource/gpu/{i}/clock_throttle_reasons"] == HW_SLOWDOWN
+        assert seen["values"][f"resource/gpu/{i}/process_memory_bytes"] == GIB
+    per_list = 1 if "Clocks" in used_instead else 2  # a process list: its size, then its entries
+    assert seen["calls"] == [3 * per_list, 3 * per_list]
 
 
 def test_a_binding_without_the_newer_name_uses_the_older(
     opened: Opener, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delattr(fake_nvml, "nvmlDeviceGetCurrentClocksEventReasons")
+    monkeypatch.delattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons")
     gpu = opened(devices=[{"throttle": SW_POWER_CAP}])
     assert gpu is not None
     assert readings(gpu)["resource/gpu/0/throttle_power"] == 1
@@ -518,12 +524,14 @@ def test_a_lost_device_is_nan_the_others_flow_and_it_is_probed_with_backoff(
     assert "GPU 1" in warning.getMessage()
 
 
-def test_a_lost_device_that_answers_again_resumes(opened: Opener, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_lost_device_that_answers_again_resumes(
+    opened: Opener, nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture
+) -> None:
     gpu = opened(devices=[{"lost_after": 1 + READ_CALLS_PER_SAMPLE}])
     assert gpu is not None
     readings(gpu)
     assert math.isnan(readings(gpu)["resource/gpu/0/temperature_celsius"])
-    fake_nvml._state["device_calls"][0] = -1000  # back on the bus
+    nvml.configure(devices=[{}])  # back on the bus
     values = [readings(gpu)["resource/gpu/0/temperature_celsius"] for _ in range(3)]
     assert math.isnan(values[0]) and values[1:] == [45, 45]  # one sample skipped, then the probe answers
     assert gpu.sample_tracked()[0] == fake_nvml.DEFAULT_DEVICE["used"]
@@ -571,7 +579,7 @@ def test_no_device_left_means_no_gpu_signals(opened: Opener, caplog: pytest.LogC
     assert opened(("5",), devices=THREE_NAMED) is None
     (warning,) = caplog.records
     assert "'5'" in warning.getMessage() and "no GPU is sampled" in warning.getMessage()
-    assert not fake_nvml._state["initialized"]  # NVML was shut down again
+    assert not fake_driver.initialized()  # NVML was shut down again
 
 
 @pytest.mark.parametrize(
@@ -612,15 +620,15 @@ def test_visible_reads_cuda_visible_devices_as_cuda_does(
 
 
 def test_a_binding_that_returns_uuids_as_bytes(opened: Opener, monkeypatch: pytest.MonkeyPatch) -> None:
-    as_text = fake_nvml.nvmlDeviceGetUUID
-    monkeypatch.setattr(fake_nvml, "nvmlDeviceGetUUID", lambda handle: as_text(handle).encode())
+    as_text = pynvml.nvmlDeviceGetUUID
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetUUID", lambda handle: as_text(handle).encode())
     assert device_indices(opened((UUID_B, MIG_C), devices=THREE_NAMED)) == [1, 2]
 
 
 def test_a_binding_without_mig_calls_finds_no_mig_device(
     opened: Opener, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.delattr(fake_nvml, "nvmlDeviceGetMaxMigDeviceCount")
+    monkeypatch.delattr(pynvml, "nvmlDeviceGetMaxMigDeviceCount")
     assert device_indices(opened((MIG_C, "2"), devices=THREE_NAMED)) == [2]
     assert MIG_C in caplog.records[0].getMessage()
 
@@ -634,10 +642,9 @@ def test_a_uuid_that_cannot_be_read_matches_nothing(opened: Opener, caplog: pyte
 # --- bench/gpu_check.py -------------------------------------------------------------------------
 
 
-def gpu_check(
-    monkeypatch: pytest.MonkeyPatch, *args: str, **config: object
-) -> subprocess.CompletedProcess[str]:
-    fake(monkeypatch, **config)
+def gpu_check(nvml: fake_driver.Driver, *args: str, **config: object) -> subprocess.CompletedProcess[str]:
+    if config:
+        nvml.configure(**config)
     return subprocess.run(
         [sys.executable, "-m", "bench.gpu_check", "--calls", "5", *args],
         capture_output=True,
@@ -647,8 +654,8 @@ def gpu_check(
     )
 
 
-def test_gpu_check_passes_a_plausible_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    done = gpu_check(monkeypatch, "--nvml-module", "fake_nvml", devices=[{}, {"throttle": SW_POWER_CAP}])
+def test_gpu_check_passes_a_plausible_gpu(nvml: fake_driver.Driver) -> None:
+    done = gpu_check(nvml, devices=[{}, {"throttle": SW_POWER_CAP}])
     assert done.returncode == 0, done.stdout + done.stderr
     for line in (
         "GPU 0",
@@ -671,20 +678,18 @@ def test_gpu_check_passes_a_plausible_gpu(monkeypatch: pytest.MonkeyPatch) -> No
         ({"used": 90 * GIB}, "memory_allocated_bytes"),
     ],
 )
-def test_gpu_check_fails_an_implausible_reading(
-    monkeypatch: pytest.MonkeyPatch, device: dict, problem: str
-) -> None:
-    done = gpu_check(monkeypatch, "--nvml-module", "fake_nvml", devices=[device])
+def test_gpu_check_fails_an_implausible_reading(nvml: fake_driver.Driver, device: dict, problem: str) -> None:
+    done = gpu_check(nvml, devices=[device])
     assert done.returncode == 1, done.stdout + done.stderr
     (line,) = [line for line in done.stdout.splitlines() if problem in line and "outside" in line]
     assert line.split()[0] == problem
 
 
 def test_gpu_check_fails_a_missing_spec_reading_and_accepts_an_unsupported_extra(
-    monkeypatch: pytest.MonkeyPatch,
+    nvml: fake_driver.Driver,
 ) -> None:
     unsupported = {"nvmlDeviceGetPowerUsage": True, "nvmlDeviceGetTemperature": True}
-    done = gpu_check(monkeypatch, "--nvml-module", "fake_nvml", devices=[{}], fail=unsupported)
+    done = gpu_check(nvml, devices=[{}], fail=unsupported)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "n/a (not supported here)" in next(
         line for line in done.stdout.splitlines() if "power_watts" in line
@@ -694,12 +699,12 @@ def test_gpu_check_fails_a_missing_spec_reading_and_accepts_an_unsupported_extra
 
 @pytest.mark.parametrize(
     ("module", "config"),
-    [("pynvml", {}), ("fake_nvml", {"devices": []}), ("fake_nvml", {"devices": [{}], "init_error": 9})],
+    [("pynvml", {}), ("pynvml", {"devices": []}), ("pynvml", {"devices": [{}], "init_error": 9})],
     ids=["real-pynvml-no-driver", "no-devices", "driver-not-loaded"],
 )
 def test_gpu_check_without_a_gpu_says_so_and_exits_2(
-    monkeypatch: pytest.MonkeyPatch, module: str, config: dict
+    nvml: fake_driver.Driver, module: str, config: dict
 ) -> None:
-    done = gpu_check(monkeypatch, "--nvml-module", module, **config)
+    done = gpu_check(nvml, "--nvml-module", module, **config)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "no NVIDIA GPU here: nothing to check" in done.stdout

@@ -4,20 +4,19 @@ torchrun starts one backend per GPU and tells each its place through ``RANK``, `
 ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` and ``TORCHELASTIC_RUN_ID``. These tests pass an explicit
 ``environ`` dict where they can; the ones that go through ``os.environ`` (``from_environment()``
 without one, a real ``ResourceMonitor``) set it with ``monkeypatch``, and the autouse ``hermetic``
-fixture clears every launcher variable first. The GPU tests use ``tests/fake_nvml.py``, configured
-through ``FAKE_NVML`` as ``tests/test_gpu.py`` does.
+fixture clears every launcher variable first. The GPU tests use the fake driver (``tests/fake_driver``)
+through the real binding, as ``tests/test_gpu.py`` does.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import socket
 from collections.abc import Iterator
 
-import fake_nvml
+import fake_driver
 import pytest
 from conftest import run_monitor
 
@@ -261,18 +260,15 @@ def test_one_each_keeps_the_rank_its_own_device(local_rank: int) -> None:
 # --------------------------------------------------------------------------- GpuCollector.open(share=...)
 
 
-def fake(monkeypatch: pytest.MonkeyPatch, **settings: object) -> None:
-    monkeypatch.setenv("FAKE_NVML", json.dumps(settings))
-
-
 def device_indices(gpu: GpuCollector | None) -> list[int]:
     return [] if gpu is None else sorted({int(name.split("/")[2]) for name in gpu.names})
 
 
 @pytest.fixture
-def eight_gpus(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[GpuCollector]]:
-    """Eight fake GPUs; the collectors a test appends are closed at its end."""
-    fake(monkeypatch, devices=[{} for _ in range(8)])
+def eight_gpus(nvml: fake_driver.Driver) -> Iterator[list[GpuCollector]]:
+    """Eight fake GPUs, opened in this process; the collectors a test appends are closed at its end."""
+    fake_driver.load()
+    nvml.configure(devices=[{} for _ in range(8)])
     collectors: list[GpuCollector] = []
     yield collectors
     for gpu in collectors:
@@ -282,7 +278,7 @@ def eight_gpus(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[GpuCollector]]:
 def open_share(
     collectors: list[GpuCollector], devices: str | tuple[str, ...], share: tuple[int, int] | None
 ) -> GpuCollector | None:
-    gpu = GpuCollector.open("fake_nvml", devices, 0, share)
+    gpu = GpuCollector.open("pynvml", devices, 0, share)
     if gpu is not None:
         collectors.append(gpu)
     return gpu
@@ -307,13 +303,14 @@ def test_open_with_a_share_keeps_this_ranks_part(
     gpu = open_share(eight_gpus, "all", share)
     assert device_indices(gpu) == expected
     assert gpu is not None and sorted(gpu.uuids) == expected
-    assert gpu.uuids == {i: fake_nvml.default_uuid(i) for i in expected}
+    assert gpu.uuids == {i: fake_driver.default_uuid(i) for i in expected}
 
 
-def test_a_rank_past_the_devices_gets_no_collector(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake(monkeypatch, devices=[{}, {}])
-    assert GpuCollector.open("fake_nvml", "all", 0, (2, 4)) is None
-    assert not fake_nvml._state["initialized"]  # NVML was shut down again
+def test_a_rank_past_the_devices_gets_no_collector(nvml: fake_driver.Driver) -> None:
+    fake_driver.load()
+    nvml.configure(devices=[{}, {}])
+    assert GpuCollector.open("pynvml", "all", 0, (2, 4)) is None
+    assert not fake_driver.initialized()  # NVML was shut down again
 
 
 @pytest.mark.parametrize(
@@ -338,40 +335,42 @@ def test_one_visible_device_per_rank_is_that_ranks_own(
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", str(local_rank + 4))
     gpu = open_share(eight_gpus, "visible", (local_rank, 4))
     assert device_indices(gpu) == [local_rank + 4]
-    assert gpu is not None and gpu.uuids == {local_rank + 4: fake_nvml.default_uuid(local_rank + 4)}
+    assert gpu is not None and gpu.uuids == {local_rank + 4: fake_driver.default_uuid(local_rank + 4)}
 
 
 def test_one_visible_device_of_many_by_uuid(
     eight_gpus: list[GpuCollector], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", fake_nvml.default_uuid(6))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", fake_driver.default_uuid(6))
     assert device_indices(open_share(eight_gpus, "visible", (1, 2))) == [6]
 
 
-def test_visible_without_cuda_visible_devices_shares_as_all_does(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_visible_without_cuda_visible_devices_shares_as_all_does(nvml: fake_driver.Driver) -> None:
     """CUDA_VISIBLE_DEVICES unset: CUDA sees every device, as with ``all``. A host with one GPU and
     two local ranks: no launcher made one device visible to each rank, so the GPU is rank 0's only,
     whichever of ``all`` and ``visible`` chose it (else a fleet view counts it twice)."""
-    fake(monkeypatch, devices=[{}])
+    fake_driver.load()
+    nvml.configure(devices=[{}])
     chosen: dict[tuple[str, int], list[int]] = {}
     for devices in ("all", "visible"):
         for local_rank in (0, 1):
-            gpu = GpuCollector.open("fake_nvml", devices, 0, (local_rank, 2))
+            gpu = GpuCollector.open("pynvml", devices, 0, (local_rank, 2))
             chosen[devices, local_rank] = device_indices(gpu)
             if gpu is not None:
                 gpu.close()
     assert chosen == {("all", 0): [0], ("all", 1): [], ("visible", 0): [0], ("visible", 1): []}
 
 
-def test_uuids_are_read_once_and_blank_where_nvml_cannot_tell(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake(monkeypatch, devices=[{"uuid": "GPU-one"}, {}, {}], fail={"nvmlDeviceGetUUID": [1]})
-    gpu = GpuCollector.open("fake_nvml", "all")
+def test_uuids_are_read_once_and_blank_where_nvml_cannot_tell(nvml: fake_driver.Driver) -> None:
+    fake_driver.load()
+    nvml.configure(devices=[{"uuid": "GPU-one"}, {}, {}], fail={"nvmlDeviceGetUUID": [1]})
+    gpu = GpuCollector.open("pynvml", "all")
     assert gpu is not None
     try:
-        assert gpu.uuids == {0: "GPU-one", 1: "", 2: fake_nvml.default_uuid(2)}
-        before = fake_nvml._state["calls"]["nvmlDeviceGetUUID", 0]
+        assert gpu.uuids == {0: "GPU-one", 1: "", 2: fake_driver.default_uuid(2)}
+        before = fake_driver.calls("nvmlDeviceGetUUID", 0)
         gpu.sample()
-        assert fake_nvml._state["calls"]["nvmlDeviceGetUUID", 0] == before
+        assert fake_driver.calls("nvmlDeviceGetUUID", 0) == before
     finally:
         gpu.close()
 
@@ -447,23 +446,27 @@ def test_a_backend_alone_reports_its_placement() -> None:
     }
 
 
-def test_each_local_rank_samples_its_own_gpu_through_a_real_monitor(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake(monkeypatch, devices=[{} for _ in range(4)])
+def test_each_local_rank_samples_its_own_gpu_through_a_real_monitor(
+    monkeypatch: pytest.MonkeyPatch, nvml: fake_driver.Driver
+) -> None:
+    nvml.configure(devices=[{} for _ in range(4)])
     second_rank(monkeypatch)
-    sink, _ = run_monitor(categories=["gpu"], nvml_module="fake_nvml")
+    sink, _ = run_monitor(categories=["gpu"])
     assert sink.gpus() == {"1"}
     launched_as(monkeypatch, RANK="0", LOCAL_RANK="0")
-    sink, _ = run_monitor(categories=["gpu"], nvml_module="fake_nvml")
+    sink, _ = run_monitor(categories=["gpu"])
     assert sink.gpus() == {"0", "2", "3"}
-    sink, _ = run_monitor(categories=["gpu"], nvml_module="fake_nvml", host_sampling="every_rank")
+    sink, _ = run_monitor(categories=["gpu"], host_sampling="every_rank")
     assert sink.gpus() == {"0", "1", "2", "3"}
 
 
-def test_without_local_world_size_local_rank_0_takes_every_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake(monkeypatch, devices=[{} for _ in range(3)])
+def test_without_local_world_size_local_rank_0_takes_every_gpu(
+    monkeypatch: pytest.MonkeyPatch, nvml: fake_driver.Driver
+) -> None:
+    nvml.configure(devices=[{} for _ in range(3)])
 
     def gpus() -> set[str]:
-        sink, _ = run_monitor(categories=["gpu"], nvml_module="fake_nvml")
+        sink, _ = run_monitor(categories=["gpu"])
         return sink.gpus()
 
     launched_as(monkeypatch, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2")

@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import fake_driver
 import psutil
 import pytest
 from conftest import FAST, Recorder, wait_for
@@ -27,7 +28,12 @@ TESTS_DIR = str(Path(__file__).resolve().parent)
 
 
 def fake_nvml(monkeypatch: pytest.MonkeyPatch, **config: object) -> None:
+    """The Python stand-in for the binding, for what the C driver cannot do: hang with the GIL held."""
     monkeypatch.setenv("FAKE_NVML", json.dumps({"devices": [{}], **config}))
+
+
+def driver(nvml: fake_driver.Driver, **config: object) -> None:
+    nvml.configure(**{"devices": [{}], **config})
 
 
 def count(sink: Recorder, name: str) -> int:
@@ -53,15 +59,15 @@ def test_a_killed_child_is_replaced_within_two_seconds() -> None:
     assert stats["quarantined"] == []
 
 
-@pytest.mark.parametrize("where", ["nvmlDeviceGetTemperature", "nvmlInit"])
+@pytest.mark.parametrize("where", ["nvmlDeviceGetTemperature", "nvmlInitWithFlags"])
 def test_a_segfaulting_nvml_is_quarantined_after_three_crashes(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, where: str
+    nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture, where: str
 ) -> None:
-    fake_nvml(monkeypatch, segfault={where: True})
+    driver(nvml, segfault={where: True})
     sink = Recorder()
     options = {**FAST, **QUICK_RESTARTS}
     with sampler.ResourceMonitor(
-        categories=["cpu", "gpu"], sink=sink, nvml_module="fake_nvml", step_source="seconds", **options
+        categories=["cpu", "gpu"], sink=sink, step_source="seconds", **options
     ) as monitor:
         wait_for(lambda: monitor.stats()["quarantined"] == ["gpu"], what="gpu quarantined")
         before = count(sink, CPU)
@@ -75,13 +81,12 @@ def test_a_segfaulting_nvml_is_quarantined_after_three_crashes(
     assert len(warnings) == 1 and "gpu" in warnings[0] and "Re-enable" in warnings[0]
 
 
-def test_a_hanging_call_is_killed_at_its_deadline_and_quarantined(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_nvml(monkeypatch, hang={"nvmlDeviceGetMemoryInfo": [0]})
+def test_a_hanging_call_is_killed_at_its_deadline_and_quarantined(nvml: fake_driver.Driver) -> None:
+    driver(nvml, hang={"nvmlDeviceGetMemoryInfo": [0]})
     sink = Recorder()
     with sampler.ResourceMonitor(
         categories=["cpu", "gpu"],
         sink=sink,
-        nvml_module="fake_nvml",
         step_source="seconds",
         hang_deadline_seconds=0.5,
         **FAST,
@@ -102,19 +107,23 @@ def test_a_hanging_call_is_killed_at_its_deadline_and_quarantined(monkeypatch: p
 
 @pytest.mark.parametrize("holding_gil", [False, True], ids=["gil-free", "gil-held"])
 def test_stop_during_a_hang_is_bounded(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, holding_gil: bool
+    monkeypatch: pytest.MonkeyPatch, nvml: fake_driver.Driver, tmp_path: Path, holding_gil: bool
 ) -> None:
-    """A hang that lets the child's watchdog run ends on STOP; one that holds the GIL (the watchdog
-    stuck too) only by the kill that follows."""
+    """A hang in the driver (the C library, which the binding calls with the GIL released) lets
+    the child's watchdog run and ends on STOP; one that holds the GIL (a binding's own Python
+    stuck, the watchdog stuck too: only the Python fake can) only by the kill that follows."""
     hung = tmp_path / "hung"
-    fake_nvml(
-        monkeypatch,
-        hang={"nvmlDeviceGetClockInfo": True},
-        hang_marker=str(hung),
-        hang_holding_gil=holding_gil,
-    )
+    hang = {"hang": {"nvmlDeviceGetClockInfo": True}, "hang_marker": str(hung)}
+    if holding_gil:
+        fake_nvml(monkeypatch, **hang, hang_holding_gil=True)
+    else:
+        driver(nvml, **hang)
     monitor = sampler.ResourceMonitor(
-        categories=["gpu"], sink=Recorder(), nvml_module="fake_nvml", hang_deadline_seconds=60, **FAST
+        categories=["gpu"],
+        sink=Recorder(),
+        nvml_module="fake_nvml" if holding_gil else "pynvml",
+        hang_deadline_seconds=60,
+        **FAST,
     ).start()
     child = wait_for(lambda: monitor.child_pid, what="the child")
     wait_for(hung.exists, what="the child inside the call that never returns")
@@ -125,12 +134,10 @@ def test_stop_during_a_hang_is_bounded(
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
 
-def test_an_nvml_error_skips_one_reading_and_restarts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_nvml(monkeypatch, devices=[{}, {}], fail={"nvmlDeviceGetTemperature": [0]})
+def test_an_nvml_error_skips_one_reading_and_restarts_nothing(nvml: fake_driver.Driver) -> None:
+    driver(nvml, devices=[{}, {}], fail={"nvmlDeviceGetTemperature": [0]})
     sink = Recorder()
-    with sampler.ResourceMonitor(
-        categories=["gpu"], sink=sink, nvml_module="fake_nvml", step_source="seconds", **FAST
-    ) as monitor:
+    with sampler.ResourceMonitor(categories=["gpu"], sink=sink, step_source="seconds", **FAST) as monitor:
         wait_for(lambda: monitor.stats()["records_logged"] >= 4)
         stats = monitor.stats()
     assert GPU_TEMP not in sink.names()
@@ -280,14 +287,14 @@ def test_a_child_that_cannot_create_its_ring_falls_back_to_thread(tmp_path: Path
 
 
 def test_no_record_for_a_few_intervals_is_said_once_and_shown_in_stats(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A child stuck in NVML's initialisation, with a hang deadline too long to
     catch it soon: the monitor must not stay silent meanwhile."""
     monkeypatch.setattr(reader, "NO_RECORD_MIN_SECONDS", 5.0)  # past the imports, on a loaded machine too
-    fake_nvml(monkeypatch, hang={"nvmlInit": True})
+    driver(nvml, hang={"nvmlInitWithFlags": True})
     with sampler.ResourceMonitor(
-        categories=["cpu", "gpu"], sink=Recorder(), nvml_module="fake_nvml", hang_deadline_seconds=60, **FAST
+        categories=["cpu", "gpu"], sink=Recorder(), hang_deadline_seconds=60, **FAST
     ) as monitor:
         waiting = wait_for(lambda: monitor.stats()["waiting_for"], what="stats to say what it waits for")
         time.sleep(0.5)
