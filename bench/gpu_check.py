@@ -71,7 +71,12 @@ def plausible_range(suffix: str, row: dict[str, float], total_bytes: float) -> t
         "tree_memory_bytes": (row["process_memory_bytes"], row["memory_allocated_bytes"]),
         "clock_throttle_reasons": (0.0, 2.0**64 - 1),
         "power_limit_watts": (1.0, 3_000.0),
+        "energy_joules": (0.0, math.inf),
     }
+    if suffix.endswith("_seconds"):  # a throttle duration: the driver's count since it loaded
+        return (0.0, math.inf)
+    if suffix.endswith("_seconds_per_second"):  # its share of the time between samples
+        return (0.0, 1.05)
     return ranges.get(suffix, (0.0, 1.0))
 
 

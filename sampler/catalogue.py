@@ -28,6 +28,9 @@ MEAN_SUFFIX = "_" + MEAN
 """``<name>_mean``: the mean of the readings over the same window."""
 RATE_SUFFIX = "_per_second"
 """``<counter>_per_second``: the counter's change per second between consecutive samples."""
+PER_STEP_SUFFIX = "_per_step"
+"""``<counter>_per_step``: the counter's change per training step between consecutive logged
+records, derived by the backend (which alone knows the steps)."""
 
 GAUGE = "gauge"
 COUNTER = "counter"
@@ -46,6 +49,8 @@ UNITS = (
     "MHz",
     "°C",
     "W",
+    "J",
+    "J/step",
     "s",
     "s/s",
     "cores",
@@ -111,9 +116,9 @@ class Signal:
 
     @property
     def derived(self) -> bool:
-        """Computed by the backend from the step axis (``DERIVED_CATEGORIES``): the child's
-        endpoint cannot export it (``rate(wl_resource_model_age[1m])`` is its metric)."""
-        return self.category in DERIVED_CATEGORIES
+        """Computed by the backend from the step axis (``DERIVED_CATEGORIES``, ``_per_step``): the
+        child's endpoint cannot export it (``rate(wl_resource_model_age[1m])`` is throughput's metric)."""
+        return self.category in DERIVED_CATEGORIES or self.key.endswith(PER_STEP_SUFFIX)
 
     @property
     def name(self) -> str:
@@ -131,12 +136,60 @@ class Signal:
         return tuple(v for v, has in ((PEAK, self.peak), (MEAN, self.mean)) if has)
 
 
-def _gpu(suffix: str, unit: str, title: str, label: str, what: str, metric: str, **flags: bool) -> Signal:
-    """A GPU gauge, exported with the scale its unit takes to base units (% to a ratio, MHz to Hz)."""
-    scale = {"%": PERCENT_TO_RATIO, "MHz": 1e6}.get(unit, 1.0)
-    return Signal(
-        GPU_KEY_PREFIX + suffix, unit, GAUGE, title, label, what, metric=metric, scale=scale, **flags
-    )
+def _gpu(
+    suffix: str,
+    unit: str,
+    title: str,
+    label: str,
+    what: str,
+    metric: str | None,
+    kind: str = GAUGE,
+    **flags: bool,
+) -> Signal:
+    """A GPU signal (a gauge unless ``kind`` says otherwise), exported with the scale its unit
+    takes to base units (% to a ratio, MHz to Hz); ``metric`` None: not exported."""
+    scale = None if metric is None else {"%": PERCENT_TO_RATIO, "MHz": 1e6}.get(unit, 1.0)
+    key = GPU_KEY_PREFIX + suffix
+    return Signal(key, unit, kind, title, label, what, metric=metric, scale=scale, **flags)
+
+
+_THROTTLE_REASONS = (
+    ("sw_power_cap", "power cap", "the software power cap"),
+    ("hw_power_brake", "power brake", "the hardware power brake"),
+    ("sw_thermal", "sw thermal", "software thermal slowdown"),
+    ("hw_thermal", "hw thermal", "hardware thermal slowdown"),
+)
+"""The clocks event reasons whose time NVML counts (``NVML_FI_DEV_CLOCKS_EVENT_REASON_*``):
+suffix part, short label, what slows the clocks."""
+
+
+def _throttle_durations() -> tuple[Signal, ...]:
+    """Per reason: the driver's cumulative time throttled, and its share of each interval."""
+    signals: list[Signal] = []
+    for part, label, cause in _THROTTLE_REASONS:
+        suffix = f"throttled_{part}_seconds"
+        signals += [
+            _gpu(
+                suffix,
+                "s",
+                f"GPU time throttled by {label}",
+                f"{label} s",
+                f"Time {cause} held the GPU's clocks down, counted by the driver (since it loaded).",
+                metric=f"gpu_throttled_{part}_seconds_total",
+                kind=COUNTER,
+            ),
+            _gpu(
+                suffix + RATE_SUFFIX,
+                "s/s",
+                f"GPU share throttled by {label}",
+                f"{label} s/s",
+                f"Share of the time since the previous sample that {cause} held the clocks down "
+                "(measured by the driver, not sampled: a burst between samples counts).",
+                metric=None,
+                kind=RATE,
+            ),
+        ]
+    return tuple(signals)
 
 
 # fmt: off
@@ -427,6 +480,24 @@ _SIGNALS = (
         "throttle_hw_slowdown", "0/1", "GPU hardware slowdown", "hw slow",
         "1 while hardware slowdown is engaged.",
         metric="gpu_throttle_hw_slowdown",
+    ),
+    *_throttle_durations(),
+    _gpu(
+        "energy_joules", "J", "GPU energy", "energy",
+        "Energy the GPU used since its driver loaded (NVML's total energy counter, Volta and later; "
+        "absent where the driver has none, never estimated).",
+        metric="gpu_energy_joules_total", kind=COUNTER,
+    ),
+    _gpu(
+        "energy_joules" + RATE_SUFFIX, "W", "GPU mean power", "mean power",
+        "Mean power since the previous sample, from the energy counter: exact where power_watts is "
+        "one reading.",
+        metric=None, kind=RATE,
+    ),
+    _gpu(
+        "energy_joules" + PER_STEP_SUFFIX, "J/step", "GPU energy per step", "J/step",
+        "Energy the GPU used per training step between this logged record and the previous one.",
+        metric=None,
     ),
 )
 # fmt: on

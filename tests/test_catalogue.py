@@ -3,12 +3,12 @@ collectors really do (peaks, means), and the manual's tables and the views are d
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import fake_driver
 import pytest
 
 from sampler import catalogue
@@ -88,13 +88,14 @@ def fake_pressure(tmp_path: Path) -> PressureCollector:
 
 
 @pytest.fixture
-def collectors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Collector]]:
+def collectors(tmp_path: Path, nvml: fake_driver.Driver) -> Iterator[list[Collector]]:
     """One collector of every category, each with every signal it can produce (two fake GPUs,
     both cgroup limits, the system's and a cgroup's pressure, swap); the GPUs' readings all differ,
     and the backend holds memory on them."""
     own = {"compute": [{"pid": os.getpid(), "used": OWN_GPU_BYTES}]}
-    monkeypatch.setenv("FAKE_NVML", json.dumps({"devices": [own, {**own, "util": 40}]}))
-    sources = Sources(disk_path=os.sep, pid=os.getpid(), nvml_module="fake_nvml")
+    nvml.configure(devices=[own, {**own, "util": 40}])
+    fake_driver.load()
+    sources = Sources(disk_path=os.sep, pid=os.getpid(), nvml_module="pynvml")
     faked = ("memory", "container", "pressure")
     built = [c for c in build_collectors(catalogue.DEFAULT_CATEGORIES, sources) if c.category not in faked]
     built += [MemoryCollector(swap=True), fake_container(tmp_path), fake_pressure(tmp_path)]
@@ -158,7 +159,8 @@ def test_every_entry_is_well_formed() -> None:
                 assert signal.unit in units, k
         if signal.kind == catalogue.RATE:
             counter = catalogue.SIGNALS[k.removesuffix(catalogue.RATE_SUFFIX)]
-            assert counter.kind == catalogue.COUNTER and signal.unit == counter.unit + "/s", k
+            per_second = {"J": "W"}.get(counter.unit, counter.unit + "/s")  # a joule per second is a watt
+            assert counter.kind == catalogue.COUNTER and signal.unit == per_second, k
         if signal.kind == catalogue.COUNTER:
             assert k + catalogue.RATE_SUFFIX in catalogue.SIGNALS, f"{k}: a counter without its rate"
 

@@ -71,12 +71,15 @@ def test_runs_lists_each_run_with_its_samples_and_status(store: Path) -> None:
     done = sampler_command("runs", str(store), cwd=store.parent)
     assert done.returncode == 0, done.stderr
     header, *rows = done.stdout.splitlines()
-    assert header.split() == ["id", "started", "duration", "host", "pid", "samples", "last", "step", "status"]
+    assert header.split() == [
+        *("id", "started", "duration", "host", "pid", "samples", "last", "step", "GPU", "energy", "status")
+    ]
     assert [row.split()[0] for row in rows] == ["1", "2"]
     with StoreReader(str(store)) as reader:
         for row, run in zip(rows, reader.runs(), strict=True):
             cells = row.split()
             assert cells[4] == run.host and int(cells[5]) == run.pid and cells[-1] == "ended"
+            assert cells[-2] == "-"  # no GPU counted energy
             assert int(cells[6]) == len(reader.series(run.id, CPU).steps) >= 3
 
 

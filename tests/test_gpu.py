@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
 import os
+import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,10 +19,12 @@ import fake_nvml
 import psutil
 import pynvml
 import pytest
-from conftest import run_monitor
+from conftest import FAST, Recorder, run_monitor, wait_for
 
+import sampler
 from sampler.collectors import gpu as gpu_module
 from sampler.collectors.gpu import GpuCollector
+from sampler.store.reader import StoreReader
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 1024**3
@@ -52,8 +57,10 @@ MIG_C = "MIG-cccc4444-0000-4000-8000-000000000000"
 MIG_D = "MIG-dddd5555-0000-4000-8000-000000000000"
 THREE_NAMED = [{"uuid": UUID_A1}, {"uuid": UUID_A2, "mig": [MIG_C, MIG_D]}, {"uuid": UUID_B}]
 """Device 1 is a GPU split into two MIG devices; two UUIDs share the prefix ``GPU-aaaa``."""
-READ_CALLS_PER_SAMPLE = 10
-"""NVML calls ``sample()`` makes on a healthy device."""
+READ_CALLS_PER_SAMPLE = 11
+"""NVML calls ``sample()`` makes on a healthy device with no process on it."""
+COUNTING_THROTTLE = {getattr(pynvml, field): 2.5e8 for _, field in gpu_module.THROTTLE_FIELDS}
+"""A device's fields: each reason held the clocks down a quarter of the time (ns per s)."""
 
 
 Opener = Callable[..., GpuCollector | None]
@@ -142,7 +149,7 @@ def test_no_nvml_means_no_gpu_signals_and_nothing_else_changes(nvml: fake_driver
 
 
 def test_a_failing_call_skips_only_that_reading(nvml: fake_driver.Driver) -> None:
-    nvml.configure(devices=TWO_DEVICES, fail={"nvmlDeviceGetTemperature": [1]})
+    nvml.configure(devices=TWO_DEVICES, fail={"nvmlDeviceGetTemperatureV": [1]})
     sink, stats = run_monitor(records=3, categories=["gpu"])
     assert "resource/gpu/1/temperature_celsius" not in sink.names()
     assert "resource/gpu/0/temperature_celsius" in sink.names()
@@ -205,6 +212,56 @@ def test_listed_devices_reach_the_child(nvml: fake_driver.Driver) -> None:
     nvml.configure(devices=THREE_NAMED)
     sink, _ = run_monitor(categories=["gpu"], gpu_devices=[MIG_D, "0"])
     assert sink.gpus() == {"0", "1"}
+
+
+def test_energy_per_step_and_the_runs_energy_through_a_real_monitor(
+    nvml: fake_driver.Driver, tmp_path: Path
+) -> None:
+    """GPU 0 draws 250 W and counts its energy; GPU 1 has no counter: nothing of energy
+    for it, never an estimate. Each logged record's joules per step are the counter's
+    change over the steps since the previous logged record; the store's total is the
+    counter's change over the run."""
+    nvml.configure(devices=[{"power_mw": 250_000, "energy_mj": 7_000_000}, {"energy": 0}])
+    store = tmp_path / "runs.db"
+    steps = itertools.count(1, 3)
+    sink = Recorder()
+    with sampler.ResourceMonitor(
+        sink=sink, categories=["gpu"], age_source=lambda: next(steps), store=str(store), **FAST
+    ) as monitor:
+        wait_for(lambda: monitor.stats()["records_logged"] >= 6, what="six records")
+    energy = "resource/gpu/0/energy_joules"
+    counted = list(zip(sink.steps(energy), sink.values(energy), strict=True))
+    assert counted[0][1] >= 7_000  # the driver's count since it loaded (7 kJ then), in joules
+    per_step = dict(zip(sink.steps(energy + "_per_step"), sink.values(energy + "_per_step"), strict=True))
+    assert len(per_step) == len(counted) - 1
+    for (before_step, before), (step, now) in itertools.pairwise(counted):
+        assert per_step[step] == pytest.approx((now - before) / (step - before_step))
+    assert statistics.median(sink.values(energy + "_per_second")) == pytest.approx(250, rel=0.2)
+    assert not {name for name in sink.names() if "gpu/1/energy" in name}
+    with StoreReader(str(store)) as reader:
+        (run,) = reader.runs()
+        assert reader.energy_joules(run.id) == pytest.approx(counted[-1][1] - counted[0][1])
+
+
+def test_a_throttle_burst_between_samples_is_counted_not_missed(opened: Opener) -> None:
+    """The power brake held the clocks a quarter of the time, never while a sample looked
+    (the bitmask reads 0): the driver's duration counts it."""
+    brake = pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN
+    gpu = opened(devices=[{"fields": {brake: 2.5e8}}, {}])
+    assert gpu is not None
+    first = readings(gpu)
+    began = time.monotonic()
+    wait_for(lambda: time.monotonic() - began >= 0.2, what="0.2 s to pass")
+    values = readings(gpu)
+    name = "resource/gpu/0/throttled_hw_power_brake_seconds"
+    assert values[name] - first[name] == pytest.approx(0.25 * 0.2, rel=0.5)
+    assert values[name + "_per_second"] == pytest.approx(0.25, abs=0.03)
+    assert values["resource/gpu/0/throttle_power"] == 0
+    assert math.isnan(first[name + "_per_second"])  # no rate before a second sample
+    for reason in ("sw_power_cap", "sw_thermal", "hw_thermal"):  # not counted by this driver
+        assert math.isnan(values[f"resource/gpu/0/throttled_{reason}_seconds"])
+    assert all(math.isnan(values[f"resource/gpu/1/{suffix}"]) for suffix, _ in gpu_module.THROTTLE_FIELDS)
+    assert values["resource/gpu/1/energy_joules"] > 0
 
 
 # --- the collector, in this process ------------------------------------------------------------
@@ -411,10 +468,10 @@ def test_a_reading_failing_this_time_is_nan_and_asked_again(opened: Opener) -> N
     gpu = opened(
         pid=me,
         devices=[{"compute": [{"pid": me, "used": GIB}]}],
-        fail={"nvmlDeviceGetGraphicsRunningProcesses_v3": True, "nvmlDeviceGetTemperature": True},
+        fail={"nvmlDeviceGetGraphicsRunningProcesses_v3": True, "nvmlDeviceGetTemperatureV": True},
         fail_code={
             "nvmlDeviceGetGraphicsRunningProcesses_v3": fake_nvml.NVML_ERROR_UNKNOWN,
-            "nvmlDeviceGetTemperature": fake_nvml.NVML_ERROR_UNKNOWN,
+            "nvmlDeviceGetTemperatureV": fake_nvml.NVML_ERROR_UNKNOWN,
         },
     )
     assert gpu is not None
@@ -425,7 +482,7 @@ def test_a_reading_failing_this_time_is_nan_and_asked_again(opened: Opener) -> N
     )  # graphics unknown: who holds what is too
     assert math.isnan(values["resource/gpu/0/temperature_celsius"])
     assert calls("nvmlDeviceGetGraphicsRunningProcesses_v3", 0) == 3
-    assert calls("nvmlDeviceGetTemperature", 0) == 3
+    assert calls("nvmlDeviceGetTemperatureV", 0) == 3
 
 
 @pytest.mark.parametrize("error", [OSError("ioctl failed"), KeyError("a bug in the binding")])
@@ -455,6 +512,8 @@ def test_a_reading_raising_something_else_is_nan_and_asked_again(
         ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
         ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"),
         ("nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
+        ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature"),
+        ("nvmlDeviceGetFieldValues", "nvmlDeviceGetTotalEnergyConsumption"),  # energy, no durations
     ],
 )
 def test_a_driver_older_than_the_binding_gets_the_older_call(
@@ -466,7 +525,15 @@ def test_a_driver_older_than_the_binding_gets_the_older_call(
     me = os.getpid()
     processes = [{"pid": me, "used": GIB}]
     nvml.configure(
-        devices=[{"throttle": HW_SLOWDOWN, "compute": processes, "graphics": processes}] * 2,
+        devices=[
+            {
+                "throttle": HW_SLOWDOWN,
+                "compute": processes,
+                "graphics": processes,
+                "fields": COUNTING_THROTTLE,
+            }
+        ]
+        * 2,
         missing=[missing],
     )
     probe = f"""
@@ -483,9 +550,14 @@ print(json.dumps({{"values": values, "calls": [fake_driver.calls({used_instead!r
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     for i in (0, 1):
-        assert seen["values"][f"resource/gpu/{i}/clock_throttle_reasons"] == HW_SLOWDOWN
-        assert seen["values"][f"resource/gpu/{i}/process_memory_bytes"] == GIB
-    per_list = 1 if "Clocks" in used_instead else 2  # a process list: its size, then its entries
+        values = seen["values"]
+        assert values[f"resource/gpu/{i}/clock_throttle_reasons"] == HW_SLOWDOWN
+        assert values[f"resource/gpu/{i}/process_memory_bytes"] == GIB
+        assert values[f"resource/gpu/{i}/temperature_celsius"] == fake_nvml.DEFAULT_DEVICE["temp"]
+        assert values[f"resource/gpu/{i}/energy_joules"] > 0
+        durations = [values[f"resource/gpu/{i}/{suffix}"] for suffix, _ in gpu_module.THROTTLE_FIELDS]
+        assert all(math.isnan(d) for d in durations) == (missing == "nvmlDeviceGetFieldValues")
+    per_list = 2 if "Processes" in used_instead else 1  # a process list: its size, then its entries
     assert seen["calls"] == [3 * per_list, 3 * per_list]
 
 
@@ -655,7 +727,7 @@ def gpu_check(nvml: fake_driver.Driver, *args: str, **config: object) -> subproc
 
 
 def test_gpu_check_passes_a_plausible_gpu(nvml: fake_driver.Driver) -> None:
-    done = gpu_check(nvml, devices=[{}, {"throttle": SW_POWER_CAP}])
+    done = gpu_check(nvml, devices=[{"fields": COUNTING_THROTTLE}, {"throttle": SW_POWER_CAP}])
     assert done.returncode == 0, done.stdout + done.stderr
     for line in (
         "GPU 0",
@@ -666,7 +738,7 @@ def test_gpu_check_passes_a_plausible_gpu(nvml: fake_driver.Driver) -> None:
         "sample_tracked():",
     ):
         assert line in done.stdout
-    assert "through a real monitor: 36 of 36 gpu signals arrived" in done.stdout
+    assert "through a real monitor: 42 of 42 gpu signals arrived" in done.stdout
     assert done.stdout.rstrip().endswith("all plausible")
 
 
@@ -688,7 +760,7 @@ def test_gpu_check_fails_an_implausible_reading(nvml: fake_driver.Driver, device
 def test_gpu_check_fails_a_missing_spec_reading_and_accepts_an_unsupported_extra(
     nvml: fake_driver.Driver,
 ) -> None:
-    unsupported = {"nvmlDeviceGetPowerUsage": True, "nvmlDeviceGetTemperature": True}
+    unsupported = {"nvmlDeviceGetPowerUsage": True, "nvmlDeviceGetTemperatureV": True}
     done = gpu_check(nvml, devices=[{}], fail=unsupported)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "n/a (not supported here)" in next(

@@ -18,9 +18,9 @@ from conftest import FAST, Recorder, wait_for
 import sampler
 from sampler.child.peaks import PeakTracker
 from sampler.collectors import process
-from sampler.collectors.base import Collector
+from sampler.collectors.base import Collector, Rates
 from sampler.collectors.container import ContainerCollector
-from sampler.collectors.host import CpuCollector, NetworkCollector, Rates
+from sampler.collectors.host import CpuCollector, NetworkCollector
 from sampler.collectors.process import ProcessCollector
 
 PEAK = "resource/process/memory_in_use_mb_peak"

@@ -59,7 +59,7 @@ def test_a_killed_child_is_replaced_within_two_seconds() -> None:
     assert stats["quarantined"] == []
 
 
-@pytest.mark.parametrize("where", ["nvmlDeviceGetTemperature", "nvmlInitWithFlags"])
+@pytest.mark.parametrize("where", ["nvmlDeviceGetTemperatureV", "nvmlInitWithFlags"])
 def test_a_segfaulting_nvml_is_quarantined_after_three_crashes(
     nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture, where: str
 ) -> None:
@@ -135,7 +135,7 @@ def test_stop_during_a_hang_is_bounded(
 
 
 def test_an_nvml_error_skips_one_reading_and_restarts_nothing(nvml: fake_driver.Driver) -> None:
-    driver(nvml, devices=[{}, {}], fail={"nvmlDeviceGetTemperature": [0]})
+    driver(nvml, devices=[{}, {}], fail={"nvmlDeviceGetTemperatureV": [0]})
     sink = Recorder()
     with sampler.ResourceMonitor(categories=["gpu"], sink=sink, step_source="seconds", **FAST) as monitor:
         wait_for(lambda: monitor.stats()["records_logged"] >= 4)

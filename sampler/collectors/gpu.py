@@ -10,6 +10,7 @@ import functools
 import importlib
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -18,10 +19,22 @@ from typing import Any
 import psutil
 
 from sampler import catalogue
-from sampler.collectors.base import MISSING, Collector, attempt
+from sampler.collectors.base import MISSING, Collector, Rates, attempt
 from sampler.collectors.gpu_devices import choose, nvml_errors, owned, uuid_of
 
 log = logging.getLogger("sampler")
+
+THROTTLE_FIELDS = (
+    ("throttled_sw_power_cap_seconds", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP"),
+    ("throttled_hw_power_brake_seconds", "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN"),
+    ("throttled_sw_thermal_seconds", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN"),
+    ("throttled_hw_thermal_seconds", "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN"),
+)
+"""Each cumulative throttle duration's suffix and the binding's name for its NVML field (a
+count of nanoseconds). The names, not their numbers: NVML renumbered these fields between
+releases, and the binding's numbers are those of the driver it was made for."""
+ENERGY_FIELD = "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
+"""The field holding ``nvmlDeviceGetTotalEnergyConsumption``'s counter (mJ), read in the same call."""
 
 # Per-device signal suffixes, in record order. The first five are SPEC 2's, the
 # next two extras users of GPU dashboards expect, then the training-specific ones.
@@ -40,6 +53,10 @@ GPU_SIGNALS = (
     "throttle_thermal",
     "throttle_hw_slowdown",
     "power_limit_watts",
+    *(suffix for suffix, _ in THROTTLE_FIELDS),
+    *(suffix + catalogue.RATE_SUFFIX for suffix, _ in THROTTLE_FIELDS),
+    "energy_joules",
+    "energy_joules" + catalogue.RATE_SUFFIX,
 )
 TRACKED_SIGNALS = tuple(s for s in GPU_SIGNALS if catalogue.SIGNALS[catalogue.GPU_KEY_PREFIX + s].peak)
 """Per-device suffixes also read between records, at the inner rate, for their peaks
@@ -63,7 +80,14 @@ NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_RESET_REQUIRED = 16
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
 NVML_ERROR_UNKNOWN = 999
+OLDER_CALL_CODES = {NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_ARGUMENT_VERSION_MISMATCH}
+"""A newer call the driver lacks, or whose struct version it does not know: the next, older call is used."""
+NS_PER_S = 1e9
+MJ_PER_J = 1000.0
+_FIELD_VALUE_TYPES = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+"""``nvmlValue_t``'s member for each ``NVML_VALUE_TYPE_*`` (nvml.h's order)."""
 LOST_CODES = {
     NVML_ERROR_NOT_FOUND: "Not Found",
     NVML_ERROR_GPU_IS_LOST: "GPU is lost",
@@ -77,18 +101,22 @@ MAX_LOST_BACKOFF_SAMPLES = 64
 
 # Each reading, with the binding's functions that make it, preferred first: a
 # driver too old for the newer name raises FUNCTION_NOT_FOUND (pynvml's
-# unversioned process lists raise NVMLLibraryMismatchError), and the next one is used.
+# unversioned process lists raise NVMLLibraryMismatchError) or, for a versioned
+# struct, ARGUMENT_VERSION_MISMATCH, and the next one is used. nvmlDeviceGetTemperature
+# is gone from CUDA 14's NVML; nvmlDeviceGetTemperatureV replaces it.
 _CALLS: dict[str, tuple[str, ...]] = {
     "memory": ("nvmlDeviceGetMemoryInfo",),
     "mem_clock": ("nvmlDeviceGetClockInfo",),
     "sm_clock": ("nvmlDeviceGetClockInfo",),
-    "temperature": ("nvmlDeviceGetTemperature",),
+    "temperature": ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature"),
     "utilization": ("nvmlDeviceGetUtilizationRates",),
     "power": ("nvmlDeviceGetPowerUsage",),
     "power_limit": ("nvmlDeviceGetEnforcedPowerLimit",),
     "throttle": ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
     "compute": ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"),
     "graphics": ("nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
+    "fields": ("nvmlDeviceGetFieldValues",),
+    "energy": ("nvmlDeviceGetTotalEnergyConsumption",),
 }
 
 
@@ -107,6 +135,8 @@ class _Device:
     """Samples skipped after the latest failed probe of a lost device."""
     skip: int = 0
     """Samples still skipped before the next probe."""
+    rates: Rates = field(default_factory=lambda: Rates(len(THROTTLE_FIELDS) + 1))
+    """The throttle durations' shares of the time between samples, and the mean power."""
 
 
 class GpuCollector(Collector):
@@ -125,7 +155,13 @@ class GpuCollector(Collector):
       slowdown, 0x20 software thermal, 0x40 hardware thermal, 0x80 power brake,
       0x1 idle, ...), and read from it, 1 or 0: ``throttle_power`` (software power
       cap or hardware power brake), ``throttle_thermal`` (software or hardware
-      thermal slowdown), ``throttle_hw_slowdown``.
+      thermal slowdown), ``throttle_hw_slowdown``;
+    - ``throttled_<reason>_seconds`` (``sw_power_cap``, ``hw_power_brake``,
+      ``sw_thermal``, ``hw_thermal``): the time that reason held the clocks
+      down, counted by the driver since it loaded (field values), and each one's
+      ``_per_second``, its share of the time between samples;
+    - ``energy_joules``: the driver's total energy counter (J since it loaded), and
+      its ``_per_second``, the mean power (W) between samples.
 
     ``memory_allocated_bytes``, ``utilization_percent`` and
     ``process_memory_bytes`` are tracked between records (utilization also
@@ -149,6 +185,11 @@ class GpuCollector(Collector):
         self.names = _per_device(handles, GPU_SIGNALS)
         self.tracked = _per_device(handles, TRACKED_SIGNALS)
         self.averaged = _per_device(handles, AVERAGED_SIGNALS)
+        ids = {name: getattr(nvml, name, None) for name in (ENERGY_FIELD, *(n for _, n in THROTTLE_FIELDS))}
+        self._energy_id = ids[ENERGY_FIELD]
+        self._throttle_ids = [ids[name] for _, name in THROTTLE_FIELDS]
+        self._field_ids = [i for i in ids.values() if isinstance(i, int)]
+        """The fields asked for in one nvmlDeviceGetFieldValues call: those the binding knows."""
         self._process = attempt(functools.partial(psutil.Process, pid)) if pid > 0 else None
         self._own = None if self._process is None else frozenset({self._process.pid})
         self._tree: frozenset[int] | None = None
@@ -241,6 +282,8 @@ class GpuCollector(Collector):
         processes = self._processes(dev)
         reasons = self._read(dev, "throttle")
         limit_mw = self._read(dev, "power_limit")
+        energy, throttled = self._counters(dev)
+        rates = dev.rates.update([*throttled, energy], time.monotonic())
         used_percent = MISSING
         if memory is not None and memory.total:
             used_percent = 100.0 * memory.used / memory.total
@@ -259,7 +302,26 @@ class GpuCollector(Collector):
             _flag(reasons, THROTTLE_THERMAL),
             _flag(reasons, REASON_HW_SLOWDOWN),
             MISSING if limit_mw is None else limit_mw / 1000.0,
+            *throttled,
+            *rates[:-1],
+            energy,
+            rates[-1],
         ]
+
+    def _counters(self, dev: _Device) -> tuple[float, list[float]]:
+        """The energy counter (J) and the throttle durations (s), from one
+        nvmlDeviceGetFieldValues call; energy from nvmlDeviceGetTotalEnergyConsumption
+        where field values do not give it. NaN where the driver has no such counter."""
+        found: dict[int, float] = {}
+        values = self._read(dev, "fields", self._field_ids) if self._field_ids else None
+        for value in values or ():
+            if value.nvmlReturn == 0 and 0 <= value.valueType < len(_FIELD_VALUE_TYPES):
+                found[value.fieldId] = float(getattr(value.value, _FIELD_VALUE_TYPES[value.valueType]))
+        energy_mj = found.get(self._energy_id) if self._energy_id is not None else None
+        if energy_mj is None:
+            energy_mj = self._read(dev, "energy")
+        throttled = [found[i] / NS_PER_S if i in found else MISSING for i in self._throttle_ids]
+        return (MISSING if energy_mj is None else energy_mj / MJ_PER_J), throttled
 
     def _processes(self, dev: _Device) -> list[Any] | None:
         """Both running-process lists of ``dev`` in one, or None when they cannot
@@ -287,7 +349,7 @@ class GpuCollector(Collector):
                 if dev.lost:
                     self._found(dev)
                 return value
-            if code == NVML_ERROR_FUNCTION_NOT_FOUND:
+            if code in OLDER_CALL_CODES:
                 functions.pop(0)
                 continue
             if code == NVML_ERROR_NOT_SUPPORTED:

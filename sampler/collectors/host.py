@@ -10,30 +10,7 @@ from collections.abc import Mapping, Sequence
 import psutil
 
 from sampler import catalogue
-from sampler.collectors.base import GB, MB, MISSING, Collector, attempt
-
-
-class Rates:
-    """Per-second rates of cumulative counters between consecutive readings.
-
-    The first reading has no rate, and neither has a counter that went
-    backwards (a NIC reset, a device removed) or failed now or last time: NaN,
-    never a negative or invented rate.
-    """
-
-    def __init__(self, width: int) -> None:
-        self._last: list[float] = [MISSING] * width
-        self._at = 0.0
-
-    def update(self, counters: Sequence[float], now: float) -> list[float]:
-        """Rates since the previous update; ``now`` is when ``counters`` were read (monotonic s)."""
-        elapsed = now - self._at
-        rates = [
-            (value - last) / elapsed if self._at and value >= last else MISSING
-            for value, last in zip(counters, self._last, strict=True)
-        ]
-        self._last, self._at = list(counters), now
-        return rates
+from sampler.collectors.base import GB, MB, MISSING, Collector, Rates, attempt
 
 
 class MonotonicTotals:

@@ -24,6 +24,7 @@ from sampler.settings.placement import whole_number
 from sampler.store import prune, schema
 from sampler.store.reader import Run, StoreReader
 from sampler.util.quoting import printable
+from sampler.views.formatting import format_in
 
 PRUNE_TIMEOUT_SECONDS = 5.0
 """How long pruning waits for a writer's lock (a writer holds it for milliseconds at a time)."""
@@ -111,11 +112,12 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-HEADER = ("id", "started", "duration", "host", "pid", "samples", "last step", "status")
+HEADER = ("id", "started", "duration", "host", "pid", "samples", "last step", "GPU energy", "status")
 
 
 def _row(reader: StoreReader, run: Run) -> tuple[str, ...]:
     samples, last_step = reader.counts(run.id)
+    energy = reader.energy_joules(run.id)
     return (
         str(run.id),
         _local(run.started_at),
@@ -124,6 +126,7 @@ def _row(reader: StoreReader, run: Run) -> tuple[str, ...]:
         str(run.pid),
         str(samples),
         "-" if last_step is None else str(last_step),
+        "-" if energy is None else format_in("J", energy),
         run.status,
     )
 

@@ -36,6 +36,22 @@ class Sample:
 THROUGHPUT = catalogue.SIGNALS["progress/steps_per_second"].name
 """Logged with every record but the first of a run: steps per second since the previous logged one."""
 
+
+def per_step_counters(fields: Sequence[str]) -> tuple[tuple[int, str], ...]:
+    """(position in ``fields``, name logged) of each counter whose change per step is
+    a signal of its own (``<counter>_per_step`` in the catalogue)."""
+    found = []
+    for index, name in enumerate(fields):
+        reading = catalogue.lookup(name)
+        if (
+            reading is not None
+            and not reading.variant
+            and reading.signal.key + catalogue.PER_STEP_SUFFIX in catalogue.SIGNALS
+        ):
+            found.append((index, name + catalogue.PER_STEP_SUFFIX))
+    return tuple(found)
+
+
 Sink = Callable[[str, float, int], object]
 SampleHook = Callable[[Sample], object]
 
@@ -88,6 +104,11 @@ class Emitter:
         """Records handed to ``emit`` so far."""
         self._last_logged: tuple[int, int] | None = None
         """(step, timestamp ns) of the previous logged record: the throughput's start."""
+        self._fields: Sequence[str] = ()
+        self._per_step: tuple[tuple[int, str], ...] = ()
+        """``per_step_counters`` of ``_fields``, the record layout last seen."""
+        self._last_counters: list[float] = []
+        """Those counters' values in the previous logged record."""
 
     def emit(self, fields: Sequence[str], values: Sequence[float], timestamp_ns: int) -> int | None:
         """Log one record; returns the step it was logged at, None if it was dropped."""
@@ -113,10 +134,20 @@ class Emitter:
                 ]
                 logged = len(readings)
             last, self._last_logged = self._last_logged, (step, timestamp_ns)
+            if fields is not self._fields:  # a new ring (a child restarted): its layout may differ
+                self._fields, self._per_step, self._last_counters = fields, per_step_counters(fields), []
+            counters = [values[index] for index, _ in self._per_step] if self._per_step else []
             if last is not None and step > last[0] and timestamp_ns > last[1]:
                 throughput = (step - last[0]) * 1e9 / (timestamp_ns - last[1])
-                readings = itertools.chain(readings, ((THROUGHPUT, throughput),))
-                logged += 1
+                derived = [(THROUGHPUT, throughput)]
+                steps = step - last[0]
+                pairs = zip(self._per_step, counters, self._last_counters, strict=False)
+                for (_, name), now, before in pairs:
+                    if now >= before:  # neither NaN, and no driver reload in between
+                        derived.append((name, (now - before) / steps))
+                readings = itertools.chain(readings, derived)
+                logged += len(derived)
+            self._last_counters = counters
             hook = self.on_sample
             sample = None
             if hook is not None or self.recorder is not None:  # they take the readings as a dict

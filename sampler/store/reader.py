@@ -14,9 +14,12 @@ from typing import Any
 
 import psutil
 
+from sampler import catalogue
 from sampler.settings.parsers import DEFAULT_INTERVAL_SECONDS
 from sampler.store import schema
 
+ENERGY_GLOB = catalogue.PREFIX + catalogue.GPU_KEY_PREFIX.replace(catalogue.DEVICE, "*") + "energy_joules"
+"""Every GPU's energy counter, as a GLOB pattern over signal names."""
 LOST_AFTER_INTERVALS = 3
 """A run that has not written for this many intervals (and at least 30 s) without
 an end time was lost: its backend died or hangs."""
@@ -170,6 +173,17 @@ class StoreReader:
         ).fetchone()
         (last,) = self.db.execute("SELECT MAX(step) FROM points WHERE run_id = ?", (run_id,)).fetchone()
         return int(samples), last
+
+    def energy_joules(self, run_id: int) -> float | None:
+        """The energy the run's GPUs used while it was recorded (J): each GPU's energy
+        counter from its first record to its last, summed; None where no GPU counted it."""
+        (total,) = self.db.execute(
+            "SELECT SUM(used) FROM (SELECT MAX(p.value) - MIN(p.value) AS used FROM points AS p"
+            " JOIN signal_names AS n ON n.id = p.name_id"
+            " WHERE p.run_id = ? AND n.name GLOB ? GROUP BY p.name_id)",
+            (run_id, ENERGY_GLOB),
+        ).fetchone()
+        return None if total is None else float(total)
 
     def postmortems(self, unread_only: bool = False) -> list[PostmortemRow]:
         """The store's postmortems (all, or those not read yet), oldest death first."""

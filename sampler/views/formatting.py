@@ -66,6 +66,14 @@ def _bytes(value: float, per: str) -> str:
     raise AssertionError("unreachable")
 
 
+def _joules(value: float, per: str) -> str:
+    """``value`` joules with a decimal prefix (``3.2 MJ``), ``per`` after the unit (``/step``)."""
+    for prefix, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.1f} {prefix}J{per}"
+    return f"{_number(value, 2)} J{per}"
+
+
 def format_in(unit: str, value: float) -> str:
     """``value`` (finite) in ``unit``, one of ``catalogue.UNITS``: bytes and their rates
     with a binary prefix, MiB and GiB as they are, counts (threads, cores, 0/1 ...) bare."""
@@ -81,6 +89,8 @@ def format_in(unit: str, value: float) -> str:
         return f"{value:.1f}%"
     if unit in WHOLE_UNITS:
         return f"{value:.0f}{WHOLE_UNITS[unit]}"
+    if unit.startswith("J"):
+        return _joules(value, unit.removeprefix("J"))
     if unit in ("s", "s/s", "steps/s"):
         return f"{_number(value, 2)} {unit}"
     return _number(value, 2)
