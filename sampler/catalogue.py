@@ -153,20 +153,20 @@ def _gpu(
     return Signal(key, unit, kind, title, label, what, metric=metric, scale=scale, **flags)
 
 
-_THROTTLE_REASONS = (
+THROTTLE_REASONS = (
     ("sw_power_cap", "power cap", "the software power cap"),
     ("hw_power_brake", "power brake", "the hardware power brake"),
     ("sw_thermal", "sw thermal", "software thermal slowdown"),
     ("hw_thermal", "hw thermal", "hardware thermal slowdown"),
 )
 """The clocks event reasons whose time NVML counts (``NVML_FI_DEV_CLOCKS_EVENT_REASON_*``):
-suffix part, short label, what slows the clocks."""
+the part of ``throttled_<part>_seconds``, a short label, what slows the clocks."""
 
 
 def _throttle_durations() -> tuple[Signal, ...]:
     """Per reason: the driver's cumulative time throttled, and its share of each interval."""
     signals: list[Signal] = []
-    for part, label, cause in _THROTTLE_REASONS:
+    for part, label, cause in THROTTLE_REASONS:
         suffix = f"throttled_{part}_seconds"
         signals += [
             _gpu(

@@ -393,6 +393,12 @@ def test_each_rule_fires_on_its_signals_and_is_ranked_by_how_far_past_its_thresh
         "resource/gpu/1/utilization_percent": during(40, 95),
     }
     assert reasons_for(**gpu) == ["gpu_power_throttle", "gpu_waiting"]
+    brake = "resource/gpu/1/throttled_hw_power_brake_seconds_per_second"
+    counted = {**gpu, brake: during(0.45, 0.02)}  # the driver's count: the sampled bitmask is not asked
+    assert reasons_for(**counted) == ["gpu_hw_power_brake_throttle", "gpu_waiting"]
+    (text, _) = [r.text for r in reasons_with(**counted)]
+    assert "power brake 45% of the time (typically 2%)" in text
+    assert reasons_for(**{brake: during(0.15, 0.02)}) == []  # up 13 points: below the threshold
     both = {cpu: during(60, 2), "resource/cpu/utilization_percent": during(95, 60)}
     assert reasons_for(**both) == ["cpu_pressure", "host_cpu_busy"]  # 5.8 past its threshold, then 2.3
     swap_in = "resource/memory/swapped_in_mb_per_second"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from sampler import catalogue
 from sampler.analysis.stretches import Findings, Stretch
 from sampler.analysis.timeline import Floats, Timeline
 
@@ -206,9 +207,41 @@ def _gpus(timeline: Timeline) -> list[str]:
     return sorted({m.group(1) for name in timeline.values if (m := _GPU.match(name))}, key=int)
 
 
-def _gpu_throttled(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
+THROTTLED_SHARE = 0.2
+"""A throttle reason that held the clocks down this share of the time more than typical makes a reason."""
+
+
+def _gpu_throttled_time(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
+    """The driver's own count of the time each reason held the clocks down: a burst
+    between samples counts, which the sampled bitmask misses."""
     reasons = []
     for device in _gpus(timeline):
+        for part, _, cause in catalogue.THROTTLE_REASONS:
+            held = _compare(timeline, _throttle_share(device, part), inside, baseline)
+            if held is None or held.stretch - held.typical < THROTTLED_SHARE:
+                continue
+            text = (
+                f"GPU {device}'s clocks were held down by {cause} {held.stretch:.0%} of the time "
+                f"(typically {held.typical:.0%}), as the driver counts it"
+            )
+            strength = (held.stretch - held.typical) / THROTTLED_SHARE
+            reasons.append(Reason(f"gpu_{part}_throttle", text, (held.evidence,), strength))
+    return reasons
+
+
+def _throttle_share(device: str, part: str) -> str:
+    return f"resource/gpu/{device}/throttled_{part}_seconds{catalogue.RATE_SUFFIX}"
+
+
+def _gpu_throttled(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
+    """The sampled bitmask's flags, for a device whose driver counts no throttle time."""
+    reasons = []
+    for device in _gpus(timeline):
+        if any(
+            timeline.column(_throttle_share(device, part)) is not None
+            for part, _, _ in catalogue.THROTTLE_REASONS
+        ):
+            continue
         for suffix, why in _THROTTLES:
             name = f"resource/gpu/{device}/{suffix}"
             column = timeline.column(name)
@@ -257,6 +290,7 @@ RULES: tuple[Rule, ...] = (
     _all_cores_busy,
     _container_memory,
     _swapping,
+    _gpu_throttled_time,
     _gpu_throttled,
     _gpu_idle,
 )

@@ -24,11 +24,14 @@ from sampler.collectors.gpu_devices import choose, nvml_errors, owned, uuid_of
 
 log = logging.getLogger("sampler")
 
-THROTTLE_FIELDS = (
-    ("throttled_sw_power_cap_seconds", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP"),
-    ("throttled_hw_power_brake_seconds", "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN"),
-    ("throttled_sw_thermal_seconds", "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN"),
-    ("throttled_hw_thermal_seconds", "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN"),
+_REASON_FIELDS = {
+    "sw_power_cap": "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP",
+    "hw_power_brake": "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN",
+    "sw_thermal": "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN",
+    "hw_thermal": "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN",
+}
+THROTTLE_FIELDS = tuple(
+    (f"throttled_{part}_seconds", _REASON_FIELDS[part]) for part, _, _ in catalogue.THROTTLE_REASONS
 )
 """Each cumulative throttle duration's suffix and the binding's name for its NVML field (a
 count of nanoseconds). The names, not their numbers: NVML renumbered these fields between
