@@ -413,7 +413,7 @@ _SIGNALS = (
     ),
     _gpu(
         "utilization_percent", "%", "GPU utilization", "util",
-        "Time a kernel ran on the GPU.",
+        "Time a kernel ran on the GPU (its peak also from the driver's own sample buffer).",
         metric="gpu_utilization_ratio", peak=True, mean=True, seed=True,
     ),
     _gpu(
@@ -428,8 +428,8 @@ _SIGNALS = (
     ),
     _gpu(
         "power_watts", "W", "GPU power", "power",
-        "GPU power draw.",
-        metric="gpu_power_watts", seed=True,
+        "GPU power draw (its peak from the driver's own sample buffer, where it keeps one).",
+        metric="gpu_power_watts", peak=True, seed=True,
     ),
     _gpu(
         "temperature_celsius", "°C", "GPU temperature", "temp",
@@ -438,8 +438,8 @@ _SIGNALS = (
     ),
     _gpu(
         "sm_clock_mhz", "MHz", "GPU SM clock", "sm clock",
-        "The GPU's SM clock.",
-        metric="gpu_sm_clock_hertz", seed=True,
+        "The GPU's SM clock (its peak from the driver's own sample buffer, where it keeps one).",
+        metric="gpu_sm_clock_hertz", peak=True, seed=True,
     ),
     _gpu(
         "memory_clock_mhz", "MHz", "GPU memory clock", "mem clock",

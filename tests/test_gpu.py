@@ -99,6 +99,10 @@ def readings(gpu: GpuCollector) -> dict[str, float]:
     return dict(zip(gpu.names, gpu.sample(), strict=True))
 
 
+def tracked(gpu: GpuCollector) -> dict[str, float]:
+    return dict(zip(gpu.tracked, gpu.sample_tracked(), strict=True))
+
+
 def device_indices(gpu: GpuCollector | None) -> list[int]:
     return [] if gpu is None else sorted({int(name.split("/")[2]) for name in gpu.names})
 
@@ -264,6 +268,35 @@ def test_a_throttle_burst_between_samples_is_counted_not_missed(opened: Opener) 
     assert values["resource/gpu/1/energy_joules"] > 0
 
 
+def test_peaks_between_records_come_from_the_drivers_own_samples(nvml: fake_driver.Driver) -> None:
+    """A 50 ms burst to 100 % and 690 W, at 1.9 GHz, that only the driver's sample buffer saw
+    (its instant readings stay at 40 %, 300 W and 1.4 GHz): the record after it carries the burst
+    as its peaks."""
+    start_us = time.time_ns() // 1000 + 300_000
+    burst = (start_us, start_us + 50_000)
+    spikes = [(pynvml.NVML_GPU_UTILIZATION_SAMPLES, 100, *burst)]
+    spikes += [(pynvml.NVML_TOTAL_POWER_SAMPLES, 690_000, *burst)]
+    spikes += [(pynvml.NVML_PROCESSOR_CLK_SAMPLES, 1900, *burst)]
+    nvml.configure(devices=[{"util": 40, "power_mw": 300_000, "sm_clock": 1400, "spikes": spikes}, {}])
+    sink = Recorder()
+    with sampler.ResourceMonitor(sink=sink, categories=["gpu"], step_source="seconds", **FAST) as monitor:
+        wait_for(lambda: monitor.stats()["records_logged"] >= 2, what="two records")
+        after = time.time_ns() // 1000 + 500_000
+        wait_for(
+            lambda: time.time_ns() // 1000 > after and monitor.stats()["records_logged"] >= 4,
+            what="the burst",
+        )
+        stats = monitor.stats()
+    prefix = "resource/gpu/0/"
+    assert set(sink.values(prefix + "utilization_percent")) == {40}
+    assert max(sink.values(prefix + "utilization_percent_peak")) == 100
+    assert max(sink.values(prefix + "power_watts_peak")) == pytest.approx(690)
+    assert max(sink.values(prefix + "sm_clock_mhz_peak")) == 1900
+    assert set(sink.values(prefix + "power_watts")) == {300}
+    assert max(sink.values("resource/gpu/1/utilization_percent_peak")) == fake_nvml.DEFAULT_DEVICE["util"]
+    assert stats["restarts"] == 0
+
+
 # --- the collector, in this process ------------------------------------------------------------
 
 
@@ -317,7 +350,7 @@ def test_memory_the_driver_cannot_tell_is_nan_not_zero(
     assert values["resource/gpu/1/process_memory_bytes"] == GIB
     assert math.isnan(values["resource/gpu/1/tree_memory_bytes"])
     assert values["resource/gpu/2/process_memory_bytes"] == 0
-    assert math.isnan(gpu.sample_tracked()[2])
+    assert math.isnan(tracked(gpu)["resource/gpu/0/process_memory_bytes"])
 
 
 def test_without_a_process_its_memory_is_nan(opened: Opener) -> None:
@@ -358,6 +391,19 @@ def test_the_tree_is_rescanned_by_each_sample_and_only_there(
     finally:
         later.kill()
         later.wait()
+
+
+def test_no_driver_sample_since_the_last_record_is_no_peak_and_no_loss(opened: Opener) -> None:
+    """The driver samples every 10 s: asked for those since the previous record it answers
+    NOT_FOUND, which for nvmlDeviceGetSamples means none yet, not a device gone."""
+    gpu = opened(devices=[{"sample_period_us": 10_000_000}])
+    assert gpu is not None
+    for _ in range(3):
+        values = readings(gpu)
+        marks = dict(zip(gpu.tracked, gpu.marks(), strict=True))
+    assert all(math.isnan(v) for v in marks.values())
+    assert values["resource/gpu/0/temperature_celsius"] == fake_nvml.DEFAULT_DEVICE["temp"]
+    assert fake_driver.calls("nvmlDeviceGetSamples", 0) == 9  # asked each time: three kinds, three records
 
 
 def test_throttle_reasons_give_the_bitmask_and_three_flags(opened: Opener) -> None:
@@ -410,13 +456,17 @@ def test_tracked_readings_are_few_and_cheap(opened: Opener) -> None:
     me = os.getpid()
     gpu = opened(pid=me, devices=[{"used": 7 * GIB, "util": 55, "compute": [{"pid": me, "used": GIB}]}, {}])
     assert gpu is not None
-    suffixes = ("memory_allocated_bytes", "utilization_percent", "process_memory_bytes")
-    assert gpu.tracked == tuple(f"resource/gpu/{i}/{s}" for i in (0, 1) for s in suffixes)
+    suffixes = ("sm_clock_mhz", "memory_allocated_bytes", "utilization_percent", "power_watts")
+    assert gpu.tracked == tuple(
+        f"resource/gpu/{i}/{s}" for i in (0, 1) for s in (*suffixes, "process_memory_bytes")
+    )
     assert gpu.averaged == ("resource/gpu/0/utilization_percent", "resource/gpu/1/utilization_percent")
     assert set(gpu.tracked) <= set(gpu.names)
     gpu.sample()
     before = fake_driver.all_calls()
-    assert gpu.sample_tracked()[:3] == [7 * GIB, 55, GIB]
+    polled = gpu.sample_tracked()[:5]
+    assert polled[1:3] + polled[4:] == [7 * GIB, 55, GIB]
+    assert math.isnan(polled[0]) and math.isnan(polled[3])  # peaks from the driver's buffer alone
     made = {key for key, count in fake_driver.all_calls().items() if count != before.get(key)}
     assert {function for function, _ in made} == {
         "nvmlDeviceGetMemoryInfo",
@@ -583,12 +633,13 @@ def test_a_lost_device_is_nan_the_others_flow_and_it_is_probed_with_backoff(
     at_loss = device_calls(1)
     for _ in range(100):
         values = readings(gpu)
-        tracked = gpu.sample_tracked()
+        between = tracked(gpu)
         assert all(math.isnan(v) for name, v in values.items() if name.startswith("resource/gpu/1/"))
         assert values["resource/gpu/0/temperature_celsius"] == 45
         assert values["resource/gpu/2/temperature_celsius"] == 45
-        assert all(math.isnan(v) for v in tracked[3:6])
-        assert not any(math.isnan(v) for v in tracked[:3] + tracked[6:])
+        polled = [name for name in between if not name.endswith(("power_watts", "sm_clock_mhz"))]
+        assert all(math.isnan(between[name]) for name in polled if name.startswith("resource/gpu/1/"))
+        assert not any(math.isnan(between[name]) for name in polled if not name.startswith("resource/gpu/1/"))
     # One call per probe (the first reading fails, the rest are skipped), at samples
     # 1, 3, 6, 11, 20, 37 and 70 as the backoff doubles: 7 calls where 1,300 would be made.
     assert device_calls(1) - at_loss == 7
@@ -606,7 +657,7 @@ def test_a_lost_device_that_answers_again_resumes(
     nvml.configure(devices=[{}])  # back on the bus
     values = [readings(gpu)["resource/gpu/0/temperature_celsius"] for _ in range(3)]
     assert math.isnan(values[0]) and values[1:] == [45, 45]  # one sample skipped, then the probe answers
-    assert gpu.sample_tracked()[0] == fake_nvml.DEFAULT_DEVICE["used"]
+    assert tracked(gpu)["resource/gpu/0/memory_allocated_bytes"] == fake_nvml.DEFAULT_DEVICE["used"]
     assert any("GPU 0 answers again" in r.getMessage() for r in caplog.records)
 
 

@@ -62,8 +62,17 @@ GPU_SIGNALS = (
     "energy_joules" + catalogue.RATE_SUFFIX,
 )
 TRACKED_SIGNALS = tuple(s for s in GPU_SIGNALS if catalogue.SIGNALS[catalogue.GPU_KEY_PREFIX + s].peak)
-"""Per-device suffixes also read between records, at the inner rate, for their peaks
-(``sample_tracked`` reads them in this order)."""
+"""Per-device suffixes with a peak (``sample_tracked`` and ``marks`` give them in this order):
+memory, utilization and the backend's memory are read between records, at the inner rate;
+the clock's and power's peaks come from the driver's sample buffer alone (``BUFFERED``)."""
+BUFFERED = {
+    "sm_clock_mhz": ("NVML_PROCESSOR_CLK_SAMPLES", 1.0),
+    "utilization_percent": ("NVML_GPU_UTILIZATION_SAMPLES", 1.0),
+    "power_watts": ("NVML_TOTAL_POWER_SAMPLES", 0.001),
+}
+"""Tracked suffixes the driver samples on its own (``nvmlDeviceGetSamples``): the binding's
+name of the sampling type and the scale to the signal's unit (mW to W). The highest of its
+samples since the previous record is that window's exact high, however brief."""
 AVERAGED_SIGNALS = tuple(s for s in GPU_SIGNALS if catalogue.SIGNALS[catalogue.GPU_KEY_PREFIX + s].mean)
 """Per-device tracked suffixes whose mean between records is published too."""
 
@@ -120,7 +129,11 @@ _CALLS: dict[str, tuple[str, ...]] = {
     "graphics": ("nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
     "fields": ("nvmlDeviceGetFieldValues",),
     "energy": ("nvmlDeviceGetTotalEnergyConsumption",),
+    **{f"samples of {suffix}": ("nvmlDeviceGetSamples",) for suffix in BUFFERED},
 }
+NO_SAMPLES_YET = frozenset({NVML_ERROR_NOT_FOUND})
+"""What nvmlDeviceGetSamples answers when the driver took no sample since the time asked:
+nothing is lost."""
 
 
 class _DeviceLost(Exception):
@@ -138,6 +151,8 @@ class _Device:
     """Samples skipped after the latest failed probe of a lost device."""
     skip: int = 0
     """Samples still skipped before the next probe."""
+    seen_us: dict[str, int] = field(default_factory=dict)
+    """Per buffered suffix, the newest driver sample taken into a peak (CPU time, µs)."""
     rates: Rates = field(default_factory=lambda: Rates(len(THROTTLE_FIELDS) + 1))
     """The throttle durations' shares of the time between samples, and the mean power."""
 
@@ -168,7 +183,9 @@ class GpuCollector(Collector):
 
     ``memory_allocated_bytes``, ``utilization_percent`` and
     ``process_memory_bytes`` are tracked between records (utilization also
-    averaged). A reading the device does not support is NaN and not asked
+    averaged); the peaks of utilization, ``power_watts`` and ``sm_clock_mhz``
+    also come from the driver's own samples since the previous record, where it
+    keeps them (``marks``). A reading the device does not support is NaN and not asked
     again; a device that is lost (off the bus) reads NaN while the others keep
     flowing, and is probed again after 1, 2, 4 ... up to
     ``MAX_LOST_BACKOFF_SAMPLES`` samples.
@@ -188,6 +205,15 @@ class GpuCollector(Collector):
         self.names = _per_device(handles, GPU_SIGNALS)
         self.tracked = _per_device(handles, TRACKED_SIGNALS)
         self.averaged = _per_device(handles, AVERAGED_SIGNALS)
+        self._sampling = {
+            suffix: (kind, scale)
+            for suffix, (name, scale) in BUFFERED.items()
+            if isinstance(kind := getattr(nvml, name, None), int)
+        }
+        """Buffered suffix -> (the binding's sampling type, scale), for the types it knows."""
+        opened_us = time.time_ns() // 1000
+        for dev in self._devices:  # peaks from the driver's buffer start now, not before the monitor
+            dev.seen_us = dict.fromkeys(self._sampling, opened_us)
         ids = {name: getattr(nvml, name, None) for name in (ENERGY_FIELD, *(n for _, n in THROTTLE_FIELDS))}
         self._energy_id = ids[ENERGY_FIELD]
         self._throttle_ids = [ids[name] for _, name in THROTTLE_FIELDS]
@@ -267,12 +293,42 @@ class GpuCollector(Collector):
             except _DeviceLost:
                 values += [MISSING] * len(TRACKED_SIGNALS)
                 continue
-            values += [
-                MISSING if memory is None else float(memory.used),
-                MISSING if utilization is None else float(utilization.gpu),
-                _held(compute, self._own),
-            ]
+            polled = {
+                "memory_allocated_bytes": MISSING if memory is None else float(memory.used),
+                "utilization_percent": MISSING if utilization is None else float(utilization.gpu),
+                "process_memory_bytes": _held(compute, self._own),
+            }
+            values += [polled.get(suffix, MISSING) for suffix in TRACKED_SIGNALS]
         return values
+
+    def marks(self) -> list[float]:
+        """The highest of the driver's own samples (``nvmlDeviceGetSamples``) since the
+        previous record, for the tracked readings it samples (``BUFFERED``); NaN elsewhere,
+        for a device lost, or with no sample since."""
+        values: list[float] = []
+        for dev in self._devices:
+            highs = {} if dev.lost else self._buffered_highs(dev)
+            values += [highs.get(suffix, MISSING) for suffix in TRACKED_SIGNALS]
+        return values
+
+    def _buffered_highs(self, dev: _Device) -> dict[str, float]:
+        highs: dict[str, float] = {}
+        for suffix, (kind, scale) in self._sampling.items():
+            try:
+                found = self._read(
+                    dev, f"samples of {suffix}", kind, dev.seen_us[suffix], none=NO_SAMPLES_YET
+                )
+            except _DeviceLost:
+                return highs
+            if not found:
+                continue
+            value_type, samples = found
+            if not samples or not 0 <= value_type < len(_FIELD_VALUE_TYPES):
+                continue
+            member = _FIELD_VALUE_TYPES[value_type]
+            highs[suffix] = max(float(getattr(s.sampleValue, member)) for s in samples) * scale
+            dev.seen_us[suffix] = max(int(s.timeStamp) for s in samples)
+        return highs
 
     def _readings(self, dev: _Device) -> list[float]:
         nvml = self._nvml
@@ -337,9 +393,10 @@ class GpuCollector(Collector):
             return None
         return [*compute, *(graphics or ())]
 
-    def _read(self, dev: _Device, reading: str, *args: Any) -> Any:
-        """One reading of ``dev``, or None when it failed. Raises ``_DeviceLost``
-        when the device is gone (and schedules its next probe)."""
+    def _read(self, dev: _Device, reading: str, *args: Any, none: frozenset[int] = frozenset()) -> Any:
+        """One reading of ``dev``, or None when it failed (or answered one of the codes
+        ``none``, which mean there is nothing to read). Raises ``_DeviceLost`` when the
+        device is gone (and schedules its next probe)."""
         if reading in dev.unsupported:
             return None
         functions = self._functions[reading]
@@ -355,6 +412,8 @@ class GpuCollector(Collector):
             if code in OLDER_CALL_CODES:
                 functions.pop(0)
                 continue
+            if code in none:
+                return None
             if code == NVML_ERROR_NOT_SUPPORTED:
                 dev.unsupported.add(reading)
             elif code in LOST_CODES:
