@@ -19,7 +19,7 @@ import fake_nvml
 import psutil
 import pynvml
 import pytest
-from conftest import FAST, Recorder, run_monitor, wait_for
+from conftest import FAST, Recorder, backend_script, run_monitor, wait_for
 
 import sampler
 from sampler.collectors import gpu as gpu_module
@@ -272,19 +272,22 @@ def test_peaks_between_records_come_from_the_drivers_own_samples(nvml: fake_driv
     """A 50 ms burst to 100 % and 690 W, at 1.9 GHz, that only the driver's sample buffer saw
     (its instant readings stay at 40 %, 300 W and 1.4 GHz): the record after it carries the burst
     as its peaks."""
-    start_us = time.time_ns() // 1000 + 300_000
-    burst = (start_us, start_us + 50_000)
-    spikes = [(pynvml.NVML_GPU_UTILIZATION_SAMPLES, 100, *burst)]
-    spikes += [(pynvml.NVML_TOTAL_POWER_SAMPLES, 690_000, *burst)]
-    spikes += [(pynvml.NVML_PROCESSOR_CLK_SAMPLES, 1900, *burst)]
-    nvml.configure(devices=[{"util": 40, "power_mw": 300_000, "sm_clock": 1400, "spikes": spikes}, {}])
+    device = {"util": 40, "power_mw": 300_000, "sm_clock": 1400}
+    nvml.configure(devices=[device, {}])
     sink = Recorder()
     with sampler.ResourceMonitor(sink=sink, categories=["gpu"], step_source="seconds", **FAST) as monitor:
-        wait_for(lambda: monitor.stats()["records_logged"] >= 2, what="two records")
-        after = time.time_ns() // 1000 + 500_000
+        wait_for(lambda: monitor.stats()["records_logged"] >= 2, what="two records")  # the child samples
+        start_us = time.time_ns() // 1000 + 200_000
+        burst = (start_us, start_us + 50_000)
+        spikes = [(pynvml.NVML_GPU_UTILIZATION_SAMPLES, 100, *burst)]
+        spikes += [(pynvml.NVML_TOTAL_POWER_SAMPLES, 690_000, *burst)]
+        spikes += [(pynvml.NVML_PROCESSOR_CLK_SAMPLES, 1900, *burst)]
+        nvml.configure(devices=[{**device, "spikes": spikes}, {}])
+        logged = monitor.stats()["records_logged"]
+        after = burst[1] + 300_000
         wait_for(
-            lambda: time.time_ns() // 1000 > after and monitor.stats()["records_logged"] >= 4,
-            what="the burst",
+            lambda: time.time_ns() // 1000 > after and monitor.stats()["records_logged"] >= logged + 4,
+            what="records after the burst",
         )
         stats = monitor.stats()
     prefix = "resource/gpu/0/"
@@ -295,6 +298,62 @@ def test_peaks_between_records_come_from_the_drivers_own_samples(nvml: fake_driv
     assert set(sink.values(prefix + "power_watts")) == {300}
     assert max(sink.values("resource/gpu/1/utilization_percent_peak")) == fake_nvml.DEFAULT_DEVICE["util"]
     assert stats["restarts"] == 0
+
+
+IN_A_CONTAINER = """
+import json
+from conftest import FAST, Recorder, wait_for
+name = "resource/gpu/0/process_memory_bytes"
+sink = Recorder()
+with sampler.ResourceMonitor(sink=sink, categories=["gpu"], step_source="seconds", **FAST) as monitor:
+    wait_for(lambda: len(sink.values(name)) >= 2, what="two records")
+    open(sys.argv[2], "w").close()
+    wait_for(lambda: os.path.exists(sys.argv[1]), what="the driver to list this backend's host pid")
+    logged, before = monitor.stats()["records_logged"], len(sink.values(name))
+    wait_for(lambda: monitor.stats()["records_logged"] >= logged + 8, what="eight records more")
+values = sink.values(name)
+print(json.dumps({"pid": os.getpid(), "before": values[:before], "after": values[before:]}))
+"""
+
+
+def test_a_backend_in_its_own_pid_namespace_gets_no_gpu_memory_rather_than_zero(
+    nvml: fake_driver.Driver, tmp_path: Path
+) -> None:
+    """A real pid namespace (``unshare --pid``, as a container has): the backend is pid 1 there,
+    and the driver lists it by its pid outside, which that namespace has not got. Its GPU memory
+    cannot be attributed: absent, said once, never 0."""
+    probe = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, check=False
+    )
+    if probe.returncode:
+        pytest.skip(f"cannot make a pid namespace here: {probe.stderr.decode().strip()}")
+    nvml.configure(devices=[{}])
+    listed, ready = tmp_path / "listed", tmp_path / "ready"
+    script = tmp_path / "backend.py"
+    script.write_text(backend_script(IN_A_CONTAINER))
+    outside = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(script), str(listed), str(ready)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        backend = wait_for(
+            lambda: psutil.Process(outside.pid).children(), what="the backend in its namespace"
+        )[0]
+        wait_for(ready.exists, what="the backend's first records")
+        nvml.configure(devices=[{"compute": [{"pid": backend.pid, "used": 3 * GIB}]}])
+        listed.touch()
+        out, err = outside.communicate(timeout=120)
+    finally:
+        outside.kill()
+        outside.wait()
+    assert outside.returncode == 0, err
+    result = json.loads(out.splitlines()[-1])
+    assert result["pid"] == 1  # inside, the backend is its namespace's first process
+    assert result["before"] and set(result["before"]) == {0}  # no process on the GPU yet: it holds 0
+    assert len(result["after"]) <= 1 and set(result["after"]) <= {0}  # at most a record in flight
+    assert err.count("cannot be attributed") == 1, err
 
 
 # --- the collector, in this process ------------------------------------------------------------

@@ -108,6 +108,11 @@ LOST_CODES = {
 """Codes (and NVML's words for them) that mean the device itself is gone:
 off the bus, or needing a reset."""
 
+FOREIGN_SAMPLES = 3
+"""Samples in a row in which NVML listed a GPU process this pid namespace has no such pid
+for, and none of the backend's, before the backend's GPU memory is declared unattributable:
+NVML lists host pids, which a backend in a container with its own pid namespace never sees
+(one sample could be a process that just exited)."""
 MAX_LOST_BACKOFF_SAMPLES = 64
 """A lost device is probed again after 1, 2, 4 ... samples, at most this many."""
 
@@ -222,6 +227,10 @@ class GpuCollector(Collector):
         self._process = attempt(functools.partial(psutil.Process, pid)) if pid > 0 else None
         self._own = None if self._process is None else frozenset({self._process.pid})
         self._tree: frozenset[int] | None = None
+        self._foreign = 0
+        """Samples in a row whose process lists held only pids from another pid namespace."""
+        self._attributable = True
+        """No device's process list in the latest ``sample()`` was from another pid namespace."""
 
     @classmethod
     def open(
@@ -269,6 +278,7 @@ class GpuCollector(Collector):
 
     def sample(self) -> list[float]:
         self._tree = self._scan_tree()
+        self._attributable = True
         values: list[float] = []
         for dev in self._devices:
             if dev.lost and dev.skip:
@@ -279,7 +289,31 @@ class GpuCollector(Collector):
                 values += self._readings(dev)
             except _DeviceLost:
                 values += [MISSING] * len(GPU_SIGNALS)
+        self._check_pid_namespace()
         return values
+
+    def _check_pid_namespace(self) -> None:
+        """Whether NVML's pids are this namespace's: a sample whose lists hold none of the
+        backend's pids and some this namespace has not got attributes nothing (the
+        backend's GPU memory is absent, not 0); after ``FOREIGN_SAMPLES`` such samples in a
+        row that is said once, and holds from then on."""
+        self._foreign = 0 if self._attributable else self._foreign + 1
+        if self._foreign >= FOREIGN_SAMPLES:
+            self._own = self._tree = None
+            log.warning(
+                "resource monitor: NVML lists GPU processes by pids this pid namespace has not got (the "
+                "backend runs in a container with a pid namespace of its own, and NVML reports the host's "
+                "pids), so the GPU memory the backend and its tree hold cannot be attributed: "
+                "process_memory_bytes and tree_memory_bytes are left absent"
+            )
+
+    def _foreign_pids(self, listed: list[Any]) -> bool:
+        """``listed`` holds none of the backend's tree and a pid this namespace has not got."""
+        tree = self._tree
+        if tree is None or not listed:
+            return False
+        pids = {process.pid for process in listed}
+        return not pids & tree and any(not os.path.exists(f"/proc/{pid}") for pid in pids)
 
     def sample_tracked(self) -> list[float]:
         values: list[float] = []
@@ -296,7 +330,9 @@ class GpuCollector(Collector):
             polled = {
                 "memory_allocated_bytes": MISSING if memory is None else float(memory.used),
                 "utilization_percent": MISSING if utilization is None else float(utilization.gpu),
-                "process_memory_bytes": _held(compute, self._own),
+                "process_memory_bytes": _held(
+                    compute, None if self._foreign_pids(compute or []) else self._own
+                ),
             }
             values += [polled.get(suffix, MISSING) for suffix in TRACKED_SIGNALS]
         return values
@@ -354,8 +390,8 @@ class GpuCollector(Collector):
             _number(temperature),
             MISSING if utilization is None else float(utilization.gpu),
             MISSING if power_mw is None else power_mw / 1000.0,
-            _held(processes, self._own),
-            _held(processes, self._tree),
+            _held(processes, self._own if self._attributable else None),
+            _held(processes, self._tree if self._attributable else None),
             _number(reasons),
             _flag(reasons, THROTTLE_POWER),
             _flag(reasons, THROTTLE_THERMAL),
@@ -391,7 +427,10 @@ class GpuCollector(Collector):
         graphics = self._read(dev, "graphics")
         if compute is None or (graphics is None and "graphics" not in dev.unsupported):
             return None
-        return [*compute, *(graphics or ())]
+        listed = [*compute, *(graphics or ())]
+        if self._foreign_pids(listed):
+            self._attributable = False
+        return listed
 
     def _read(self, dev: _Device, reading: str, *args: Any, none: frozenset[int] = frozenset()) -> Any:
         """One reading of ``dev``, or None when it failed (or answered one of the codes
@@ -451,9 +490,10 @@ class GpuCollector(Collector):
         log.warning("resource monitor: GPU %d answers again; its readings resume", dev.index)
 
     def _scan_tree(self) -> frozenset[int] | None:
-        """The backend and its descendants now (processes come and go), None if unreadable."""
+        """The backend and its descendants now (processes come and go), None if unreadable
+        (or unattributable: see ``_check_pid_namespace``)."""
         process = self._process
-        if process is None:
+        if process is None or self._own is None:
             return None
         children = attempt(functools.partial(process.children, recursive=True))
         return None if children is None else frozenset([process.pid, *(c.pid for c in children)])
