@@ -72,6 +72,7 @@ def plausible_range(suffix: str, row: dict[str, float], total_bytes: float) -> t
         "clock_throttle_reasons": (0.0, 2.0**64 - 1),
         "power_limit_watts": (1.0, 3_000.0),
         "energy_joules": (0.0, math.inf),
+        "xid_critical": (0.0, 2.0**32 - 1),
     }
     if suffix.endswith("_seconds"):  # a throttle duration: the driver's count since it loaded
         return (0.0, math.inf)

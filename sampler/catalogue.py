@@ -58,6 +58,7 @@ UNITS = (
     "processes",
     "0/1",
     "bitmask",
+    "XID",
     "steps/s",
 )
 """The units signals are in: MiB and GiB are 1024² and 1024³ bytes (every ``_mb`` and ``_gb``)."""
@@ -493,6 +494,12 @@ _SIGNALS = (
         "Mean power since the previous sample, from the energy counter: exact where power_watts is "
         "one reading.",
         metric=None, kind=RATE,
+    ),
+    _gpu(
+        "xid_critical", "XID", "GPU critical XID error", "xid",
+        "The latest critical XID error the driver reported for the GPU since the previous sample (0: "
+        "none; 79: fell off the bus, 48: double-bit ECC, 13 and 43: a kernel fault), from NVML's events.",
+        metric="gpu_xid_critical",
     ),
     _gpu(
         "energy_joules" + PER_STEP_SUFFIX, "J/step", "GPU energy per step", "J/step",

@@ -17,11 +17,13 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import fake_driver
 import psutil
 import pytest
 from cgroups import cgroup_skip_reason, memory_cgroup
@@ -403,10 +405,49 @@ GiB = 1024**3
          "vanished at step 1200; the cause could not be learned"),
         ({"exit": {"status": None, "signal": 99, "core_dumped": False, "unknown": None}},
          "ended by signal 99 at step 1200"),
+        ({"exit": {"status": None, "signal": 11, "core_dumped": False, "unknown": None},
+          "gpu_xids": [{"gpu": 2, "xid": 48, "record": 3}, {"gpu": 5, "xid": 79, "record": 41}],
+          "last_logged_record": 40},
+         "ended by SIGSEGV at step 1200, after XID 79 on GPU 5 at step 1200"),
+        ({"exit": {"status": 1, "signal": None, "core_dumped": False, "unknown": None},
+          "gpu_xids": [{"gpu": 0, "xid": 13, "record": 12}], "last_logged_record": 40},
+         "exited with status 1 at step 1200, after XID 13 on GPU 0 at or before step 1200"),
+        ({"gpu_xids": [{"gpu": 0, "xid": 43, "record": 0}], "last_logged_step": None},
+         "vanished before any step was logged; the cause could not be learned, after XID 43 on GPU 0 "
+         "before any step was logged"),
+        ({"gpu_xids": [{"gpu": True, "xid": "79", "record": 1}], "last_logged_record": 0},  # planted
+         "vanished at step 1200; the cause could not be learned"),
+        ({"gpu_xids": {"gpu": 1}}, "vanished at step 1200; the cause could not be learned"),
     ],
 )  # fmt: skip
 def test_the_sentence(fields: dict[str, Any], sentence: str) -> None:
     assert cause_of_death(header(**fields)) == sentence
+
+
+def test_a_critical_xid_before_the_death_is_named(
+    tmp_path: Path, backends: list[Backend], nvml: fake_driver.Driver
+) -> None:
+    """GPU 1 of two reports XID 79 (fell off the bus) half a second after the backend's monitor is
+    ready; the backend is killed once a record carried it, and its postmortem names it."""
+    directory = tmp_path / "postmortems"
+    xid_at = time.time_ns() // 1000 + 1_000_000  # a second from now
+    nvml.configure(devices=[{}, {"xids": [(79, xid_at)]}])
+    backend = Backend(tmp_path, f"postmortem_dir={str(directory)!r}", categories=("cpu", "gpu"))
+    backends.append(backend)
+    backend.ready()
+    wait_for(lambda: time.time_ns() // 1000 > xid_at + 500_000, what="the XID and a record after it")
+    backend.proc.send_signal(signal.SIGKILL)
+    err = ended(backend)
+    [path] = files(directory)
+    header, records = parse(path.read_text())
+    (xid,) = header["gpu_xids"]
+    assert (xid["gpu"], xid["xid"]) == (1, 79)
+    assert records[xid["record"] - records[0]["record"]]["values"]["resource/gpu/1/xid_critical"] == 79
+    assert all(r["values"].get("resource/gpu/0/xid_critical") == 0 for r in records)
+    assert "GPU 1 reported critical XID 79" in err
+    first = shown("--dir", str(directory))[0]
+    print(f"postmortem --show: {first}")
+    assert re.search(f"after XID 79 on GPU 1 at (or before )?step {header['last_logged_step']}$", first)
 
 
 def test_an_older_postmortem_still_shows_and_says_it_recorded_no_cause(tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 
+import fake_driver
+import fake_nvml
 import psutil
 import pytest
 
@@ -33,11 +35,11 @@ def test_a_bug_is_skipped_and_reported_once_with_its_traceback(caplog: pytest.Lo
     assert record.exc_info is not None
 
 
-def test_nvml_errors_are_legitimate_for_the_gpu_collector(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
-    monkeypatch.setenv("FAKE_NVML", '{"devices": [{}], "fail": {"nvmlDeviceGetTemperature": true}}')
-    import fake_nvml
-
-    gpu = GpuCollector.open("fake_nvml")
+def test_nvml_errors_are_legitimate_for_the_gpu_collector(nvml: fake_driver.Driver, caplog) -> None:
+    # The collector reads the temperature with nvmlDeviceGetTemperatureV, or the older call.
+    nvml.configure(devices=[{}], fail={"nvmlDeviceGetTemperatureV": True, "nvmlDeviceGetTemperature": True})
+    fake_driver.load()
+    gpu = GpuCollector.open("pynvml")
     assert gpu is not None
     try:
         values = dict(zip(gpu.names, gpu.sample(), strict=True))

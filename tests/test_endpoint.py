@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import fake_driver
 import pytest
 from conftest import FAST, Recorder, backend_script, free_ports, gone, scrape, wait_for
 
@@ -125,14 +126,12 @@ def test_a_failed_reading_is_absent_not_nan(tmp_path: Path) -> None:
     assert not [key for key, value in found.items() if math.isnan(value)]
 
 
-def test_gpu_series_carry_their_index_and_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_series_carry_their_index_and_uuid(nvml: fake_driver.Driver) -> None:
     uuids = ["GPU-aaaa1111-0000-4000-8000-000000000000", "GPU-bbbb2222-0000-4000-8000-000000000000"]
-    monkeypatch.setenv(
-        "FAKE_NVML", json.dumps({"devices": [{"uuid": u, "temp": 40 + i} for i, u in enumerate(uuids)]})
-    )
+    nvml.configure(devices=[{"uuid": u, "temp": 40 + i} for i, u in enumerate(uuids)])
     port = free_ports()
     recorder = Recorder()
-    with monitor(prometheus_port=port, categories=["gpu"], nvml_module="fake_nvml", sink=recorder):
+    with monitor(prometheus_port=port, categories=["gpu"], sink=recorder):
         wait_for(lambda: recorder.calls, what="a record")
         found = series(scrape(port))
     temperatures = {
@@ -185,14 +184,12 @@ def test_a_killed_child_takes_the_endpoint_down_and_its_successor_counts_the_cra
     assert crash == [1.0]
 
 
-def test_quarantined_categories_and_restarts_show_in_the_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(
-        "FAKE_NVML", json.dumps({"devices": [{}], "segfault": {"nvmlDeviceGetTemperature": True}})
+def test_quarantined_categories_and_restarts_show_in_the_metrics(nvml: fake_driver.Driver) -> None:
+    nvml.configure(
+        devices=[{}], segfault={"nvmlDeviceGetTemperatureV": True, "nvmlDeviceGetTemperature": True}
     )
     port = free_ports()
-    with monitor(
-        prometheus_port=port, categories=["cpu", "gpu"], nvml_module="fake_nvml", **QUICK_RESTARTS
-    ) as mon:
+    with monitor(prometheus_port=port, categories=["cpu", "gpu"], **QUICK_RESTARTS) as mon:
         wait_for(lambda: mon.stats()["quarantined"] == ["gpu"], what="gpu quarantined")
 
         def after_quarantine() -> Series | None:

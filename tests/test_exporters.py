@@ -6,7 +6,6 @@ against a local store, W&B offline, where the integrations extra is installed)."
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import posixpath
 import re
@@ -15,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import fake_driver
 import numpy as np
 import pytest
 from conftest import FAST, run_monitor, wait_for
@@ -109,13 +109,13 @@ alphanumerics, underscores, dashes, periods, spaces and slashes; the key must al
 
 
 def test_every_signal_name_is_a_valid_mlflow_key_and_a_two_level_wandb_section(
-    monkeypatch: pytest.MonkeyPatch,
+    nvml: fake_driver.Driver,
 ) -> None:
     """Check the names against MLflow's and W&B's documented rules.
     W&B groups ``a/b/c`` under the section ``a/b`` (one level of nesting), so every resource
     signal lands in a section per category (``resource/cpu``) or per GPU (``resource/gpu/0``)."""
-    monkeypatch.setenv("FAKE_NVML", json.dumps({"devices": [{}, {}]}))
-    sink, _ = run_monitor(categories=[*NON_GPU, "gpu"], nvml_module="fake_nvml")
+    nvml.configure(devices=[{}, {}])
+    sink, _ = run_monitor(categories=[*NON_GPU, "gpu"])
     names = sink.names()
     assert {"resource/gpu/1/power_watts", "resource/process/cpu_threads_in_use"} <= names
     for name in names:

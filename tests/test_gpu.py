@@ -59,6 +59,8 @@ THREE_NAMED = [{"uuid": UUID_A1}, {"uuid": UUID_A2, "mig": [MIG_C, MIG_D]}, {"uu
 """Device 1 is a GPU split into two MIG devices; two UUIDs share the prefix ``GPU-aaaa``."""
 READ_CALLS_PER_SAMPLE = 11
 """NVML calls ``sample()`` makes on a healthy device with no process on it."""
+OPENING_CALLS = 2
+"""NVML calls on each device as the collector opens: its handle, and its XID events registered."""
 COUNTING_THROTTLE = {getattr(pynvml, field): 2.5e8 for _, field in gpu_module.THROTTLE_FIELDS}
 """A device's fields: each reason held the clocks down a quarter of the time (ns per s)."""
 
@@ -465,6 +467,26 @@ def test_no_driver_sample_since_the_last_record_is_no_peak_and_no_loss(opened: O
     assert fake_driver.calls("nvmlDeviceGetSamples", 0) == 9  # asked each time: three kinds, three records
 
 
+def test_xids_are_absent_where_they_cannot_be_waited_for(
+    opened: Opener, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A binding without the event API, and a driver whose wait fails: the XID reading is
+    absent, not 0 ("no error"), and the failure is said once."""
+    gpu = opened(devices=[{}])
+    assert gpu is not None and readings(gpu)["resource/gpu/0/xid_critical"] == 0
+    gpu.close()  # its wait would fail below too
+    with monkeypatch.context() as binding:
+        binding.delattr(pynvml, "nvmlEventSetCreate")
+        gpu = opened(devices=[{}])
+        assert gpu is not None and math.isnan(readings(gpu)["resource/gpu/0/xid_critical"])
+    gpu = opened(devices=[{}], fail={"nvmlEventSetWait_v2": True}, fail_code={"nvmlEventSetWait_v2": 999})
+    assert gpu is not None
+    wait_for(lambda: math.isnan(readings(gpu)["resource/gpu/0/xid_critical"]), what="the wait to fail")
+    assert [r.getMessage() for r in caplog.records if "XID" in r.getMessage()] == [
+        "resource monitor: waiting for GPU XID events failed (Unknown Error); XIDs are no longer watched"
+    ]
+
+
 def test_throttle_reasons_give_the_bitmask_and_three_flags(opened: Opener) -> None:
     masks = [
         SW_POWER_CAP | HW_THERMAL,
@@ -684,7 +706,7 @@ def test_a_lost_device_is_nan_the_others_flow_and_it_is_probed_with_backoff(
     opened: Opener, code: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     healthy_samples = 2
-    lost = {"lost_after": 1 + healthy_samples * READ_CALLS_PER_SAMPLE, "lost_code": code}
+    lost = {"lost_after": OPENING_CALLS + healthy_samples * READ_CALLS_PER_SAMPLE, "lost_code": code}
     gpu = opened(pid=os.getpid(), devices=[{}, lost, {}])
     assert gpu is not None
     for _ in range(healthy_samples):
@@ -709,7 +731,7 @@ def test_a_lost_device_is_nan_the_others_flow_and_it_is_probed_with_backoff(
 def test_a_lost_device_that_answers_again_resumes(
     opened: Opener, nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture
 ) -> None:
-    gpu = opened(devices=[{"lost_after": 1 + READ_CALLS_PER_SAMPLE}])
+    gpu = opened(devices=[{"lost_after": OPENING_CALLS + READ_CALLS_PER_SAMPLE}])
     assert gpu is not None
     readings(gpu)
     assert math.isnan(readings(gpu)["resource/gpu/0/temperature_celsius"])
@@ -848,7 +870,7 @@ def test_gpu_check_passes_a_plausible_gpu(nvml: fake_driver.Driver) -> None:
         "sample_tracked():",
     ):
         assert line in done.stdout
-    assert "through a real monitor: 42 of 42 gpu signals arrived" in done.stdout
+    assert "through a real monitor: 44 of 44 gpu signals arrived" in done.stdout
     assert done.stdout.rstrip().endswith("all plausible")
 
 

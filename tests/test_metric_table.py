@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 
+import fake_driver
 import pytest
 
 from sampler.child.peaks import PeakTracker
@@ -37,10 +37,11 @@ class _Pressure(Collector):
     names = SYSTEM_NAMES + CGROUP_NAMES
 
 
-def every_signal(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def every_signal(nvml: fake_driver.Driver) -> list[str]:
     """Every name a record can carry: each collector's (two fake GPUs), then the peaks and means."""
-    monkeypatch.setenv("FAKE_NVML", json.dumps({"devices": [{}, {}]}))
-    sources = Sources(disk_path=os.sep, pid=os.getpid(), nvml_module="fake_nvml")
+    nvml.configure(devices=[{}, {}])
+    fake_driver.load()
+    sources = Sources(disk_path=os.sep, pid=os.getpid(), nvml_module="pynvml")
     faked = ("memory", "container", "pressure")
     collectors = [c for c in build_collectors(DEFAULT_CATEGORIES, sources) if c.category not in faked]
     collectors += [MemoryCollector(swap=True), _Container(), _Pressure()]  # swap: this machine may have none
@@ -54,9 +55,9 @@ def every_signal(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_every_signal_is_exposed_except_the_rates_prometheus_computes(
-    monkeypatch: pytest.MonkeyPatch,
+    nvml: fake_driver.Driver,
 ) -> None:
-    signals = every_signal(monkeypatch)
+    signals = every_signal(nvml)
     missing = [s for s in signals if metrics.lookup(s) is None and not s.endswith("_per_second")]
     assert missing == []
     assert all(metrics.lookup(s) is None for s in signals if s.endswith("_per_second"))
@@ -67,8 +68,8 @@ def test_every_signal_is_exposed_except_the_rates_prometheus_computes(
     assert set(metrics.SIGNALS) <= {k.removeprefix("resource/") for k in keys}
 
 
-def test_names_follow_prometheus_conventions(monkeypatch: pytest.MonkeyPatch) -> None:
-    exposed = [e for e in map(metrics.lookup, every_signal(monkeypatch)) if e is not None]
+def test_names_follow_prometheus_conventions(nvml: fake_driver.Driver) -> None:
+    exposed = [e for e in map(metrics.lookup, every_signal(nvml)) if e is not None]
     every = [e.metric for e in exposed] + list(metrics.OWN_METRICS)
     for metric in every:
         assert METRIC_NAME.match(metric.name) and metric.name.startswith("wl_resource_"), metric.name

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 import struct
 import subprocess
@@ -17,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+import fake_driver
+import pynvml
 import pytest
 from conftest import FAST, run_command, wait_for
 from matplotlib.axes import Axes
@@ -26,7 +27,7 @@ from matplotlib.lines import Line2D
 
 import sampler
 from sampler import catalogue
-from sampler.collectors.gpu import GPU_SIGNALS
+from sampler.collectors.gpu import THROTTLE_FIELDS
 from sampler.commands import plot as command
 from sampler.store.reader import Run, StoreReader
 from sampler.store.writer import RunInfo, RunWriter
@@ -39,8 +40,12 @@ LOSS_SCALES = (2.0, 1.0)
 """Run 1's and run 2's loss at step 0."""
 STEP_PER_ITERATION = 10
 """The model age moves 10 per training step: steps and seconds differ by far."""
-GPU_PANELS = len(GPU_SIGNALS)
-"""One panel per GPU reading; peaks and means are drawn in their reading's panel."""
+THROTTLED = {getattr(pynvml, name): 0.25e9 for _, name in THROTTLE_FIELDS}
+"""Every clocks event reason the driver times holds the clocks down a quarter of the time
+(nanoseconds per second), so the fake GPUs report every GPU reading."""
+GPU_PANELS = sum(1 for s in catalogue.SIGNALS.values() if s.category == "gpu" and s.kind != catalogue.RATE)
+"""One panel per GPU reading; peaks and means are drawn in their reading's panel, and a
+counter's rate is drawn from the counter."""
 
 
 def train(store: Path, loss_scale: float) -> None:
@@ -48,7 +53,7 @@ def train(store: Path, loss_scale: float) -> None:
     depend on the machine's cgroup limits and kernel; two fake GPUs) and the store on."""
     age = [0]
     categories = [c for c in sampler.DEFAULT_CATEGORIES if c not in ("container", "pressure")]
-    options: dict[str, Any] = {**FAST, "nvml_module": "fake_nvml", "categories": categories}
+    options: dict[str, Any] = {**FAST, "categories": categories}
     with sampler.ResourceMonitor(store=store, age_source=lambda: age[0], **options) as mon:
         i = 0
         while i < 20 or mon.stats()["records_logged"] < 6:
@@ -65,9 +70,12 @@ def train(store: Path, loss_scale: float) -> None:
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Two runs of a real monitor in one store."""
     path = tmp_path_factory.mktemp("plot") / "runs.sqlite"
-    devices = [{"temp": TEMPERATURES[0]}, {"temp": TEMPERATURES[1], "util": 40}]
+    devices = [
+        {"temp": TEMPERATURES[0], "fields": THROTTLED},
+        {"temp": TEMPERATURES[1], "util": 40, "fields": THROTTLED},
+    ]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("FAKE_NVML", json.dumps({"devices": devices}))
+        fake_driver.Driver(tmp_path_factory.mktemp("nvml"), patch).configure(devices=devices)
         for scale in LOSS_SCALES:
             train(path, scale)
     yield path

@@ -66,12 +66,15 @@ def sink(name, value, step):
 """
 
 
-def monitor_lines(options: str, ready: str = READY) -> str:
-    """Script lines: start a monitor ``mon`` with ``options``, wait until ``ready``,
-    print its child's pid."""
+CATEGORIES = ("cpu", "memory", "process")
+
+
+def monitor_lines(options: str, ready: str = READY, categories: tuple[str, ...] = CATEGORIES) -> str:
+    """Script lines: start a monitor ``mon`` of ``categories`` with ``options``, wait until
+    ``ready``, print its child's pid."""
     return "\n".join(
         [
-            "mon = sampler.ResourceMonitor(categories=['cpu', 'memory', 'process'], sink=sink,",
+            f"mon = sampler.ResourceMonitor(categories={list(categories)!r}, sink=sink,",
             f"    step_source='seconds', {FAST_ARGS}, {options}).start()",
             f"while not ({ready}): time.sleep(0.01)",
             "print(mon.child_pid, flush=True)",
@@ -84,14 +87,24 @@ class Backend:
     waits for a line on stdin, starts a monitor, then runs ``then``."""
 
     def __init__(
-        self, tmp_path: Path, options: str, *, ready: str = READY, then: str = "time.sleep(120)"
+        self,
+        tmp_path: Path,
+        options: str,
+        *,
+        ready: str = READY,
+        then: str = "time.sleep(120)",
+        categories: tuple[str, ...] = CATEGORIES,
     ) -> None:
         self.tmp = tmp_path / "tmp"
         self.tmp.mkdir(exist_ok=True)
         script = tmp_path / "backend.py"
         script.write_text(
             backend_script(
-                STALLING_SINK + "sys.stdin.readline()\n" + monitor_lines(options, ready) + "\n" + then
+                STALLING_SINK
+                + "sys.stdin.readline()\n"
+                + monitor_lines(options, ready, categories)
+                + "\n"
+                + then
             )
         )
         self.proc = subprocess.Popen(

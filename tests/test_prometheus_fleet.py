@@ -10,7 +10,6 @@ Everything is asserted through Prometheus' HTTP query API.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sqlite3
@@ -21,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import fake_driver
 import psutil
 import pytest
 from conftest import backend_script, free_ports, wait_for
@@ -45,7 +45,7 @@ def rank_script(port: int, sd_dir: Path, store: Path) -> str:
         t0 = time.monotonic()
         sampler.watch_model(lambda: int((time.monotonic() - t0) * 10))
         mon = sampler.ResourceMonitor(
-            interval_seconds=1.0, store={str(store)!r}, nvml_module="fake_nvml", postmortem_dir=None,
+            interval_seconds=1.0, store={str(store)!r}, postmortem_dir=None,
             prometheus_port={port}, prometheus_sd_dir={str(sd_dir)!r},
             _restart_backoff=({RESTART_DELAY}, {RESTART_DELAY}),
         )
@@ -75,7 +75,6 @@ class Fleet:
                 "WORLD_SIZE": str(RANKS),
                 "LOCAL_WORLD_SIZE": str(RANKS),
                 "TORCHELASTIC_RUN_ID": self.run_id,
-                "FAKE_NVML": json.dumps({"devices": GPUS}),
             }
             pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
             backend = subprocess.Popen([sys.executable, "-c", script], text=True, env=env, **pipes)
@@ -120,7 +119,8 @@ class Fleet:
 
 
 @pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[tuple[Fleet, PrometheusServer]]:
+def fleet(tmp_path: Path, nvml: fake_driver.Driver) -> Iterator[tuple[Fleet, PrometheusServer]]:
+    nvml.configure(devices=GPUS)  # before the backends start: each inherits it
     fleet = Fleet(tmp_path)
     fleet.sd_dir.mkdir()
     with PrometheusServer(tmp_path / "prometheus", fleet.sd_dir, scrape_interval=1.0) as server:

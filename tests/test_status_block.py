@@ -129,7 +129,7 @@ def test_the_backend_publishes_what_it_logged_to_the_child() -> None:
 
 
 def test_child_params_cross_the_channel_typed() -> None:
-    sources = Sources(disk_path="/", pid=os.getpid(), nvml_module="fake_nvml", gpu_devices=("0", "GPU-ab"))
+    sources = Sources(disk_path="/", pid=os.getpid(), nvml_module="pynvml", gpu_devices=("0", "GPU-ab"))
     target = PostmortemTarget(directory="/tmp/pm", store=None, started_at=1.5)
     params = ChildParams(
         ("cpu", "gpu"), MonitorSettings(gpu_devices=("0", "GPU-ab")), sources, os.getpid(), 64, target

@@ -22,6 +22,7 @@ import uuid
 from collections import deque
 from pathlib import Path
 
+import fake_driver
 import pytest
 from conftest import FAST, backend_script, parse_command, wait_for
 
@@ -230,16 +231,15 @@ def once(store: Path | str, **options: object) -> tuple[int, str]:
 
 
 def test_once_prints_a_frame_of_a_run_a_real_monitor_is_writing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, nvml: fake_driver.Driver
 ) -> None:
-    monkeypatch.setenv("FAKE_NVML", json.dumps({"devices": [{}, {"util": 12}]}))
+    nvml.configure(devices=[{}, {"util": 12}])
     store = tmp_path / "runs.sqlite"
     age = [0]
     with sampler.ResourceMonitor(
         store=store,
         categories=["cpu", "process", "gpu"],
         age_source=lambda: age[0],
-        nvml_module="fake_nvml",
         **FAST,
     ) as mon:
         step = 0
@@ -350,7 +350,7 @@ needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux
 BACKEND = """
 import json, math
 age = [0]
-mon = sampler.ResourceMonitor(store=sys.argv[1], age_source=lambda: age[0], nvml_module="fake_nvml",
+mon = sampler.ResourceMonitor(store=sys.argv[1], age_source=lambda: age[0],
                               interval_seconds=0.1, _min_interval_seconds=0.05).start()
 step = 0
 while True:
@@ -404,11 +404,11 @@ class Tmux:
         subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
 
 
-def start_backend(tmp_path: Path, store: Path) -> subprocess.Popen[bytes]:
+def start_backend(nvml: fake_driver.Driver, tmp_path: Path, store: Path) -> subprocess.Popen[bytes]:
     script = tmp_path / "backend.py"
     script.write_text(backend_script(BACKEND))
-    env = {**os.environ, "FAKE_NVML": json.dumps({"devices": [{}, {"util": 12}]})}
-    return subprocess.Popen([sys.executable, str(script), str(store)], env=env, cwd=tmp_path)
+    nvml.configure(devices=[{}, {"util": 12}])
+    return subprocess.Popen([sys.executable, str(script), str(store)], env={**os.environ}, cwd=tmp_path)
 
 
 def stop(backend: subprocess.Popen[bytes]) -> None:
@@ -430,9 +430,11 @@ def assert_exited_cleanly(tmux: Tmux) -> None:
 
 
 @needs_tmux
-def test_top_in_a_terminal_follows_a_live_backend_and_quits_on_q(tmp_path: Path) -> None:
+def test_top_in_a_terminal_follows_a_live_backend_and_quits_on_q(
+    tmp_path: Path, nvml: fake_driver.Driver
+) -> None:
     store = tmp_path / "runs.sqlite"
-    backend = start_backend(tmp_path, store)
+    backend = start_backend(nvml, tmp_path, store)
     tmux: Tmux | None = None
     try:
         wait_for(lambda: store.exists() and once(store)[0] == 0, what="the backend's run in the store")
@@ -467,13 +469,15 @@ def test_top_in_a_terminal_follows_a_live_backend_and_quits_on_q(tmp_path: Path)
 
 
 @needs_tmux
-def test_top_in_a_terminal_waits_for_a_run_picks_it_up_and_quits_on_ctrl_c(tmp_path: Path) -> None:
+def test_top_in_a_terminal_waits_for_a_run_picks_it_up_and_quits_on_ctrl_c(
+    tmp_path: Path, nvml: fake_driver.Driver
+) -> None:
     store = tmp_path / "later.sqlite"
     tmux = Tmux(top_command_line(store), tmp_path)
     backend: subprocess.Popen[bytes] | None = None
     try:
         tmux.wait_screen(f"waiting for a run in {store}")
-        backend = start_backend(tmp_path, store)
+        backend = start_backend(nvml, tmp_path, store)
         tmux.wait_screen("run 1 |", "loss", "gpu/0")
         tmux.tmux("send-keys", "-t", "top", "C-c")
         assert_exited_cleanly(tmux)

@@ -43,6 +43,7 @@ import errno
 import json
 import math
 import os
+import re
 import select
 import socket
 import sqlite3
@@ -91,6 +92,9 @@ EXIT_WAIT_SECONDS = 0.5
 """The longest the child waits for the backend's exit status: the kernel has it only once the
 backend's parent has reaped it."""
 _LIMIT, _USED, _ = MEMORY_NAMES
+_XID = re.compile(r"^resource/gpu/(\d+)/xid_critical$")
+XIDS_KEPT = 8
+"""The latest critical XIDs a postmortem's header names."""
 
 
 def backend_died(backend_pid: int, pidfd: int | None) -> bool:
@@ -244,6 +248,7 @@ def lines(snap: Snapshot, target: PostmortemTarget, written_at: float) -> list[s
         "exit": None if snap.exit is None else asdict(snap.exit),
         "memory_cgroup": None if snap.memory_cgroup is None else asdict(snap.memory_cgroup),
         "peaks": _peaks(snap),
+        "gpu_xids": _xids(snap),
     }
     out = [json.dumps(header, allow_nan=False)]
     now_wall, now_ns = snap.clock
@@ -256,6 +261,19 @@ def lines(snap: Snapshot, target: PostmortemTarget, written_at: float) -> list[s
         }
         out.append(json.dumps(record, allow_nan=False))
     return out
+
+
+def _xids(snap: Snapshot) -> list[dict[str, int]]:
+    """The critical XID errors the ring's records hold, oldest first (the latest
+    ``XIDS_KEPT``): each one's GPU, its XID and the record it came in."""
+    columns = [(int(m.group(1)), i) for i, name in enumerate(snap.fields) if (m := _XID.match(name))]
+    found = [
+        {"gpu": gpu, "xid": int(row[i]), "record": index}
+        for index, row in zip(snap.indices, snap.values.tolist(), strict=True)
+        for gpu, i in columns
+        if math.isfinite(row[i]) and row[i] > 0
+    ]
+    return found[-XIDS_KEPT:]
 
 
 def _peaks(snap: Snapshot) -> dict[str, float]:

@@ -21,6 +21,7 @@ import psutil
 from sampler import catalogue
 from sampler.collectors.base import MISSING, Collector, Rates, attempt
 from sampler.collectors.gpu_devices import choose, nvml_errors, owned, uuid_of
+from sampler.collectors.gpu_events import XidWatch
 
 log = logging.getLogger("sampler")
 
@@ -60,6 +61,7 @@ GPU_SIGNALS = (
     *(suffix + catalogue.RATE_SUFFIX for suffix, _ in THROTTLE_FIELDS),
     "energy_joules",
     "energy_joules" + catalogue.RATE_SUFFIX,
+    "xid_critical",
 )
 TRACKED_SIGNALS = tuple(s for s in GPU_SIGNALS if catalogue.SIGNALS[catalogue.GPU_KEY_PREFIX + s].peak)
 """Per-device suffixes with a peak (``sample_tracked`` and ``marks`` give them in this order):
@@ -184,7 +186,9 @@ class GpuCollector(Collector):
       down, counted by the driver since it loaded (field values), and each one's
       ``_per_second``, its share of the time between samples;
     - ``energy_joules``: the driver's total energy counter (J since it loaded), and
-      its ``_per_second``, the mean power (W) between samples.
+      its ``_per_second``, the mean power (W) between samples;
+    - ``xid_critical``: the latest critical XID error since the previous sample (0:
+      none), from NVML's events, waited for in a thread of the child's (``XidWatch``).
 
     ``memory_allocated_bytes``, ``utilization_percent`` and
     ``process_memory_bytes`` are tracked between records (utilization also
@@ -224,6 +228,9 @@ class GpuCollector(Collector):
         self._throttle_ids = [ids[name] for _, name in THROTTLE_FIELDS]
         self._field_ids = [i for i in ids.values() if isinstance(i, int)]
         """The fields asked for in one nvmlDeviceGetFieldValues call: those the binding knows."""
+        self._xids = XidWatch.open(nvml, handles, self._errors)
+        self._xid_latest: dict[int, int] | None = None
+        """The latest critical XID of each watched device in the window the current ``sample()`` closes."""
         self._process = attempt(functools.partial(psutil.Process, pid)) if pid > 0 else None
         self._own = None if self._process is None else frozenset({self._process.pid})
         self._tree: frozenset[int] | None = None
@@ -278,6 +285,7 @@ class GpuCollector(Collector):
 
     def sample(self) -> list[float]:
         self._tree = self._scan_tree()
+        self._xid_latest = None if self._xids is None else self._xids.take()
         self._attributable = True
         values: list[float] = []
         for dev in self._devices:
@@ -401,7 +409,16 @@ class GpuCollector(Collector):
             *rates[:-1],
             energy,
             rates[-1],
+            self._xid(dev),
         ]
+
+    def _xid(self, dev: _Device) -> float:
+        """The latest critical XID since the previous sample, 0 without one; NaN where the
+        driver cannot deliver them."""
+        watch, latest = self._xids, self._xid_latest
+        if watch is None or latest is None or dev.index not in watch.watched or not watch.watching:
+            return MISSING
+        return float(latest.get(dev.index, 0))
 
     def _counters(self, dev: _Device) -> tuple[float, list[float]]:
         """The energy counter (J) and the throttle durations (s), from one
@@ -499,6 +516,9 @@ class GpuCollector(Collector):
         return None if children is None else frozenset([process.pid, *(c.pid for c in children)])
 
     def close(self) -> None:
+        if self._xids is not None:
+            self._xids.close()
+            self._xids = None
         if self._devices:
             self._devices = []
             attempt(self._nvml.nvmlShutdown, self._errors)

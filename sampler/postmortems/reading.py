@@ -171,7 +171,28 @@ def _memory(cgroup: CgroupAtDeath) -> str:
 def cause_of_death(header: dict[str, Any]) -> str:
     """One sentence: how the backend died, as far as its postmortem can tell. The OOM killer is
     named when its cgroup's count rose and the backend ended by SIGKILL, or by what the kernel
-    would not say; a header without ``exit`` and ``memory_cgroup`` (version 1) recorded no cause."""
+    would not say; a header without ``exit`` and ``memory_cgroup`` (version 1) recorded no cause.
+    A critical XID error of a GPU in the records is named after it."""
+    return _death(header) + _xid(header)
+
+
+def _xid(header: dict[str, Any]) -> str:
+    """ ", after XID 79 on GPU 5 at step 1200": the latest critical XID the records hold, at the
+    last step logged when it came in or after the last logged record, else before it; "" none."""
+    xids = header.get("gpu_xids")
+    last = xids[-1] if isinstance(xids, list) and xids and isinstance(xids[-1], dict) else {}
+    gpu, xid, record = (last.get(key) for key in ("gpu", "xid", "record"))
+    if not (type(gpu) is int and type(xid) is int and type(record) is int):  # not bool either
+        return ""  # planted, or none
+    step, logged = header.get("last_logged_step"), header.get("last_logged_record")
+    if step is None or not isinstance(logged, int):
+        when = "before any step was logged"
+    else:
+        when = f"{'at' if record >= logged else 'at or before'} step {printable(str(step))}"
+    return f", after XID {xid} on GPU {gpu} {when}"
+
+
+def _death(header: dict[str, Any]) -> str:
     step = header.get("last_logged_step")
     at = "before any step was logged" if step is None else f"at step {printable(str(step))}"
     if "exit" not in header and "memory_cgroup" not in header:

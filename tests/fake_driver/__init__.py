@@ -8,7 +8,8 @@ A test configures it with the keys ``tests/fake_nvml.py`` takes (``devices``,
 ``energy_mj``, ``fields`` ({field id: nanoseconds per second}: a cumulative
 clocks event duration rising at that rate), ``spikes`` ([(sampling type,
 value, start_us, end_us)]: what ``nvmlDeviceGetSamples`` reads then, real-time
-microseconds) and ``sample_period_us``. Function names are the C library's:
+microseconds), ``sample_period_us`` and ``xids`` ([(code, at_us)]: critical XID errors,
+delivered to the event sets waiting from then on). Function names are the C library's:
 ``nvmlInitWithFlags``, ``nvmlDeviceGetComputeRunningProcesses_v3``. ``missing``
 functions are left out of the library when it is built, as an older driver
 lacks them; the library is built once per set of them and cached in the
@@ -156,7 +157,7 @@ def control_text(config: dict[str, Any], origin_us: int) -> str:
 
 
 def _device_lines(index: int, device: dict[str, Any]) -> list[str]:
-    unknown = set(device) - {*DEVICE_KEYS, "compute", "graphics", "mig", "fields", "spikes"}
+    unknown = set(device) - {*DEVICE_KEYS, "compute", "graphics", "mig", "fields", "spikes", "xids"}
     if unknown:
         raise ValueError(f"unknown device keys for the C driver: {sorted(unknown)}")
     lines = [
@@ -173,6 +174,7 @@ def _device_lines(index: int, device: dict[str, Any]) -> list[str]:
     lines += [
         f"device {index} spike {int(t)} {int(v)} {int(a)} {int(b)}" for t, v, a, b in device.get("spikes", [])
     ]
+    lines += [f"device {index} xid {int(code)} {int(at_us)}" for code, at_us in device.get("xids", [])]
     return lines
 
 

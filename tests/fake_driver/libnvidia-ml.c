@@ -20,6 +20,7 @@
  *                                 (clocks event durations) rising at that rate
  *   device I spike TYPE VALUE START_US END_US
  *                                 nvmlDeviceGetSamples of TYPE read VALUE then
+ *   device I xid CODE AT_US       a critical XID error, delivered to event sets then
  *   fail FUNCTION I|all CODE      FUNCTION returns CODE on device I
  *   segfault FUNCTION I|all       FUNCTION crashes with SIGSEGV
  *   hang FUNCTION I|all           FUNCTION never returns
@@ -50,6 +51,7 @@ enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_FUNCTION_NOT_FOUND = 13,
     NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_RESET_REQUIRED = 16,
@@ -66,6 +68,9 @@ enum {
 #define MAX_RULES 64
 #define MAX_FUNCTIONS 96
 #define SAMPLE_BUFFER 120
+#define MAX_XIDS 16
+#define MAX_EVENT_SETS 8
+#define EVENT_XID_CRITICAL 0x8ULL
 
 /* nvml.h's structs, as the binding lays them out. */
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
@@ -104,6 +109,7 @@ enum { SAMPLES_POWER = 0, SAMPLES_GPU_UTIL = 1, SAMPLES_MEM_UTIL = 2, SAMPLES_SM
 struct process { unsigned int pid; unsigned long long used; int graphics; };
 struct field { unsigned int id; double ns_per_s; };
 struct spike { int type; unsigned int value; long long start_us, end_us; };
+struct xid { unsigned int code; long long at_us; };
 
 struct device {
     int index, mig_slot; /* mig_slot -1: the GPU itself */
@@ -112,11 +118,12 @@ struct device {
     unsigned long long used, total, throttle, energy_mj;
     int energy, lost_code;
     long long lost_after, sample_period_us;
-    int n_processes, n_mig, n_fields, n_spikes;
+    int n_processes, n_mig, n_fields, n_spikes, n_xids;
     struct process processes[MAX_PROCS];
     char mig[MAX_MIG][96];
     struct field fields[MAX_FIELDS];
     struct spike spikes[MAX_SPIKES];
+    struct xid xids[MAX_XIDS];
 };
 typedef struct device *nvmlDevice_t;
 
@@ -218,6 +225,9 @@ static void directive(struct config *cfg, char *line) {
         } else if (!strcmp(key, "field") && n >= 5 && d->n_fields < MAX_FIELDS) {
             d->fields[d->n_fields].id = number;
             d->fields[d->n_fields++].ns_per_s = atof(words[4]);
+        } else if (!strcmp(key, "xid") && n >= 5 && d->n_xids < MAX_XIDS) {
+            d->xids[d->n_xids].code = number;
+            d->xids[d->n_xids++].at_us = atoll(words[4]);
         } else if (!strcmp(key, "spike") && n >= 7 && d->n_spikes < MAX_SPIKES) {
             struct spike *s = &d->spikes[d->n_spikes++];
             s->type = number;
@@ -708,6 +718,91 @@ nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t dev, int type, unsigned long long
     ANSWER(NVML_SUCCESS);
 }
 #endif
+
+/* --- events (critical XID errors) ------------------------------------------------------- */
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+struct event_set {
+    int used;
+    unsigned long long types[MAX_DEVICES];
+    int delivered[MAX_DEVICES]; /* XIDs of each device handed out through this set */
+};
+typedef struct event_set *nvmlEventSet_t;
+static struct event_set event_sets[MAX_EVENT_SETS];
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    pthread_mutex_lock(&lock);
+    if (!initialized) ANSWER(NVML_ERROR_UNINITIALIZED);
+    if (!set) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
+    for (int i = 0; i < MAX_EVENT_SETS; i++)
+        if (!event_sets[i].used) {
+            memset(&event_sets[i], 0, sizeof event_sets[i]);
+            event_sets[i].used = 1;
+            *set = &event_sets[i];
+            ANSWER(NVML_SUCCESS);
+        }
+    ANSWER(NVML_ERROR_UNKNOWN);
+}
+
+static int valid_set(nvmlEventSet_t set) {
+    return set >= &event_sets[0] && set < &event_sets[MAX_EVENT_SETS] && set->used;
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t dev, unsigned long long *types) {
+    ENTER(dev);
+    if (!types) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
+    *types = dev->mig_slot < 0 ? EVENT_XID_CRITICAL : 0;
+    ANSWER(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t dev, unsigned long long types, nvmlEventSet_t set) {
+    ENTER(dev);
+    if (!valid_set(set)) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
+    if (dev->mig_slot >= 0 || types & ~EVENT_XID_CRITICAL) ANSWER(NVML_ERROR_NOT_SUPPORTED);
+    set->types[dev->index] |= types;
+    ANSWER(NVML_SUCCESS);
+}
+
+/* The first XID due (its time come) that this set has not handed out yet, or
+ * NVML_ERROR_TIMEOUT after timeout_ms. */
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    long long deadline = now_us() + timeout_ms * 1000LL;
+    for (;;) {
+        pthread_mutex_lock(&lock);
+        if (!initialized) ANSWER(NVML_ERROR_UNINITIALIZED);
+        if (!valid_set(set) || !data) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
+        reload();
+        nvmlReturn_t failed = misbehave(__func__, -1);
+        if (failed) ANSWER(failed);
+        long long now = now_us();
+        for (int i = 0; i < config.n_devices; i++) {
+            struct device *d = &config.devices[i];
+            int k = set->delivered[i];
+            if (!(set->types[i] & EVENT_XID_CRITICAL) || k >= d->n_xids || d->xids[k].at_us > now) continue;
+            set->delivered[i]++;
+            count("nvmlEventSetWait_v2", i);
+            data->device = d;
+            data->eventType = EVENT_XID_CRITICAL;
+            data->eventData = d->xids[k].code;
+            data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFFu;
+            ANSWER(NVML_SUCCESS);
+        }
+        pthread_mutex_unlock(&lock);
+        if (now >= deadline) return NVML_ERROR_TIMEOUT;
+        usleep(5000);
+    }
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    pthread_mutex_lock(&lock);
+    if (!valid_set(set)) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
+    set->used = 0;
+    ANSWER(NVML_SUCCESS);
+}
 
 /* --- for tests in the process that loaded the library ------------------------------------ */
 
