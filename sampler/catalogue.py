@@ -149,7 +149,7 @@ def _gpu(
 ) -> Signal:
     """A GPU signal (a gauge unless ``kind`` says otherwise), exported with the scale its unit
     takes to base units (% to a ratio, MHz to Hz); ``metric`` None: not exported."""
-    scale = None if metric is None else {"%": PERCENT_TO_RATIO, "MHz": 1e6}.get(unit, 1.0)
+    scale = None if metric is None else {"%": PERCENT_TO_RATIO, "MHz": 1e6, "MiB/s": MIB}.get(unit, 1.0)
     key = GPU_KEY_PREFIX + suffix
     return Signal(key, unit, kind, title, label, what, metric=metric, scale=scale, **flags)
 
@@ -500,6 +500,47 @@ _SIGNALS = (
         "The latest critical XID error the driver reported for the GPU since the previous sample (0: "
         "none; 79: fell off the bus, 48: double-bit ECC, 13 and 43: a kernel fault), from NVML's events.",
         metric="gpu_xid_critical",
+    ),
+    _gpu(
+        "sm_activity_percent", "%", "GPU SM activity (GPM)", "sm active",
+        "Share of the time the SMs were busy since the previous sample (GPM, Hopper and later): unlike "
+        "utilization, a GPU waiting in a collective reads low.",
+        metric="gpu_sm_activity_ratio",
+    ),
+    _gpu(
+        "sm_occupancy_percent", "%", "GPU SM occupancy (GPM)", "occupancy",
+        "Warps resident on the SMs over the most they can hold, since the previous sample (GPM).",
+        metric="gpu_sm_occupancy_ratio",
+    ),
+    _gpu(
+        "tensor_activity_percent", "%", "GPU tensor core activity (GPM)", "tensor",
+        "Share of the time the tensor cores were busy since the previous sample (GPM).",
+        metric="gpu_tensor_activity_ratio",
+    ),
+    _gpu(
+        "dram_bandwidth_percent", "%", "GPU memory bandwidth used (GPM)", "dram bw",
+        "DRAM bandwidth used over its peak since the previous sample (GPM).",
+        metric="gpu_dram_bandwidth_ratio",
+    ),
+    _gpu(
+        "pcie_tx_mb_per_second", "MiB/s", "GPU PCIe sent (GPM)", "pcie tx",
+        "PCIe traffic from the GPU since the previous sample (GPM).",
+        metric="gpu_pcie_sent_bytes_per_second",
+    ),
+    _gpu(
+        "pcie_rx_mb_per_second", "MiB/s", "GPU PCIe received (GPM)", "pcie rx",
+        "PCIe traffic to the GPU since the previous sample (GPM).",
+        metric="gpu_pcie_received_bytes_per_second",
+    ),
+    _gpu(
+        "nvlink_tx_mb_per_second", "MiB/s", "GPU NVLink sent (GPM)", "nvlink tx",
+        "NVLink traffic from the GPU over all its links since the previous sample (GPM).",
+        metric="gpu_nvlink_sent_bytes_per_second",
+    ),
+    _gpu(
+        "nvlink_rx_mb_per_second", "MiB/s", "GPU NVLink received (GPM)", "nvlink rx",
+        "NVLink traffic to the GPU over all its links since the previous sample (GPM).",
+        metric="gpu_nvlink_received_bytes_per_second",
     ),
     _gpu(
         "energy_joules" + PER_STEP_SUFFIX, "J/step", "GPU energy per step", "J/step",

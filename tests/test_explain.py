@@ -399,6 +399,14 @@ def test_each_rule_fires_on_its_signals_and_is_ranked_by_how_far_past_its_thresh
     (text, _) = [r.text for r in reasons_with(**counted)]
     assert "power brake 45% of the time (typically 2%)" in text
     assert reasons_for(**{brake: during(0.15, 0.02)}) == []  # up 13 points: below the threshold
+    collective = {  # NVML's utilization reads 100% while a kernel waits in a collective; GPM does not
+        "resource/gpu/0/utilization_percent": during(100, 100),
+        "resource/gpu/0/sm_activity_percent": during(12, 80),
+    }
+    (waiting,) = reasons_with(**collective)
+    assert (
+        waiting.cause == "gpu_waiting" and "its SMs were busy 12% of the time (typically 80%)" in waiting.text
+    )
     both = {cpu: during(60, 2), "resource/cpu/utilization_percent": during(95, 60)}
     assert reasons_for(**both) == ["cpu_pressure", "host_cpu_busy"]  # 5.8 past its threshold, then 2.3
     swap_in = "resource/memory/swapped_in_mb_per_second"

@@ -23,6 +23,7 @@ from conftest import FAST, Recorder, backend_script, run_monitor, wait_for
 
 import sampler
 from sampler.collectors import gpu as gpu_module
+from sampler.collectors import gpu_gpm as gpm_module
 from sampler.collectors.gpu import GpuCollector
 from sampler.store.reader import StoreReader
 
@@ -59,8 +60,9 @@ THREE_NAMED = [{"uuid": UUID_A1}, {"uuid": UUID_A2, "mig": [MIG_C, MIG_D]}, {"uu
 """Device 1 is a GPU split into two MIG devices; two UUIDs share the prefix ``GPU-aaaa``."""
 READ_CALLS_PER_SAMPLE = 11
 """NVML calls ``sample()`` makes on a healthy device with no process on it."""
-OPENING_CALLS = 2
-"""NVML calls on each device as the collector opens: its handle, and its XID events registered."""
+OPENING_CALLS = 3
+"""NVML calls on each device as the collector opens: its handle, whether it has GPM, and its XID
+events registered."""
 COUNTING_THROTTLE = {getattr(pynvml, field): 2.5e8 for _, field in gpu_module.THROTTLE_FIELDS}
 """A device's fields: each reason held the clocks down a quarter of the time (ns per s)."""
 
@@ -485,6 +487,39 @@ def test_xids_are_absent_where_they_cannot_be_waited_for(
     assert [r.getMessage() for r in caplog.records if "XID" in r.getMessage()] == [
         "resource monitor: waiting for GPU XID events failed (Unknown Error); XIDs are no longer watched"
     ]
+
+
+GPM = {
+    pynvml.NVML_GPM_METRIC_SM_UTIL: 35.5,
+    pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: 22.0,
+    pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 18.25,
+    pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: 61.0,
+    pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: 1200.0,
+    pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: 45000.0,
+}
+"""A Hopper's GPM metrics (PCIe received and NVLink sent are not among them)."""
+
+
+def test_gpm_activity_comes_from_two_samples_kept_across_records(opened: Opener) -> None:
+    gpu = opened(devices=[{"gpm": GPM, "util": 100}, {}])
+    assert gpu is not None
+    for _ in range(3):
+        values = readings(gpu)
+    expected = {
+        "sm_activity_percent": 35.5,
+        "sm_occupancy_percent": 22.0,
+        "tensor_activity_percent": 18.25,
+        "dram_bandwidth_percent": 61.0,
+        "pcie_tx_mb_per_second": 1200.0,
+        "nvlink_rx_mb_per_second": 45000.0,
+    }
+    for suffix, value in expected.items():
+        assert values[f"resource/gpu/0/{suffix}"] == value
+    for suffix in ("pcie_rx_mb_per_second", "nvlink_tx_mb_per_second"):  # this GPU has not got them
+        assert math.isnan(values[f"resource/gpu/0/{suffix}"])
+    assert all(math.isnan(values[f"resource/gpu/1/{suffix}"]) for suffix, _ in gpm_module.GPM_METRICS)
+    assert calls("nvmlGpmMetricsGet", 0) == 3 and calls("nvmlGpmSampleGet", 0) == 4  # one at open
+    assert calls("nvmlGpmSampleGet", 1) == 0  # no GPM on GPU 1: asked once whether it has, never after
 
 
 def test_throttle_reasons_give_the_bitmask_and_three_flags(opened: Opener) -> None:

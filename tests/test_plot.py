@@ -28,6 +28,7 @@ from matplotlib.lines import Line2D
 import sampler
 from sampler import catalogue
 from sampler.collectors.gpu import THROTTLE_FIELDS
+from sampler.collectors.gpu_gpm import GPM_METRICS
 from sampler.commands import plot as command
 from sampler.store.reader import Run, StoreReader
 from sampler.store.writer import RunInfo, RunWriter
@@ -41,6 +42,8 @@ LOSS_SCALES = (2.0, 1.0)
 STEP_PER_ITERATION = 10
 """The model age moves 10 per training step: steps and seconds differ by far."""
 THROTTLED = {getattr(pynvml, name): 0.25e9 for _, name in THROTTLE_FIELDS}
+GPM = {getattr(pynvml, name): 40.0 for _, name in GPM_METRICS}
+"""Every GPM metric at 40 (percent, or MiB/s)."""
 """Every clocks event reason the driver times holds the clocks down a quarter of the time
 (nanoseconds per second), so the fake GPUs report every GPU reading."""
 GPU_PANELS = sum(1 for s in catalogue.SIGNALS.values() if s.category == "gpu" and s.kind != catalogue.RATE)
@@ -71,8 +74,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Two runs of a real monitor in one store."""
     path = tmp_path_factory.mktemp("plot") / "runs.sqlite"
     devices = [
-        {"temp": TEMPERATURES[0], "fields": THROTTLED},
-        {"temp": TEMPERATURES[1], "util": 40, "fields": THROTTLED},
+        {"temp": TEMPERATURES[0], "fields": THROTTLED, "gpm": GPM},
+        {"temp": TEMPERATURES[1], "util": 40, "fields": THROTTLED, "gpm": GPM},
     ]
     with pytest.MonkeyPatch.context() as patch:
         fake_driver.Driver(tmp_path_factory.mktemp("nvml"), patch).configure(devices=devices)
@@ -210,7 +213,7 @@ def test_nothing_overlaps_and_the_png_is_written(store: Path, tmp_path: Path) ->
     with StoreReader(str(store)) as reader:
         path = plot.render(reader, [reader.run(1)], output=tmp_path / "one.png")
     width, height = png_size(path)
-    assert 1500 <= width <= 2500 and 1000 <= height <= 3000  # taller with swap: 3 panels more
+    assert 1500 <= width <= 2500 and 1000 <= height <= 4000  # taller with swap, GPM and throttle time
 
 
 def test_one_line_per_gpu(store: Path) -> None:

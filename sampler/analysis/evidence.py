@@ -266,12 +266,16 @@ def _share(column: Floats, mask: Mask) -> float:
 
 
 def _gpu_idle(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
+    """A GPU that waited for work: its SMs' activity (GPM) where recorded, which reads low
+    while a kernel waits in a collective, else NVML's utilization, which reads 100% then."""
     reasons = []
     for device in _gpus(timeline):
-        util = _compare(timeline, f"resource/gpu/{device}/utilization_percent", inside, baseline)
+        names = (f"resource/gpu/{device}/sm_activity_percent", f"resource/gpu/{device}/utilization_percent")
+        util = _first(timeline, names, inside, baseline)
+        what = "its SMs were" if util is not None and util.name == names[0] else "it was"
         if util is not None and util.typical - util.stretch >= 20:
             text = (
-                f"GPU {device} was busy {util.stretch:.0f}% of the time (typically {util.typical:.0f}%): "
+                f"GPU {device}: {what} busy {util.stretch:.0f}% of the time (typically {util.typical:.0f}%): "
                 "it waited for work"
             )
             reasons.append(

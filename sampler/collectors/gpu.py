@@ -22,6 +22,7 @@ from sampler import catalogue
 from sampler.collectors.base import MISSING, Collector, Rates, attempt
 from sampler.collectors.gpu_devices import choose, nvml_errors, owned, uuid_of
 from sampler.collectors.gpu_events import XidWatch
+from sampler.collectors.gpu_gpm import GPM_METRICS, GpmPair
 
 log = logging.getLogger("sampler")
 
@@ -62,6 +63,7 @@ GPU_SIGNALS = (
     "energy_joules",
     "energy_joules" + catalogue.RATE_SUFFIX,
     "xid_critical",
+    *(suffix for suffix, _ in GPM_METRICS),
 )
 TRACKED_SIGNALS = tuple(s for s in GPU_SIGNALS if catalogue.SIGNALS[catalogue.GPU_KEY_PREFIX + s].peak)
 """Per-device suffixes with a peak (``sample_tracked`` and ``marks`` give them in this order):
@@ -158,6 +160,8 @@ class _Device:
     """Samples skipped after the latest failed probe of a lost device."""
     skip: int = 0
     """Samples still skipped before the next probe."""
+    gpm: GpmPair | None = None
+    """Its GPM samples, where it has GPM."""
     seen_us: dict[str, int] = field(default_factory=dict)
     """Per buffered suffix, the newest driver sample taken into a peak (CPU time, µs)."""
     rates: Rates = field(default_factory=lambda: Rates(len(THROTTLE_FIELDS) + 1))
@@ -188,7 +192,11 @@ class GpuCollector(Collector):
     - ``energy_joules``: the driver's total energy counter (J since it loaded), and
       its ``_per_second``, the mean power (W) between samples;
     - ``xid_critical``: the latest critical XID error since the previous sample (0:
-      none), from NVML's events, waited for in a thread of the child's (``XidWatch``).
+      none), from NVML's events, waited for in a thread of the child's (``XidWatch``);
+    - on GPUs with GPM (Hopper and later), activity since the previous sample
+      (``GpmPair``): ``sm_activity_percent``, ``sm_occupancy_percent``,
+      ``tensor_activity_percent``, ``dram_bandwidth_percent`` and PCIe and NVLink
+      ``..._tx``/``_rx_mb_per_second`` (MiB/s).
 
     ``memory_allocated_bytes``, ``utilization_percent`` and
     ``process_memory_bytes`` are tracked between records (utilization also
@@ -228,6 +236,8 @@ class GpuCollector(Collector):
         self._throttle_ids = [ids[name] for _, name in THROTTLE_FIELDS]
         self._field_ids = [i for i in ids.values() if isinstance(i, int)]
         """The fields asked for in one nvmlDeviceGetFieldValues call: those the binding knows."""
+        for dev in self._devices:
+            dev.gpm = GpmPair.open(nvml, dev.handle, self._errors)
         self._xids = XidWatch.open(nvml, handles, self._errors)
         self._xid_latest: dict[int, int] | None = None
         """The latest critical XID of each watched device in the window the current ``sample()`` closes."""
@@ -410,6 +420,7 @@ class GpuCollector(Collector):
             energy,
             rates[-1],
             self._xid(dev),
+            *(dev.gpm.read() if dev.gpm is not None else [MISSING] * len(GPM_METRICS)),
         ]
 
     def _xid(self, dev: _Device) -> float:
@@ -516,6 +527,10 @@ class GpuCollector(Collector):
         return None if children is None else frozenset([process.pid, *(c.pid for c in children)])
 
     def close(self) -> None:
+        for dev in self._devices:
+            if dev.gpm is not None:
+                dev.gpm.close()
+                dev.gpm = None
         if self._xids is not None:
             self._xids.close()
             self._xids = None

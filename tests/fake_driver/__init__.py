@@ -8,13 +8,14 @@ A test configures it with the keys ``tests/fake_nvml.py`` takes (``devices``,
 ``energy_mj``, ``fields`` ({field id: nanoseconds per second}: a cumulative
 clocks event duration rising at that rate), ``spikes`` ([(sampling type,
 value, start_us, end_us)]: what ``nvmlDeviceGetSamples`` reads then, real-time
-microseconds), ``sample_period_us`` and ``xids`` ([(code, at_us)]: critical XID errors,
-delivered to the event sets waiting from then on). Function names are the C library's:
-``nvmlInitWithFlags``, ``nvmlDeviceGetComputeRunningProcesses_v3``. ``missing``
-functions are left out of the library when it is built, as an older driver
-lacks them; the library is built once per set of them and cached in the
-temporary directory. What the library cannot do (hold the GIL while it hangs:
-ctypes releases it around every call) stays with the Python fake.
+microseconds), ``sample_period_us``, ``xids`` ([(code, at_us)]: critical XID errors,
+delivered to the event sets waiting from then on) and ``gpm`` ({metric id: value}: GPM,
+supported on a device that has any, each metric that value between any two samples).
+Function names are the C library's: ``nvmlInitWithFlags``,
+``nvmlDeviceGetComputeRunningProcesses_v3``. ``missing`` functions are left out of the
+library when it is built, as an older driver lacks them; the library is built once per set
+of them and cached in the temporary directory. What the library cannot do (hold the GIL
+while it hangs: ctypes releases it around every call) stays with the Python fake.
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def control_text(config: dict[str, Any], origin_us: int) -> str:
 
 
 def _device_lines(index: int, device: dict[str, Any]) -> list[str]:
-    unknown = set(device) - {*DEVICE_KEYS, "compute", "graphics", "mig", "fields", "spikes", "xids"}
+    unknown = set(device) - {*DEVICE_KEYS, "compute", "graphics", "mig", "fields", "spikes", "xids", "gpm"}
     if unknown:
         raise ValueError(f"unknown device keys for the C driver: {sorted(unknown)}")
     lines = [
@@ -175,6 +176,9 @@ def _device_lines(index: int, device: dict[str, Any]) -> list[str]:
         f"device {index} spike {int(t)} {int(v)} {int(a)} {int(b)}" for t, v, a, b in device.get("spikes", [])
     ]
     lines += [f"device {index} xid {int(code)} {int(at_us)}" for code, at_us in device.get("xids", [])]
+    lines += [
+        f"device {index} gpm {int(metric)} {float(value)}" for metric, value in device.get("gpm", {}).items()
+    ]
     return lines
 
 

@@ -21,6 +21,8 @@
  *   device I spike TYPE VALUE START_US END_US
  *                                 nvmlDeviceGetSamples of TYPE read VALUE then
  *   device I xid CODE AT_US       a critical XID error, delivered to event sets then
+ *   device I gpm METRIC VALUE     a GPM metric's value between any two samples (GPM
+ *                                 supported once the device has one)
  *   fail FUNCTION I|all CODE      FUNCTION returns CODE on device I
  *   segfault FUNCTION I|all       FUNCTION crashes with SIGSEGV
  *   hang FUNCTION I|all           FUNCTION never returns
@@ -71,6 +73,9 @@ enum {
 #define MAX_XIDS 16
 #define MAX_EVENT_SETS 8
 #define EVENT_XID_CRITICAL 0x8ULL
+#define MAX_GPM 32
+#define GPM_METRIC_MAX 477 /* NVML_GPM_METRIC_MAX: the metrics array's length */
+#define MAX_GPM_SAMPLES 64
 
 /* nvml.h's structs, as the binding lays them out. */
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
@@ -110,6 +115,7 @@ struct process { unsigned int pid; unsigned long long used; int graphics; };
 struct field { unsigned int id; double ns_per_s; };
 struct spike { int type; unsigned int value; long long start_us, end_us; };
 struct xid { unsigned int code; long long at_us; };
+struct gpm { unsigned int metric; double value; };
 
 struct device {
     int index, mig_slot; /* mig_slot -1: the GPU itself */
@@ -118,12 +124,13 @@ struct device {
     unsigned long long used, total, throttle, energy_mj;
     int energy, lost_code;
     long long lost_after, sample_period_us;
-    int n_processes, n_mig, n_fields, n_spikes, n_xids;
+    int n_processes, n_mig, n_fields, n_spikes, n_xids, n_gpm;
     struct process processes[MAX_PROCS];
     char mig[MAX_MIG][96];
     struct field fields[MAX_FIELDS];
     struct spike spikes[MAX_SPIKES];
     struct xid xids[MAX_XIDS];
+    struct gpm gpm[MAX_GPM];
 };
 typedef struct device *nvmlDevice_t;
 
@@ -228,6 +235,9 @@ static void directive(struct config *cfg, char *line) {
         } else if (!strcmp(key, "xid") && n >= 5 && d->n_xids < MAX_XIDS) {
             d->xids[d->n_xids].code = number;
             d->xids[d->n_xids++].at_us = atoll(words[4]);
+        } else if (!strcmp(key, "gpm") && n >= 5 && d->n_gpm < MAX_GPM) {
+            d->gpm[d->n_gpm].metric = number;
+            d->gpm[d->n_gpm++].value = atof(words[4]);
         } else if (!strcmp(key, "spike") && n >= 7 && d->n_spikes < MAX_SPIKES) {
             struct spike *s = &d->spikes[d->n_spikes++];
             s->type = number;
@@ -801,6 +811,91 @@ nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
     pthread_mutex_lock(&lock);
     if (!valid_set(set)) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
     set->used = 0;
+    ANSWER(NVML_SUCCESS);
+}
+
+/* --- GPM (GPU performance monitoring, Hopper and later) ---------------------------------- */
+
+typedef struct { unsigned int version, isSupportedDevice; } nvmlGpmSupport_t;
+struct gpm_sample { int used; nvmlDevice_t device; long long taken_us; };
+typedef struct gpm_sample *nvmlGpmSample_t;
+typedef struct { const char *shortName, *longName, *unit; } nvmlGpmMetricInfo_t;
+typedef struct {
+    unsigned int metricId;
+    nvmlReturn_t nvmlReturn;
+    double value;
+    nvmlGpmMetricInfo_t metricInfo;
+} nvmlGpmMetric_t;
+typedef struct {
+    unsigned int version, numMetrics;
+    nvmlGpmSample_t sample1, sample2;
+    nvmlGpmMetric_t metrics[GPM_METRIC_MAX];
+} nvmlGpmMetricsGet_t;
+static struct gpm_sample gpm_samples[MAX_GPM_SAMPLES];
+
+nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t dev, nvmlGpmSupport_t *support) {
+    ENTER(dev);
+    if (!support) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
+    if (support->version != 1) ANSWER(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    support->isSupportedDevice = dev->n_gpm > 0;
+    ANSWER(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *sample) {
+    pthread_mutex_lock(&lock);
+    if (!sample) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
+    for (int i = 0; i < MAX_GPM_SAMPLES; i++)
+        if (!gpm_samples[i].used) {
+            memset(&gpm_samples[i], 0, sizeof gpm_samples[i]);
+            gpm_samples[i].used = 1;
+            *sample = &gpm_samples[i];
+            ANSWER(NVML_SUCCESS);
+        }
+    ANSWER(NVML_ERROR_UNKNOWN);
+}
+
+static int valid_sample(nvmlGpmSample_t sample) {
+    return sample >= &gpm_samples[0] && sample < &gpm_samples[MAX_GPM_SAMPLES] && sample->used;
+}
+
+nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) {
+    pthread_mutex_lock(&lock);
+    if (!valid_sample(sample)) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
+    sample->used = 0;
+    ANSWER(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t dev, nvmlGpmSample_t sample) {
+    ENTER(dev);
+    if (!valid_sample(sample)) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
+    if (!dev->n_gpm || dev->mig_slot >= 0) ANSWER(NVML_ERROR_NOT_SUPPORTED);
+    sample->device = dev;
+    sample->taken_us = now_us();
+    ANSWER(NVML_SUCCESS);
+}
+
+/* Each metric asked for between two samples of one device, the first the older: its
+ * configured value, NOT_SUPPORTED for one the device has not got. */
+nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *get) {
+    pthread_mutex_lock(&lock);
+    if (!initialized) ANSWER(NVML_ERROR_UNINITIALIZED);
+    if (!get) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
+    if (get->version != 1) ANSWER(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (!valid_sample(get->sample1) || !valid_sample(get->sample2) || get->numMetrics > GPM_METRIC_MAX) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
+    nvmlDevice_t dev = get->sample1->device;
+    if (!dev || dev != get->sample2->device || get->sample2->taken_us <= get->sample1->taken_us) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
+    count(__func__, dev->index);
+    for (unsigned int i = 0; i < get->numMetrics; i++) {
+        nvmlGpmMetric_t *m = &get->metrics[i];
+        m->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        m->value = 0;
+        m->metricInfo.shortName = m->metricInfo.longName = m->metricInfo.unit = NULL;
+        for (int k = 0; k < dev->n_gpm; k++)
+            if (dev->gpm[k].metric == m->metricId) {
+                m->value = dev->gpm[k].value;
+                m->nvmlReturn = NVML_SUCCESS;
+            }
+    }
     ANSWER(NVML_SUCCESS);
 }
 

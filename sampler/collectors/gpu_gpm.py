@@ -1,0 +1,101 @@
+"""GPU performance monitoring (GPM: Hopper and later): what the SMs, the tensor cores, DRAM,
+PCIe and NVLink did between two samples the child keeps across records, so nothing waits
+between them. Only ever imported where the gpu collector is.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+from typing import Any
+
+from sampler.collectors.base import MISSING, attempt
+
+GPM_METRICS = (
+    ("sm_activity_percent", "NVML_GPM_METRIC_SM_UTIL"),
+    ("sm_occupancy_percent", "NVML_GPM_METRIC_SM_OCCUPANCY"),
+    ("tensor_activity_percent", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
+    ("dram_bandwidth_percent", "NVML_GPM_METRIC_DRAM_BW_UTIL"),
+    ("pcie_tx_mb_per_second", "NVML_GPM_METRIC_PCIE_TX_PER_SEC"),
+    ("pcie_rx_mb_per_second", "NVML_GPM_METRIC_PCIE_RX_PER_SEC"),
+    ("nvlink_tx_mb_per_second", "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC"),
+    ("nvlink_rx_mb_per_second", "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC"),
+)
+"""Each GPM signal's suffix and the binding's name of its metric (percent, or MiB/s)."""
+GPM_API = (
+    "nvmlGpmQueryDeviceSupport",
+    "nvmlGpmSampleAlloc",
+    "nvmlGpmSampleGet",
+    "nvmlGpmMetricsGet",
+    "nvmlGpmSampleFree",
+    "c_nvmlGpmMetricsGet_t",
+)
+
+
+class GpmPair:
+    """The previous GPM sample of one device and a spare: each ``read`` takes a new sample
+    into the spare, gets the metrics between the two, and keeps the new one as the previous."""
+
+    def __init__(
+        self, nvml: ModuleType, handle: Any, samples: list[Any], errors: tuple[type[BaseException], ...]
+    ):
+        self._nvml = nvml
+        self._handle = handle
+        self._errors = errors
+        self._previous, self._spare = samples
+        self._has_previous = self._take(self._previous)
+        self._ids = [getattr(nvml, name, None) for _, name in GPM_METRICS]
+
+    @classmethod
+    def open(cls, nvml: ModuleType, handle: Any, errors: tuple[type[BaseException], ...]) -> GpmPair | None:
+        """None where the binding has no GPM or the device does not support it."""
+        if not all(hasattr(nvml, name) for name in GPM_API):
+            return None
+        support = attempt(functools.partial(nvml.nvmlGpmQueryDeviceSupport, handle), errors)
+        if support is None or not support.isSupportedDevice:
+            return None
+        samples = [attempt(nvml.nvmlGpmSampleAlloc, errors) for _ in range(2)]
+        if any(sample is None for sample in samples):
+            for sample in samples:
+                if sample is not None:
+                    attempt(functools.partial(nvml.nvmlGpmSampleFree, sample), errors)
+            return None
+        return cls(nvml, handle, samples, errors)
+
+    def read(self) -> list[float]:
+        """Each ``GPM_METRICS`` value since the previous read; NaN for the first read, for a
+        metric the device or the binding has not got, and when a call fails."""
+        if not self._take(self._spare):
+            self._has_previous = False
+            return [MISSING] * len(GPM_METRICS)
+        had, self._has_previous = self._has_previous, True
+        older, newer = self._previous, self._spare
+        self._previous, self._spare = newer, older
+        if not had:
+            return [MISSING] * len(GPM_METRICS)
+        wanted = [(k, i) for k, i in enumerate(self._ids) if isinstance(i, int)]
+        nvml = self._nvml
+        get = nvml.c_nvmlGpmMetricsGet_t()
+        get.version = getattr(nvml, "NVML_GPM_METRICS_GET_VERSION", 1)
+        get.numMetrics = len(wanted)
+        get.sample1, get.sample2 = older, newer
+        for slot, (_, metric) in enumerate(wanted):
+            get.metrics[slot].metricId = metric
+        got = attempt(functools.partial(nvml.nvmlGpmMetricsGet, get), self._errors)
+        values = [MISSING] * len(GPM_METRICS)
+        if got is not None:
+            for slot, (k, _) in enumerate(wanted):
+                metric = got.metrics[slot]
+                if metric.nvmlReturn == 0:
+                    values[k] = float(metric.value)
+        return values
+
+    def _take(self, sample: Any) -> bool:
+        return (
+            attempt(functools.partial(self._nvml.nvmlGpmSampleGet, self._handle, sample), self._errors)
+            is not None
+        )
+
+    def close(self) -> None:
+        for sample in (self._previous, self._spare):
+            attempt(functools.partial(self._nvml.nvmlGpmSampleFree, sample), self._errors)
