@@ -60,6 +60,8 @@ def test_quick_benchmark_produces_every_number(tmp_path: Path) -> None:
     assert cells["idle@0.01s/process"]["child_cpu_ms_per_sample"]["median"] is not None
     assert {(row["mode"], row["devices"]) for row in report["scaling"]} >= {("thread", 1), ("process", 1)}
     assert all(row["backend_cpu_ms_per_sample"] is not None for row in report["scaling"])
+    one_gpu = [row for row in report["scaling"] if row["devices"] == 1 and row["samples"]]
+    assert one_gpu and all(row["signals_per_sample"] >= 15 for row in one_gpu)  # the fake driver answered
     # The floor and the run store, against the isolated monitor in the same rounds (idle backend).
     floor = report["floor"]["0.01s"]
     for mode in ("floor", "process", "store"):

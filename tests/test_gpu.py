@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -893,8 +894,11 @@ def gpu_check(nvml: fake_driver.Driver, *args: str, **config: object) -> subproc
     )
 
 
-def test_gpu_check_passes_a_plausible_gpu(nvml: fake_driver.Driver) -> None:
-    done = gpu_check(nvml, devices=[{"fields": COUNTING_THROTTLE}, {"throttle": SW_POWER_CAP}])
+def test_gpu_check_passes_a_plausible_gpu_and_writes_its_report(
+    nvml: fake_driver.Driver, tmp_path: Path
+) -> None:
+    devices = [{"fields": COUNTING_THROTTLE, "gpm": GPM, "power_mw": 250_000}, {"throttle": SW_POWER_CAP}]
+    done = gpu_check(nvml, "--out", str(tmp_path), "--burst-seconds", "1", devices=devices)
     assert done.returncode == 0, done.stdout + done.stderr
     for line in (
         "GPU 0",
@@ -905,8 +909,24 @@ def test_gpu_check_passes_a_plausible_gpu(nvml: fake_driver.Driver) -> None:
         "sample_tracked():",
     ):
         assert line in done.stdout
-    assert "through a real monitor: 44 of 44 gpu signals arrived" in done.stdout
-    assert done.stdout.rstrip().endswith("all plausible")
+    (arrived,) = re.findall(r"through a real monitor: (\d+) of (\d+) gpu signals arrived", done.stdout)
+    assert arrived[0] == arrived[1] and int(arrived[1]) >= 50  # two GPUs: readings, rates, peaks, means
+    assert done.stdout.rstrip().endswith(
+        f"report written to {tmp_path / 'gpu_check.json'} and {tmp_path / 'gpu_check.md'}"
+    )
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["problems"] == 0 and report["driver"]["driver_version"] == "999.99.fake"
+    first = report["devices"]["0"]
+    calls = {row["call"]: row for row in first["calls"]}
+    assert all(row["outcome"] == "ok" and row["p50_us"] <= row["p99_us"] for row in calls.values())
+    assert set(calls["nvmlDeviceGetFieldValues"]["nvml_latency_us"].values()) == {3}  # the driver's own
+    assert first["gpm"]["supported"] and first["gpm"]["sm_activity_percent"] == 35.5
+    assert report["devices"]["1"]["gpm"] == {"supported": False}
+    assert first["facts"]["persistence_mode"] == 1 and "Not Supported" in first["facts"]["mig_mode"]
+    energy = report["energy"]  # the fake's counter is its power times the time: they must agree
+    assert energy["under_load"] is False and energy["ratio"] == pytest.approx(1.0, abs=0.05)
+    assert energy["mean_power_w"] == 250
+    assert "## GPU 1" in (tmp_path / "gpu_check.md").read_text()
 
 
 @pytest.mark.parametrize(
@@ -920,8 +940,8 @@ def test_gpu_check_passes_a_plausible_gpu(nvml: fake_driver.Driver) -> None:
 def test_gpu_check_fails_an_implausible_reading(nvml: fake_driver.Driver, device: dict, problem: str) -> None:
     done = gpu_check(nvml, devices=[device])
     assert done.returncode == 1, done.stdout + done.stderr
-    (line,) = [line for line in done.stdout.splitlines() if problem in line and "outside" in line]
-    assert line.split()[0] == problem
+    line = next(line for line in done.stdout.splitlines() if problem in line and "outside" in line)
+    assert line.split()[0] == problem  # the device's table, before the monitor's run says it again
 
 
 def test_gpu_check_fails_a_missing_spec_reading_and_accepts_an_unsupported_extra(

@@ -13,7 +13,7 @@ per sample, making the same 27 sink calls and nothing else) against the
 isolated monitor with and without the run store, and a GIL-bound training loop
 that logs its loss every step through the pipeline (``log_signal``), with the
 isolated monitor and with the store on. Then it measures how the cost grows
-with the number of GPUs (a fake NVML with 1, 8 and 64 devices) and with all
+with the number of GPUs (the tests' fake NVIDIA driver with 1, 8 and 64 devices) and with all
 categories on versus one. Prints a Markdown report, checks the targets, and
 optionally writes the numbers as JSON and a PNG chart (matplotlib).
 ``--floor-only`` keeps the idle backend against the floor alone, for long rounds.
@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the package, and the fake NVML for GPU scaling
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the package, and the fake driver for GPU scaling
 
 from bench.overhead.cli import main  # noqa: E402  (after the path set-up above)
 from bench.overhead.plan import FLOOR_SIGNALS  # noqa: E402

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import fake_driver  # from tests/, on the path (bench.overhead's __init__): the fake NVIDIA driver
 import numpy as np
 import psutil
 
@@ -109,7 +110,6 @@ def _start_monitor(
         categories=run.categories,
         sink=noop_sink,
         step_source="seconds",
-        nvml_module="fake_nvml" if run.devices else "pynvml",
         isolation="thread" if run.mode == "thread" else "process",
         # The idle backend measures what the monitor costs as users run it: with no hook,
         # which would make a dict and a Sample of every record the floor has no part in.
@@ -212,16 +212,33 @@ def run_matrix(profile: Profile, log: Callable[[str], None]) -> list[Run]:
     return runs
 
 
+class _Environ:
+    """``os.environ`` as the fake driver sets it (``monkeypatch.setenv``'s signature)."""
+
+    def setenv(self, name: str, value: str) -> None:
+        os.environ[name] = value
+
+
 def run_scaling(profile: Profile, log: Callable[[str], None]) -> list[Run]:
     """Idle backend at the stress interval: 1, 8 and 64 fake GPUs, then all categories against one."""
     if profile.floor_only:
         return []
     runs = []
-    for devices in profile.devices:
-        os.environ["FAKE_NVML"] = json.dumps({"devices": [{}] * devices})
-        for mode in ("thread", "process"):
-            runs.append(measure("idle", mode, STRESS, profile.scaling_seconds, ("gpu",), devices))
-    os.environ.pop("FAKE_NVML", None)
+    with tempfile.TemporaryDirectory() as scratch:
+        saved = {name: os.environ.get(name) for name in (fake_driver.CONTROL_ENV, "LD_LIBRARY_PATH")}
+        fake_driver.load()  # the thread mode reads NVML in this process, which started without the path
+        driver = fake_driver.Driver(Path(scratch), _Environ())
+        try:
+            for devices in profile.devices:
+                driver.configure(devices=[{}] * devices)
+                for mode in ("thread", "process"):
+                    runs.append(measure("idle", mode, STRESS, profile.scaling_seconds, ("gpu",), devices))
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
     for categories in (NON_GPU, ("cpu",)):
         for mode in ("thread", "process"):
             runs.append(measure("idle", mode, STRESS, profile.scaling_seconds, categories))

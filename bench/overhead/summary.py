@@ -178,6 +178,7 @@ def summarize(matrix: list[Run], scaling: list[Run]) -> Summary:
             "devices": r.devices,
             "mode": r.mode,
             "samples": r.samples,
+            "signals_per_sample": r.signals_per_sample,
             "backend_cpu_ms_per_sample": r.backend_cpu_ms_per_sample,
             "child_cpu_ms_per_sample": r.child_cpu_ms_per_sample,
         }

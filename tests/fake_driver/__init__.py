@@ -117,7 +117,7 @@ def calls(function: str, index: int) -> int:
     return int(_library().fake_nvml_calls(function.encode(), index))
 
 
-def all_calls(devices: int = 16) -> dict[tuple[str, int], int]:
+def all_calls(devices: int = 64) -> dict[tuple[str, int], int]:
     """(function, device index) -> its calls in this process since the control last changed."""
     library, names = _library(), []
     while (name := library.fake_nvml_function(len(names))) is not None:

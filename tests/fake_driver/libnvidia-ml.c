@@ -62,7 +62,7 @@ enum {
 };
 #define NVML_VALUE_NOT_AVAILABLE 0xFFFFFFFFFFFFFFFFULL
 #define NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION 83
-#define MAX_DEVICES 16
+#define MAX_DEVICES 64
 #define MAX_MIG 7
 #define MAX_PROCS 32
 #define MAX_FIELDS 16
@@ -395,6 +395,12 @@ nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
 
 nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
     return copy_text("99.999.99", version, length);
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) {
+    if (!version) return NVML_ERROR_INVALID_ARGUMENT;
+    *version = 12090;
+    return NVML_SUCCESS;
 }
 
 /* --- devices ----------------------------------------------------------------------------- */

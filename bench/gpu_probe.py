@@ -1,0 +1,217 @@
+"""What ``bench/gpu_check.py`` asks NVML itself, beside the collector: the driver's facts, each
+call the monitor makes timed over many calls, one GPM pair, and the energy counter's change over
+a burst of work against power integrated over the same time. Every probe degrades to a value
+that says why it could not be had ("not supported", "not in the binding"), never an exception.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from sampler.collectors.gpu import BUFFERED, ENERGY_FIELD, THROTTLE_FIELDS
+from sampler.collectors.gpu_devices import nvml_errors
+from sampler.collectors.gpu_gpm import GPM_METRICS, GpmPair
+
+POWER_POLL_SECONDS = 0.02
+"""How often the energy check reads the power draw to integrate it."""
+
+
+def outcome(nvml: ModuleType, call: Callable[[], object]) -> tuple[str, object]:
+    """("ok", its value), or (why it failed, None): NVML's words for its error code."""
+    try:
+        return "ok", call()
+    except nvml_errors(nvml) as exc:
+        return f"{type(exc).__name__}: {exc}", None
+
+
+def _text(value: object) -> object:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def driver_facts(nvml: ModuleType) -> dict[str, object]:
+    """The driver's and NVML's versions, the CUDA version the driver supports, and the device count."""
+    facts: dict[str, object] = {}
+    for key, name in (
+        ("driver_version", "nvmlSystemGetDriverVersion"),
+        ("nvml_version", "nvmlSystemGetNVMLVersion"),
+        ("cuda_driver_version", "nvmlSystemGetCudaDriverVersion"),
+        ("devices", "nvmlDeviceGetCount"),
+    ):
+        function = getattr(nvml, name, None)
+        status, value = ("not in the binding", None) if function is None else outcome(nvml, function)
+        facts[key] = _text(value) if status == "ok" else status
+    return facts
+
+
+def device_facts(nvml: ModuleType, handle: Any) -> dict[str, object]:
+    """Name, UUID, persistence mode, MIG mode (current and pending, read only) and GPM support."""
+    facts: dict[str, object] = {}
+    for key, name in (
+        ("name", "nvmlDeviceGetName"),
+        ("uuid", "nvmlDeviceGetUUID"),
+        ("persistence_mode", "nvmlDeviceGetPersistenceMode"),
+        ("mig_mode", "nvmlDeviceGetMigMode"),
+        ("gpm", "nvmlGpmQueryDeviceSupport"),
+    ):
+        function = getattr(nvml, name, None)
+        if function is None:
+            facts[key] = "not in the binding"
+            continue
+        status, value = outcome(nvml, functools.partial(function, handle))
+        if status != "ok":
+            facts[key] = status
+        elif key == "gpm":
+            facts[key] = bool(value.isSupportedDevice)  # type: ignore[attr-defined]
+        elif key == "mig_mode":
+            current, pending = value  # type: ignore[misc]
+            facts[key] = {"current": current, "pending": pending}
+        else:
+            facts[key] = _text(value)
+    return facts
+
+
+def monitored_calls(nvml: ModuleType, handle: Any) -> list[tuple[str, Callable[[], object]]]:
+    """Each NVML call the gpu collector makes on a device, ready to call."""
+    field_ids = [
+        i for i in (getattr(nvml, n, None) for n in (ENERGY_FIELD, *(f for _, f in THROTTLE_FIELDS))) if i
+    ]
+    now_us = time.time_ns() // 1000
+    calls: list[tuple[str, tuple[object, ...]]] = [
+        ("nvmlDeviceGetMemoryInfo", ()),
+        ("nvmlDeviceGetClockInfo", (getattr(nvml, "NVML_CLOCK_MEM", 2),)),
+        ("nvmlDeviceGetClockInfo", (getattr(nvml, "NVML_CLOCK_SM", 1),)),
+        ("nvmlDeviceGetTemperatureV", (getattr(nvml, "NVML_TEMPERATURE_GPU", 0),)),
+        ("nvmlDeviceGetTemperature", (getattr(nvml, "NVML_TEMPERATURE_GPU", 0),)),
+        ("nvmlDeviceGetUtilizationRates", ()),
+        ("nvmlDeviceGetPowerUsage", ()),
+        ("nvmlDeviceGetEnforcedPowerLimit", ()),
+        ("nvmlDeviceGetCurrentClocksEventReasons", ()),
+        ("nvmlDeviceGetComputeRunningProcesses", ()),
+        ("nvmlDeviceGetGraphicsRunningProcesses", ()),
+        ("nvmlDeviceGetFieldValues", (field_ids,)),
+        ("nvmlDeviceGetTotalEnergyConsumption", ()),
+        *(
+            ("nvmlDeviceGetSamples", (getattr(nvml, kind, -1), now_us - 1_000_000))
+            for kind, _ in BUFFERED.values()
+        ),
+    ]
+    ready = []
+    for name, args in calls:
+        function = getattr(nvml, name, None)
+        label = name if not args or name == "nvmlDeviceGetFieldValues" else f"{name}{args[:1]}"
+        ready.append((label, functools.partial(function, handle, *args) if function else None))
+    return ready  # type: ignore[return-value]
+
+
+def call_latencies(nvml: ModuleType, handle: Any, calls: int) -> list[dict[str, object]]:
+    """Per monitored call: whether it answers, and its p50 and p99 wall time (µs) over ``calls``
+    calls; for field values also NVML's own ``latencyUsec`` of each field."""
+    rows: list[dict[str, object]] = []
+    for label, call in monitored_calls(nvml, handle):
+        if call is None:
+            rows.append({"call": label, "outcome": "not in the binding"})
+            continue
+        status, value = outcome(nvml, call)
+        row: dict[str, object] = {"call": label, "outcome": status}
+        if status == "ok":
+            times = []
+            for _ in range(calls):
+                began = time.perf_counter_ns()
+                call()
+                times.append((time.perf_counter_ns() - began) / 1000)
+            times.sort()
+            row["p50_us"] = round(statistics.median(times), 1)
+            row["p99_us"] = round(times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)], 1)
+            if label == "nvmlDeviceGetFieldValues":
+                row["nvml_latency_us"] = {int(v.fieldId): int(v.latencyUsec) for v in value}  # type: ignore[attr-defined]
+        rows.append(row)
+    return rows
+
+
+def gpm_pair(nvml: ModuleType, handle: Any, seconds: float = 0.5) -> dict[str, object]:
+    """One GPM pair ``seconds`` apart, as the collector reads it: metric -> value, or why not."""
+    pair = GpmPair.open(nvml, handle, nvml_errors(nvml))
+    if pair is None:
+        return {"supported": False}
+    try:
+        time.sleep(seconds)
+        values = pair.read()
+    finally:
+        pair.close()
+    return {"supported": True, **{suffix: v for (suffix, _), v in zip(GPM_METRICS, values, strict=True)}}
+
+
+def energy_against_power(
+    nvml: ModuleType, handle: Any, seconds: float, work: Callable[[threading.Event], None] | None
+) -> dict[str, object]:
+    """The energy counter's rise over ``seconds`` against the power draw integrated over the
+    same time (trapezoids every ``POWER_POLL_SECONDS``), while ``work`` runs (until the event is
+    set) or idle. Their ratio is near 1 where both are right."""
+    read_energy = getattr(nvml, "nvmlDeviceGetTotalEnergyConsumption", None)
+    if read_energy is None:
+        return {"outcome": "not in the binding"}
+    status, start_mj = outcome(nvml, functools.partial(read_energy, handle))
+    if status != "ok":
+        return {"outcome": status}
+    done = threading.Event()
+    worker = None if work is None else threading.Thread(target=work, args=(done,), daemon=True)
+    if worker is not None:
+        worker.start()
+    integral_j, samples = 0.0, []
+    began = last_at = time.perf_counter()
+    _, last_mw = outcome(nvml, functools.partial(nvml.nvmlDeviceGetPowerUsage, handle))
+    try:
+        while time.perf_counter() - began < seconds:
+            time.sleep(POWER_POLL_SECONDS)
+            _, power_mw = outcome(nvml, functools.partial(nvml.nvmlDeviceGetPowerUsage, handle))
+            at = time.perf_counter()
+            if isinstance(power_mw, int) and isinstance(last_mw, int):
+                integral_j += (power_mw + last_mw) / 2000 * (at - last_at)
+                samples.append(power_mw / 1000)
+            last_mw, last_at = power_mw, at
+        _, end_mj = outcome(nvml, functools.partial(read_energy, handle))
+    finally:
+        done.set()
+        if worker is not None:
+            worker.join(timeout=30)
+    elapsed = last_at - began
+    if not isinstance(end_mj, int) or not isinstance(start_mj, int):
+        return {"outcome": "the counter stopped answering"}
+    energy_j = (end_mj - start_mj) / 1000
+    return {
+        "outcome": "ok",
+        "under_load": work is not None,
+        "seconds": round(elapsed, 3),
+        "energy_counter_j": round(energy_j, 3),
+        "power_integral_j": round(integral_j, 3),
+        "ratio": round(energy_j / integral_j, 4) if integral_j > 0 else None,
+        "mean_power_w": round(statistics.fmean(samples), 2) if samples else None,
+    }
+
+
+def matmul_burst(device: int) -> Callable[[threading.Event], None] | None:
+    """Matrix products on CUDA device ``device`` until told to stop, where torch with CUDA is here."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+
+    def work(done: threading.Event) -> None:
+        with torch.cuda.device(device):
+            a = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+            b = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+            while not done.is_set():
+                for _ in range(8):
+                    a = (a @ b).clamp_(-1, 1)
+                torch.cuda.synchronize()
+
+    return work
