@@ -161,7 +161,8 @@ def _resource_panel(key: str, category: str, signal: str, reading: catalogue.Rea
         return Panel(key, category, f"{category} {signal.replace('_', ' ')}", "")
     known = reading.signal
     rate = known.kind == catalogue.COUNTER
-    unit = known.unit + "/s" if rate else known.unit
+    per_second = catalogue.SIGNALS.get(known.key + catalogue.RATE_SUFFIX)  # its unit: J/s is W
+    unit = (per_second.unit if per_second else known.unit + "/s") if rate else known.unit
     unit, scale = _DRAWN_AS.get(unit, (unit, 1.0))
     title = f"{known.title} ({reading.variant})" if reading.variant else known.title
     return Panel(key, category, title, unit, scale, rate=rate, rank=catalogue.RANKS[known.key])

@@ -750,23 +750,35 @@ struct event_set {
 typedef struct event_set *nvmlEventSet_t;
 static struct event_set event_sets[MAX_EVENT_SETS];
 
+/* Event sets and GPM samples come from fixed pools of structs whose first member is
+ * `int used`: the first free slot, cleared and taken (NULL when all are), and whether a
+ * pointer is a taken slot of the pool. */
+static void *take_slot(void *pool, size_t size, int n) {
+    for (int i = 0; i < n; i++) {
+        int *used = (int *)((char *)pool + i * size);
+        if (!*used) {
+            memset(used, 0, size);
+            *used = 1;
+            return used;
+        }
+    }
+    return NULL;
+}
+
+static int taken_slot(const void *slot, const void *pool, size_t size, int n) {
+    const char *p = slot, *base = pool;
+    return p >= base && p < base + n * size && (size_t)(p - base) % size == 0 && *(const int *)p;
+}
+
 nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
     pthread_mutex_lock(&lock);
     if (!initialized) ANSWER(NVML_ERROR_UNINITIALIZED);
     if (!set) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
-    for (int i = 0; i < MAX_EVENT_SETS; i++)
-        if (!event_sets[i].used) {
-            memset(&event_sets[i], 0, sizeof event_sets[i]);
-            event_sets[i].used = 1;
-            *set = &event_sets[i];
-            ANSWER(NVML_SUCCESS);
-        }
-    ANSWER(NVML_ERROR_UNKNOWN);
+    *set = take_slot(event_sets, sizeof event_sets[0], MAX_EVENT_SETS);
+    ANSWER(*set ? NVML_SUCCESS : NVML_ERROR_UNKNOWN);
 }
 
-static int valid_set(nvmlEventSet_t set) {
-    return set >= &event_sets[0] && set < &event_sets[MAX_EVENT_SETS] && set->used;
-}
+static int valid_set(nvmlEventSet_t set) { return taken_slot(set, event_sets, sizeof *set, MAX_EVENT_SETS); }
 
 nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t dev, unsigned long long *types) {
     ENTER(dev);
@@ -850,18 +862,12 @@ nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t dev, nvmlGpmSupport_t *suppo
 nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *sample) {
     pthread_mutex_lock(&lock);
     if (!sample) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
-    for (int i = 0; i < MAX_GPM_SAMPLES; i++)
-        if (!gpm_samples[i].used) {
-            memset(&gpm_samples[i], 0, sizeof gpm_samples[i]);
-            gpm_samples[i].used = 1;
-            *sample = &gpm_samples[i];
-            ANSWER(NVML_SUCCESS);
-        }
-    ANSWER(NVML_ERROR_UNKNOWN);
+    *sample = take_slot(gpm_samples, sizeof gpm_samples[0], MAX_GPM_SAMPLES);
+    ANSWER(*sample ? NVML_SUCCESS : NVML_ERROR_UNKNOWN);
 }
 
 static int valid_sample(nvmlGpmSample_t sample) {
-    return sample >= &gpm_samples[0] && sample < &gpm_samples[MAX_GPM_SAMPLES] && sample->used;
+    return taken_slot(sample, gpm_samples, sizeof *sample, MAX_GPM_SAMPLES);
 }
 
 nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) {
