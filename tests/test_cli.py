@@ -263,7 +263,9 @@ def test_run_serves_metrics_with_the_prometheus_flags(
 
     scraper = threading.Thread(target=scrape_once_served)
     scraper.start()
-    argv = ["run", "--duration", "2.5", "--interval", "1", "--categories", "cpu", "--no-store"]
+    # Long enough for a loaded machine to start the child and serve a scrape (2.5 s was not, beside
+    # two busy loops and two other test workers).
+    argv = ["run", "--duration", "8", "--interval", "1", "--categories", "cpu", "--no-store"]
     argv += [
         "--prometheus-port",
         str(port),

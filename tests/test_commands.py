@@ -235,7 +235,8 @@ def test_demo_trains_records_and_draws(tmp_path: Path) -> None:
         loss = reader.series(run.id, "train/loss")
         cpu = reader.series(run.id, CPU)
         accuracy = reader.series(run.id, "train/accuracy")
-    assert run.status == "ended" and len(loss.steps) >= 10 and accuracy.steps  # 45 beside two busy loops
+    assert run.status == "ended" and len(loss.steps) >= 10  # 45 and 88 beside two busy loops
+    assert accuracy.steps or max(loss.steps) < 100  # held out every 100 steps
     assert len(cpu.steps) >= 3 and set(cpu.steps) <= set(loss.steps)  # stamped at the model's age
     assert loss.values[-1] < loss.values[0]  # it learned
     for command in ("runs", "plot", "explain", "export", "top"):  # with the interpreter that ran the demo
