@@ -10,13 +10,17 @@ Signal names never change; labels, titles and the units shown may.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 PREFIX = "resource/"
 """What every resource signal's name starts with."""
 DEVICE = "<i>"
-"""Stands for the NVML index in a GPU signal's key."""
+"""Stands for the device's label in a GPU signal's key: its NVML index, or for a MIG device
+``<index>-mig<slot>`` (its parent GPU's index and its slot there)."""
+DEVICE_LABEL = re.compile(r"(\d+)(?:-mig(\d+))?")
+"""A device label: a GPU's NVML index, or ``<index>-mig<slot>`` for one of its MIG devices."""
 GPU_KEY_PREFIX = f"gpu/{DEVICE}/"
 """A GPU signal's key is this and its suffix (``power_watts``)."""
 PEAK = "peak"
@@ -566,7 +570,7 @@ class Reading:
     variant: str = ""
     """``peak`` or ``mean`` for ``<name>_peak``/``<name>_mean``, else ``""``."""
     device: str = ""
-    """A GPU signal's NVML index, else ``""``."""
+    """A GPU signal's device label (``3``, ``1-mig0``), else ``""``."""
 
 
 def lookup(name: str) -> Reading | None:
@@ -578,7 +582,7 @@ def lookup(name: str) -> Reading | None:
     device = ""
     if category == "gpu":
         device, _, rest = rest.partition("/")
-        if not (device.isascii() and device.isdigit()):
+        if not device.isascii() or DEVICE_LABEL.fullmatch(device) is None:
             return None
         rest = f"{DEVICE}/{rest}"
     key = f"{category}/{rest}"
@@ -589,6 +593,14 @@ def lookup(name: str) -> Reading | None:
         if base is not None and variant in base.variants:
             return Reading(base, variant, device)
     return None
+
+
+def device_order(label: str) -> tuple[int, int]:
+    """Where a device label sorts: by GPU index, each GPU before its MIG devices."""
+    found = DEVICE_LABEL.fullmatch(label)
+    if found is None:
+        return (1 << 30, 0)
+    return int(found.group(1)), -1 if found.group(2) is None else int(found.group(2))
 
 
 def entry(name: str) -> Signal:

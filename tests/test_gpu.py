@@ -23,6 +23,7 @@ import pytest
 from conftest import FAST, Recorder, backend_script, run_monitor, wait_for
 
 import sampler
+from sampler import catalogue
 from sampler.collectors import gpu as gpu_module
 from sampler.collectors import gpu_gpm as gpm_module
 from sampler.collectors.gpu import GpuCollector
@@ -61,9 +62,9 @@ THREE_NAMED = [{"uuid": UUID_A1}, {"uuid": UUID_A2, "mig": [MIG_C, MIG_D]}, {"uu
 """Device 1 is a GPU split into two MIG devices; two UUIDs share the prefix ``GPU-aaaa``."""
 READ_CALLS_PER_SAMPLE = 11
 """NVML calls ``sample()`` makes on a healthy device with no process on it."""
-OPENING_CALLS = 3
-"""NVML calls on each device as the collector opens: its handle, whether it has GPM, and its XID
-events registered."""
+OPENING_CALLS = 4
+"""NVML calls on each device as the collector opens: its handle, its MIG mode, whether it has GPM,
+and its XID events registered."""
 COUNTING_THROTTLE = {getattr(pynvml, field): 2.5e8 for _, field in gpu_module.THROTTLE_FIELDS}
 """A device's fields: each reason held the clocks down a quarter of the time (ns per s)."""
 
@@ -109,7 +110,8 @@ def tracked(gpu: GpuCollector) -> dict[str, float]:
 
 
 def device_indices(gpu: GpuCollector | None) -> list[int]:
-    return [] if gpu is None else sorted({int(name.split("/")[2]) for name in gpu.names})
+    """The GPUs sampled, by NVML index (a MIG device's parent counts)."""
+    return [] if gpu is None else sorted({int(name.split("/")[2].split("-")[0]) for name in gpu.names})
 
 
 calls = fake_driver.calls
@@ -220,7 +222,7 @@ def test_visible_devices_reach_the_child_through_its_environment(
 def test_listed_devices_reach_the_child(nvml: fake_driver.Driver) -> None:
     nvml.configure(devices=THREE_NAMED)
     sink, _ = run_monitor(categories=["gpu"], gpu_devices=[MIG_D, "0"])
-    assert sink.gpus() == {"0", "1"}
+    assert sink.gpus() == {"0", "1", "1-mig1"}  # MIG_D: the GPU it is part of, and itself
 
 
 def test_energy_per_step_and_the_runs_energy_through_a_real_monitor(
@@ -800,6 +802,35 @@ def test_listed_devices_by_index_uuid_prefix_or_mig(
 ) -> None:
     assert device_indices(opened(devices, devices=THREE_NAMED)) == chosen
     assert caplog.records == []
+
+
+def test_a_gpu_in_mig_mode_reports_its_mig_devices_as_devices_of_their_own(opened: Opener) -> None:
+    """GPU 1 is split into two MIG devices: each is sampled under ``1-mig<slot>`` with what NVML
+    gives a MIG device (its memory, its processes'), the GPU keeps its physical readings; a MIG
+    UUID chooses the GPU and that MIG device alone. Nothing of MIG is ever set."""
+    me = os.getpid()
+    devices = [*THREE_NAMED[:1], {**THREE_NAMED[1], "mig_compute": {1: [{"pid": me, "used": 2 * GIB}]}}]
+    gpu = opened(pid=me, devices=devices)
+    assert gpu is not None
+    values = readings(gpu)
+    assert sorted({name.split("/")[2] for name in gpu.names}) == ["0", "1", "1-mig0", "1-mig1"]
+    per_instance = fake_nvml.DEFAULT_DEVICE["total"] // 7  # the fake splits the GPU in sevenths
+    assert values["resource/gpu/1-mig1/memory_allocated_bytes"] == fake_nvml.DEFAULT_DEVICE["used"] // 7
+    assert values["resource/gpu/1-mig1/memory_allocated_percent"] == pytest.approx(
+        100 * (fake_nvml.DEFAULT_DEVICE["used"] // 7) / per_instance
+    )
+    assert values["resource/gpu/1-mig1/process_memory_bytes"] == 2 * GIB
+    assert values["resource/gpu/1-mig0/process_memory_bytes"] == 0
+    for suffix in ("temperature_celsius", "power_watts", "sm_clock_mhz", "energy_joules", "xid_critical"):
+        assert math.isnan(values[f"resource/gpu/1-mig0/{suffix}"]), suffix  # the GPU's, not the instance's
+        assert not math.isnan(values[f"resource/gpu/1/{suffix}"]), suffix
+    assert gpu.uuids["1-mig0"] == MIG_C and gpu.uuids["1"] == UUID_A2
+    assert not [f for f, _ in fake_driver.all_calls() if "Set" in f]
+    reading = catalogue.lookup("resource/gpu/1-mig1/memory_allocated_bytes_peak")
+    assert reading is not None and (reading.device, reading.variant) == ("1-mig1", "peak")
+    gpu.close()
+    only = opened((MIG_C,), pid=me, devices=devices)
+    assert only is not None and sorted({name.split("/")[2] for name in only.names}) == ["1", "1-mig0"]
 
 
 def test_unmatched_entries_get_one_warning_naming_them(

@@ -261,7 +261,8 @@ def test_one_each_keeps_the_rank_its_own_device(local_rank: int) -> None:
 
 
 def device_indices(gpu: GpuCollector | None) -> list[int]:
-    return [] if gpu is None else sorted({int(name.split("/")[2]) for name in gpu.names})
+    """The GPUs sampled, by NVML index (a MIG device's parent counts)."""
+    return [] if gpu is None else sorted({int(name.split("/")[2].split("-")[0]) for name in gpu.names})
 
 
 @pytest.fixture
@@ -302,8 +303,8 @@ def test_open_with_a_share_keeps_this_ranks_part(
 ) -> None:
     gpu = open_share(eight_gpus, "all", share)
     assert device_indices(gpu) == expected
-    assert gpu is not None and sorted(gpu.uuids) == expected
-    assert gpu.uuids == {i: fake_driver.default_uuid(i) for i in expected}
+    assert gpu is not None and sorted(map(int, gpu.uuids)) == expected
+    assert gpu.uuids == {str(i): fake_driver.default_uuid(i) for i in expected}
 
 
 def test_a_rank_past_the_devices_gets_no_collector(nvml: fake_driver.Driver) -> None:
@@ -335,7 +336,7 @@ def test_one_visible_device_per_rank_is_that_ranks_own(
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", str(local_rank + 4))
     gpu = open_share(eight_gpus, "visible", (local_rank, 4))
     assert device_indices(gpu) == [local_rank + 4]
-    assert gpu is not None and gpu.uuids == {local_rank + 4: fake_driver.default_uuid(local_rank + 4)}
+    assert gpu is not None and gpu.uuids == {str(local_rank + 4): fake_driver.default_uuid(local_rank + 4)}
 
 
 def test_one_visible_device_of_many_by_uuid(
@@ -367,7 +368,7 @@ def test_uuids_are_read_once_and_blank_where_nvml_cannot_tell(nvml: fake_driver.
     gpu = GpuCollector.open("pynvml", "all")
     assert gpu is not None
     try:
-        assert gpu.uuids == {0: "GPU-one", 1: "", 2: fake_driver.default_uuid(2)}
+        assert gpu.uuids == {"0": "GPU-one", "1": "", "2": fake_driver.default_uuid(2)}
         before = fake_driver.calls("nvmlDeviceGetUUID", 0)
         gpu.sample()
         assert fake_driver.calls("nvmlDeviceGetUUID", 0) == before

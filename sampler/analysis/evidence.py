@@ -195,7 +195,7 @@ def _swapping(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
     return [Reason("swap", text, tuple(evidence), float(strength))]
 
 
-_GPU = re.compile(r"^resource/gpu/(\d+)/")
+_GPU = re.compile(r"^resource/gpu/(\d+(?:-mig\d+)?)/")
 _THROTTLES = (
     ("throttle_power", "power"),
     ("throttle_thermal", "thermal"),
@@ -204,7 +204,9 @@ _THROTTLES = (
 
 
 def _gpus(timeline: Timeline) -> list[str]:
-    return sorted({m.group(1) for name in timeline.values if (m := _GPU.match(name))}, key=int)
+    return sorted(
+        {m.group(1) for name in timeline.values if (m := _GPU.match(name))}, key=catalogue.device_order
+    )
 
 
 THROTTLED_SHARE = 0.2

@@ -173,7 +173,7 @@ class Child:
         backend finds in the status block whether it serves."""
         p = self.params
         assert p.prometheus is not None
-        uuids: dict[int, str] = {}
+        uuids: dict[str, str] = {}
         for collector in self.collectors:
             if isinstance(collector, GpuCollector):
                 uuids = collector.uuids

@@ -20,7 +20,7 @@ import psutil
 
 from sampler import catalogue
 from sampler.collectors.base import MISSING, Collector, Rates, attempt
-from sampler.collectors.gpu_devices import choose, nvml_errors, owned, uuid_of
+from sampler.collectors.gpu_devices import choose, mig_devices, mig_slots, nvml_errors, owned, uuid_of
 from sampler.collectors.gpu_events import XidWatch
 from sampler.collectors.gpu_gpm import GPM_METRICS, GpmPair
 
@@ -151,7 +151,8 @@ class _DeviceLost(Exception):
 
 @dataclass
 class _Device:
-    index: int
+    label: str
+    """Its NVML index, or ``<index>-mig<slot>`` for a MIG device (``catalogue.DEVICE_LABEL``)."""
     handle: Any
     unsupported: set[str] = field(default_factory=set)
     """Readings the device answered NOT_SUPPORTED: never asked again."""
@@ -169,7 +170,9 @@ class _Device:
 
 
 class GpuCollector(Collector):
-    """Readings of the chosen NVIDIA devices, named by NVML index ``i``:
+    """Readings of the chosen NVIDIA devices, named by NVML index ``i`` (a MIG device of a GPU
+    in MIG mode by ``<i>-mig<slot>``, with the readings NVML gives a MIG device: its memory and
+    its processes'; the GPU itself keeps its clocks, power, temperature and counters):
 
     - ``memory_clock_mhz``, ``sm_clock_mhz``; ``memory_allocated_bytes`` and
       ``_percent`` (all processes); ``temperature_celsius``;
@@ -210,10 +213,11 @@ class GpuCollector(Collector):
 
     category = "gpu"
 
-    def __init__(self, nvml: ModuleType, handles: dict[int, Any], pid: int = 0) -> None:
+    def __init__(self, nvml: ModuleType, handles: dict[str, Any], pid: int = 0) -> None:
+        """``handles``: device label -> NVML handle, in sampling order."""
         self._nvml = nvml
         self._errors = nvml_errors(nvml)
-        self._devices = [_Device(index, handle) for index, handle in handles.items()]
+        self._devices = [_Device(label, handle) for label, handle in handles.items()]
         self._mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
         self._functions = {
             reading: [getattr(nvml, name) for name in names if hasattr(nvml, name)]
@@ -238,8 +242,9 @@ class GpuCollector(Collector):
         """The fields asked for in one nvmlDeviceGetFieldValues call: those the binding knows."""
         for dev in self._devices:
             dev.gpm = GpmPair.open(nvml, dev.handle, self._errors)
-        self._xids = XidWatch.open(nvml, handles, self._errors)
-        self._xid_latest: dict[int, int] | None = None
+        gpus = {label: handle for label, handle in handles.items() if label.isdigit()}
+        self._xids = XidWatch.open(nvml, gpus, self._errors)
+        self._xid_latest: dict[str, int] | None = None
         """The latest critical XID of each watched device in the window the current ``sample()`` closes."""
         self._process = attempt(functools.partial(psutil.Process, pid)) if pid > 0 else None
         self._own = None if self._process is None else frozenset({self._process.pid})
@@ -286,12 +291,19 @@ class GpuCollector(Collector):
         if not chosen:
             attempt(nvml.nvmlShutdown, errors)
             return None
-        return cls(nvml, {index: handles[index] for index in chosen}, pid)
+        only = mig_slots(nvml, handles, devices, errors)
+        labelled: dict[str, Any] = {}
+        for index in chosen:
+            labelled[str(index)] = handles[index]
+            for slot, mig in mig_devices(nvml, handles[index], errors).items():
+                if index not in only or slot in only[index]:
+                    labelled[f"{index}-mig{slot}"] = mig
+        return cls(nvml, labelled, pid)
 
     @functools.cached_property
-    def uuids(self) -> dict[int, str]:
-        """NVML index -> the device's UUID ("" where NVML does not tell), read once when first asked."""
-        return {dev.index: uuid_of(self._nvml, dev.handle, self._errors) or "" for dev in self._devices}
+    def uuids(self) -> dict[str, str]:
+        """Device label -> its UUID ("" where NVML does not tell), read once when first asked."""
+        return {dev.label: uuid_of(self._nvml, dev.handle, self._errors) or "" for dev in self._devices}
 
     def sample(self) -> list[float]:
         self._tree = self._scan_tree()
@@ -427,9 +439,9 @@ class GpuCollector(Collector):
         """The latest critical XID since the previous sample, 0 without one; NaN where the
         driver cannot deliver them."""
         watch, latest = self._xids, self._xid_latest
-        if watch is None or latest is None or dev.index not in watch.watched or not watch.watching:
+        if watch is None or latest is None or dev.label not in watch.watched or not watch.watching:
             return MISSING
-        return float(latest.get(dev.index, 0))
+        return float(latest.get(dev.label, 0))
 
     def _counters(self, dev: _Device) -> tuple[float, list[float]]:
         """The energy counter (J) and the throttle durations (s), from one
@@ -503,9 +515,9 @@ class GpuCollector(Collector):
         if not dev.lost:
             dev.lost = True
             log.warning(
-                "resource monitor: GPU %d stopped answering (NVML error %d: %s); its readings are "
+                "resource monitor: GPU %s stopped answering (NVML error %d: %s); its readings are "
                 "skipped, the other GPUs' go on, and it is probed again after 1, 2, 4 ... %d samples",
-                dev.index,
+                dev.label,
                 code,
                 LOST_CODES[code],
                 MAX_LOST_BACKOFF_SAMPLES,
@@ -515,7 +527,7 @@ class GpuCollector(Collector):
 
     def _found(self, dev: _Device) -> None:
         dev.lost, dev.backoff, dev.skip = False, 0, 0
-        log.warning("resource monitor: GPU %d answers again; its readings resume", dev.index)
+        log.warning("resource monitor: GPU %s answers again; its readings resume", dev.label)
 
     def _scan_tree(self) -> frozenset[int] | None:
         """The backend and its descendants now (processes come and go), None if unreadable
@@ -539,7 +551,7 @@ class GpuCollector(Collector):
             attempt(self._nvml.nvmlShutdown, self._errors)
 
 
-def _per_device(handles: Iterable[int], suffixes: tuple[str, ...]) -> tuple[str, ...]:
+def _per_device(handles: Iterable[str], suffixes: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(f"resource/gpu/{i}/{suffix}" for i in handles for suffix in suffixes)
 
 

@@ -50,6 +50,50 @@ def choose(
     return list(dict.fromkeys(chosen))
 
 
+def mig_slots(
+    nvml: ModuleType,
+    handles: dict[int, Any],
+    devices: str | tuple[str, ...],
+    errors: tuple[type[BaseException], ...],
+) -> dict[int, set[int]]:
+    """For a GPU chosen only through MIG devices (their UUIDs in ``devices`` or
+    ``CUDA_VISIBLE_DEVICES``): its index -> the slots of those MIG devices. A GPU chosen
+    whole (``all``, its index or UUID) is absent: all its MIG devices are sampled."""
+    if devices == "all":
+        return {}
+    entries = list(devices) if devices != "visible" else os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    uuids = Uuids(nvml, handles, errors)
+    whole: set[int] = set()
+    slots: dict[int, set[int]] = {}
+    for entry in entries:
+        found = uuids.mig(entry)
+        if found is not None:
+            slots.setdefault(found[0], set()).add(found[1])
+        elif (index := uuids.index(entry)) is not None:
+            whole.add(index)
+    return {index: chosen for index, chosen in slots.items() if index not in whole}
+
+
+def mig_devices(nvml: ModuleType, handle: Any, errors: tuple[type[BaseException], ...]) -> dict[int, Any]:
+    """The MIG devices of a GPU in MIG mode (read only: nothing is changed), slot -> handle;
+    empty for a GPU not in MIG mode, without MIG, or a binding without the calls."""
+    mode = _call(nvml, "nvmlDeviceGetMigMode", errors, handle)
+    if not mode or not mode[0]:
+        return {}
+    found: dict[int, Any] = {}
+    for slot in range(_call(nvml, "nvmlDeviceGetMaxMigDeviceCount", errors, handle) or 0):
+        mig = _call(nvml, "nvmlDeviceGetMigDeviceHandleByIndex", errors, handle, slot)
+        if mig is not None:  # an empty slot answers NOT_FOUND
+            found[slot] = mig
+    return found
+
+
+def _call(nvml: ModuleType, name: str, errors: tuple[type[BaseException], ...], *args: Any) -> Any:
+    """``nvml.<name>(*args)``, or None when it fails or the binding lacks it."""
+    function = getattr(nvml, name, None)
+    return None if function is None else attempt(functools.partial(function, *args), errors)
+
+
 def owned(chosen: list[int], local_rank: int, local_world_size: int, *, one_each: bool = False) -> list[int]:
     """The part of ``chosen`` (in CUDA order) local rank ``local_rank`` samples
     when local rank 0 takes the host's share: each rank owns the device at its
@@ -123,17 +167,31 @@ class Uuids:
         found = ((self._uuid(handle), index) for index, handle in self._handles.items())
         return {uuid: index for uuid, index in found if uuid is not None}
 
+    def mig(self, entry: str) -> tuple[int, int] | None:
+        """(parent GPU's index, slot) of the MIG device ``entry`` names by its UUID (or a
+        prefix of exactly one); None for anything else."""
+        text = entry.strip().lower()
+        if not text.startswith("mig-") or text.startswith("mig-gpu-"):
+            return None
+        matches = [place for uuid, place in self._mig_places.items() if uuid.startswith(text)]
+        return matches[0] if len(matches) == 1 else None
+
     @functools.cached_property
     def _migs(self) -> dict[str, int]:
-        """UUID (lower case) of each MIG device -> its parent GPU's index (a
+        """UUID (lower case) of each MIG device -> its parent GPU's index."""
+        return {uuid: index for uuid, (index, _) in self._mig_places.items()}
+
+    @functools.cached_property
+    def _mig_places(self) -> dict[str, tuple[int, int]]:
+        """UUID (lower case) of each MIG device -> (its parent GPU's index, its slot) (a
         scan: a GPU without MIG answers NOT_SUPPORTED, an empty slot NOT_FOUND)."""
-        found: dict[str, int] = {}
+        found: dict[str, tuple[int, int]] = {}
         for index, handle in self._handles.items():
             for slot in range(self._call("nvmlDeviceGetMaxMigDeviceCount", handle) or 0):
                 mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
                 uuid = None if mig is None else self._uuid(mig)
                 if uuid is not None:
-                    found[uuid] = index
+                    found[uuid] = (index, slot)
         return found
 
     def _uuid(self, handle: Any) -> str | None:
@@ -143,8 +201,7 @@ class Uuids:
     def _call(self, name: str, *args: Any) -> Any:
         """``nvml.<name>(*args)``, or None when it fails or the binding lacks it
         (then it finds nothing, as a GPU without MIG does)."""
-        function = getattr(self._nvml, name, None)
-        return None if function is None else attempt(functools.partial(function, *args), self._errors)
+        return _call(self._nvml, name, self._errors, *args)
 
 
 def uuid_of(nvml: ModuleType, handle: Any, errors: tuple[type[BaseException], ...]) -> str | None:

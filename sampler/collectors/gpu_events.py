@@ -28,7 +28,7 @@ EVENT_API = ("nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait
 
 
 class XidWatch:
-    """Waits on the critical-XID events of ``handles`` (NVML index -> handle) and keeps,
+    """Waits on the critical-XID events of ``handles`` (device label -> handle) and keeps,
     per device, the latest XID since ``take()`` last asked. ``open`` gives None where the
     binding or the driver has no event API, or no device supports the event."""
 
@@ -36,7 +36,7 @@ class XidWatch:
         self,
         nvml: ModuleType,
         event_set: Any,
-        handles: dict[int, Any],
+        handles: dict[str, Any],
         errors: tuple[type[BaseException], ...],
     ) -> None:
         self._nvml = nvml
@@ -44,8 +44,8 @@ class XidWatch:
         self._errors = errors
         self._index = {_address(handle): index for index, handle in handles.items()}
         self.watched = tuple(handles)
-        """The NVML indices whose events are waited for."""
-        self._latest: dict[int, int] = {}
+        """The labels of the devices whose events are waited for."""
+        self._latest: dict[str, int] = {}
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._said = RateLimitedWarning()
@@ -54,7 +54,7 @@ class XidWatch:
 
     @classmethod
     def open(
-        cls, nvml: ModuleType, handles: dict[int, Any], errors: tuple[type[BaseException], ...]
+        cls, nvml: ModuleType, handles: dict[str, Any], errors: tuple[type[BaseException], ...]
     ) -> XidWatch | None:
         if not all(hasattr(nvml, name) for name in EVENT_API):
             return None
@@ -76,8 +76,8 @@ class XidWatch:
         """Events are still waited for (the wait has not failed)."""
         return self._thread.is_alive()
 
-    def take(self) -> dict[int, int]:
-        """NVML index -> the latest critical XID since the previous call (devices without one: absent)."""
+    def take(self) -> dict[str, int]:
+        """Device label -> the latest critical XID since the previous call (devices without one: absent)."""
         with self._lock:
             latest, self._latest = self._latest, {}
         return latest
@@ -103,7 +103,7 @@ class XidWatch:
             xid = int(data.eventData)
             with self._lock:
                 self._latest[index] = xid
-            self._said.warn("resource monitor: GPU %d reported critical XID %d", index, xid)
+            self._said.warn("resource monitor: GPU %s reported critical XID %d", index, xid)
 
     def close(self) -> None:
         """Stop waiting (within ``WAIT_MS``) and free the event set; before NVML shuts down."""

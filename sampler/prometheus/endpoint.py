@@ -56,7 +56,7 @@ class RecordCollector:
         target: PrometheusTarget,
         status: ChildStatus,
         categories: Sequence[str],
-        gpu_uuids: dict[int, str],
+        gpu_uuids: dict[str, str],
     ) -> None:
         self._status = status
         self._categories = tuple(categories)
@@ -71,7 +71,7 @@ class RecordCollector:
                 continue
             extra: tuple[str, ...] = ()
             if exposed.gpu is not None:
-                extra = (exposed.gpu, gpu_uuids.get(int(exposed.gpu), ""))
+                extra = (exposed.gpu, gpu_uuids.get(exposed.gpu, ""))
             entry = grouped.setdefault(exposed.metric.name, (exposed.metric, [], exposed.gpu is not None))
             entry[1].append((index, self._base_values + extra))
         self._families = tuple(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from sampler import catalogue
 from sampler.catalogue import MIB, PREFIX
 
 
@@ -63,7 +64,8 @@ class Rows:
         known = {name for name, _, _ in self.columns} | set(sample)
         chosen = [(PREFIX + c.key, c, c.header) for c in COLUMNS if PREFIX + c.key in known]
         devices = sorted(
-            {name.split("/")[2] for name in known if name.startswith(PREFIX + "gpu/")}, key=_device_order
+            {name.split("/")[2] for name in known if name.startswith(PREFIX + "gpu/")},
+            key=catalogue.device_order,
         )
         for device in devices:
             for column in GPU_COLUMNS:
@@ -88,7 +90,3 @@ class Rows:
 
 def _width(header: str) -> int:
     return max(len(header), 5)
-
-
-def _device_order(device: str) -> tuple[int, str]:
-    return (int(device), "") if device.isdigit() else (1 << 30, device)

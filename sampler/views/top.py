@@ -96,8 +96,14 @@ def group_of(name: str) -> tuple[tuple[int, int, str], str, str]:
     category = parts[0]
     order = catalogue.CATEGORIES
     rank = order.index(category) if category in order else len(order)
-    if category == "gpu" and len(parts) >= 3 and parts[1].isascii() and parts[1].isdigit():
-        return (1, rank, f"gpu/{int(parts[1]):06d}"), f"gpu/{parts[1]}", "/".join(parts[2:])
+    if (
+        category == "gpu"
+        and len(parts) >= 3
+        and parts[1].isascii()
+        and catalogue.DEVICE_LABEL.fullmatch(parts[1])
+    ):
+        gpu, slot = catalogue.device_order(parts[1])
+        return (1, rank, f"gpu/{gpu:06d}/{slot + 1:03d}"), f"gpu/{parts[1]}", "/".join(parts[2:])
     return (1, rank, category), category, label_of(name)
 
 

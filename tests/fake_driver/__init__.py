@@ -4,13 +4,19 @@ system's C compiler as ``libnvidia-ml.so.1`` and loaded by the real
 
 A test configures it with the keys ``tests/fake_nvml.py`` takes (``devices``,
 ``init_error``, ``fail``/``fail_code``, ``segfault``, ``hang``, ``hang_marker``,
-``missing``), plus per device ``energy`` (false: no energy counter),
-``energy_mj``, ``fields`` ({field id: nanoseconds per second}: a cumulative
-clocks event duration rising at that rate), ``spikes`` ([(sampling type,
-value, start_us, end_us)]: what ``nvmlDeviceGetSamples`` reads then, real-time
-microseconds), ``sample_period_us``, ``xids`` ([(code, at_us)]: critical XID errors,
-delivered to the event sets waiting from then on) and ``gpm`` ({metric id: value}: GPM,
-supported on a device that has any, each metric that value between any two samples).
+``missing``), plus per device:
+
+- ``energy`` (false: no energy counter) and ``energy_mj`` (its count at the start);
+- ``mig_compute`` ({slot: processes}: the processes on that MIG device);
+- ``fields`` ({field id: nanoseconds per second}: a cumulative clocks event duration
+  rising at that rate);
+- ``spikes`` ([(sampling type, value, start_us, end_us)]: what ``nvmlDeviceGetSamples``
+  reads then, real-time microseconds) and ``sample_period_us``;
+- ``xids`` ([(code, at_us)]: critical XID errors, delivered to the event sets waiting
+  from then on);
+- ``gpm`` ({metric id: value}: GPM, supported on a device that has any, each metric that
+  value between any two samples).
+
 Function names are the C library's: ``nvmlInitWithFlags``,
 ``nvmlDeviceGetComputeRunningProcesses_v3``. ``missing`` functions are left out of the
 library when it is built, as an older driver lacks them; the library is built once per set
@@ -158,7 +164,17 @@ def control_text(config: dict[str, Any], origin_us: int) -> str:
 
 
 def _device_lines(index: int, device: dict[str, Any]) -> list[str]:
-    unknown = set(device) - {*DEVICE_KEYS, "compute", "graphics", "mig", "fields", "spikes", "xids", "gpm"}
+    unknown = set(device) - {
+        *DEVICE_KEYS,
+        "compute",
+        "graphics",
+        "mig",
+        "mig_compute",
+        "fields",
+        "spikes",
+        "xids",
+        "gpm",
+    }
     if unknown:
         raise ValueError(f"unknown device keys for the C driver: {sorted(unknown)}")
     lines = [
@@ -171,6 +187,10 @@ def _device_lines(index: int, device: dict[str, Any]) -> list[str]:
             used = "na" if process["used"] is None else int(process["used"])
             lines.append(f"device {index} process {kind} {int(process['pid'])} {used}")
     lines += [f"device {index} mig {uuid}" for uuid in device.get("mig", [])]
+    for slot, processes in device.get("mig_compute", {}).items():
+        for process in processes:
+            used = "na" if process["used"] is None else int(process["used"])
+            lines.append(f"device {index} mig_process {int(slot)} compute {int(process['pid'])} {used}")
     lines += [f"device {index} field {int(i)} {float(rate)}" for i, rate in device.get("fields", {}).items()]
     lines += [
         f"device {index} spike {int(t)} {int(v)} {int(a)} {int(b)}" for t, v, a, b in device.get("spikes", [])

@@ -14,7 +14,11 @@
  *                                 power_mw power_limit_mw throttle uuid
  *                                 lost_after lost_code energy (0: no counter)
  *                                 energy_mj (at origin) sample_period_us
- *   device I mig UUID             a MIG device on GPU I (MIG mode on)
+ *   device I mig UUID             a MIG device on GPU I (MIG mode on): its memory is
+ *                                 1/7 of the GPU's, its clocks, power and the like
+ *                                 NOT_SUPPORTED, as NVML answers for a MIG device
+ *   device I mig_process SLOT compute|graphics PID BYTES|na
+ *                                 a process on GPU I's MIG device SLOT
  *   device I process compute|graphics PID BYTES|na
  *   device I field ID NS_PER_S    a cumulative nanosecond field value
  *                                 (clocks event durations) rising at that rate
@@ -111,7 +115,7 @@ enum { VALUE_TYPE_UNSIGNED_INT = 1, VALUE_TYPE_UNSIGNED_LONG_LONG = 3 };
 enum { CLOCK_GRAPHICS = 0, CLOCK_SM = 1, CLOCK_MEM = 2 };
 enum { SAMPLES_POWER = 0, SAMPLES_GPU_UTIL = 1, SAMPLES_MEM_UTIL = 2, SAMPLES_SM_CLOCK = 5, SAMPLES_MEM_CLOCK = 6 };
 
-struct process { unsigned int pid; unsigned long long used; int graphics; };
+struct process { unsigned int pid; unsigned long long used; int graphics, mig_slot; };
 struct field { unsigned int id; double ns_per_s; };
 struct spike { int type; unsigned int value; long long start_us, end_us; };
 struct xid { unsigned int code; long long at_us; };
@@ -229,6 +233,13 @@ static void directive(struct config *cfg, char *line) {
             p->graphics = !strcmp(value, "graphics");
             p->pid = atoi(words[4]);
             p->used = !strcmp(words[5], "na") ? NVML_VALUE_NOT_AVAILABLE : strtoull(words[5], NULL, 0);
+            p->mig_slot = -1;
+        } else if (!strcmp(key, "mig_process") && n >= 7 && d->n_processes < MAX_PROCS) {
+            struct process *p = &d->processes[d->n_processes++];
+            p->mig_slot = atoi(value);
+            p->graphics = !strcmp(words[4], "graphics");
+            p->pid = atoi(words[5]);
+            p->used = !strcmp(words[6], "na") ? NVML_VALUE_NOT_AVAILABLE : strtoull(words[6], NULL, 0);
         } else if (!strcmp(key, "field") && n >= 5 && d->n_fields < MAX_FIELDS) {
             d->fields[d->n_fields].id = number;
             d->fields[d->n_fields++].ns_per_s = atof(words[4]);
@@ -332,6 +343,8 @@ static nvmlReturn_t enter(const char *function, nvmlDevice_t dev) {
 }
 #define ENTER(dev) do { nvmlReturn_t entered = enter(__func__, (dev)); if (entered) return entered; } while (0)
 #define ANSWER(code) do { pthread_mutex_unlock(&lock); return (code); } while (0)
+/* What NVML answers for a MIG device to a question about the physical GPU. */
+#define PHYSICAL(dev) do { if ((dev)->mig_slot >= 0) ANSWER(NVML_ERROR_NOT_SUPPORTED); } while (0)
 
 static double elapsed_s(void) {
     double s = (now_us() - config.origin_us) / 1e6;
@@ -497,6 +510,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *memor
 
 nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t dev, int type, unsigned int *clock) {
     ENTER(dev);
+    PHYSICAL(dev);
     if (!clock) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
     if (type == CLOCK_MEM) *clock = dev->mem_clock;
     else if (type == CLOCK_SM || type == CLOCK_GRAPHICS) *clock = dev->sm_clock;
@@ -506,6 +520,7 @@ nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t dev, int type, unsigned int *cl
 
 nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t dev, int sensor, unsigned int *temp) {
     ENTER(dev);
+    PHYSICAL(dev);
     if (!temp || sensor != 0) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
     *temp = dev->temp;
     ANSWER(NVML_SUCCESS);
@@ -514,6 +529,7 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t dev, int sensor, unsigned int
 #ifndef OMIT_nvmlDeviceGetTemperatureV
 nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t dev, nvmlTemperature_v1_t *temperature) {
     ENTER(dev);
+    PHYSICAL(dev);
     if (!temperature || temperature->sensorType != 0) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
     if (temperature->version != nvmlTemperature_v1) ANSWER(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
     temperature->temperature = dev->temp;
@@ -532,6 +548,7 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *
 
 nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t dev, unsigned int *power) {
     ENTER(dev);
+    PHYSICAL(dev);
     if (!power) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
     *power = dev->power_mw;
     ANSWER(NVML_SUCCESS);
@@ -539,6 +556,7 @@ nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t dev, unsigned int *power) {
 
 nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t dev, unsigned int *limit) {
     ENTER(dev);
+    PHYSICAL(dev);
     if (!limit) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
     *limit = dev->power_limit_mw;
     ANSWER(NVML_SUCCESS);
@@ -563,6 +581,7 @@ nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t dev, unsigned long
 #ifndef OMIT_nvmlDeviceGetCurrentClocksEventReasons
 nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t dev, unsigned long long *reasons) {
     ENTER(dev);
+    PHYSICAL(dev);
     if (!reasons) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
     *reasons = dev->throttle;
     ANSWER(NVML_SUCCESS);
@@ -571,9 +590,15 @@ nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t dev, unsigned l
 
 nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t dev, unsigned long long *reasons) {
     ENTER(dev);
+    PHYSICAL(dev);
     if (!reasons) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
     *reasons = dev->throttle;
     ANSWER(NVML_SUCCESS);
+}
+
+/* A GPU lists every process on it, a MIG device those on it. */
+static int listed(nvmlDevice_t dev, const struct process *p, int graphics) {
+    return p->graphics == graphics && (dev->mig_slot < 0 || p->mig_slot == dev->mig_slot);
 }
 
 /* The running-process lists, as NVML answers them: asked with too small an
@@ -581,13 +606,13 @@ nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t dev, unsigne
 static nvmlReturn_t processes(nvmlDevice_t dev, int graphics, unsigned int *n, void *out, size_t size) {
     if (!n) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
     unsigned int found = 0;
-    for (int i = 0; i < dev->n_processes; i++) found += dev->processes[i].graphics == graphics;
+    for (int i = 0; i < dev->n_processes; i++) found += listed(dev, &dev->processes[i], graphics);
     if (found == 0) { *n = 0; ANSWER(NVML_SUCCESS); }
     if (!out || *n < found) { *n = found; ANSWER(NVML_ERROR_INSUFFICIENT_SIZE); }
     unsigned int k = 0;
     for (int i = 0; i < dev->n_processes; i++) {
         struct process *p = &dev->processes[i];
-        if (p->graphics != graphics) continue;
+        if (!listed(dev, p, graphics)) continue;
         if (size == sizeof(nvmlProcessInfo_v1_t)) {
             nvmlProcessInfo_v1_t *info = (nvmlProcessInfo_v1_t *)out + k++;
             info->pid = p->pid;
@@ -668,6 +693,7 @@ nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig, nvml
 #ifndef OMIT_nvmlDeviceGetFieldValues
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int n, nvmlFieldValue_t *values) {
     ENTER(dev);
+    PHYSICAL(dev);
     if (n < 0 || (n && !values)) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
     double seconds = elapsed_s();
     for (int i = 0; i < n; i++) {
@@ -855,7 +881,7 @@ nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t dev, nvmlGpmSupport_t *suppo
     ENTER(dev);
     if (!support) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
     if (support->version != 1) ANSWER(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
-    support->isSupportedDevice = dev->n_gpm > 0;
+    support->isSupportedDevice = dev->n_gpm > 0 && dev->mig_slot < 0;
     ANSWER(NVML_SUCCESS);
 }
 
