@@ -809,10 +809,18 @@ def test_a_gpu_in_mig_mode_reports_its_mig_devices_as_devices_of_their_own(opene
     gives a MIG device (its memory, its processes'), the GPU keeps its physical readings; a MIG
     UUID chooses the GPU and that MIG device alone. Nothing of MIG is ever set."""
     me = os.getpid()
-    devices = [*THREE_NAMED[:1], {**THREE_NAMED[1], "mig_compute": {1: [{"pid": me, "used": 2 * GIB}]}}]
+    devices = [
+        *THREE_NAMED[:1],
+        {**THREE_NAMED[1], "mig_compute": {1: [{"pid": me, "used": 2 * GIB}]}, "gpm": GPM},
+    ]
     gpu = opened(pid=me, devices=devices)
     assert gpu is not None
+    readings(gpu)
     values = readings(gpu)
+    assert values["resource/gpu/1-mig1/sm_activity_percent"] == 35.5  # its GPU instance's GPM samples
+    assert (
+        calls("nvmlGpmMigSampleGet", 1) >= 4 and calls("nvmlGpmSampleGet", 1) >= 2
+    )  # two instances, the GPU
     assert sorted({name.split("/")[2] for name in gpu.names}) == ["0", "1", "1-mig0", "1-mig1"]
     per_instance = fake_nvml.DEFAULT_DEVICE["total"] // 7  # the fake splits the GPU in sevenths
     assert values["resource/gpu/1-mig1/memory_allocated_bytes"] == fake_nvml.DEFAULT_DEVICE["used"] // 7

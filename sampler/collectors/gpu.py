@@ -241,7 +241,8 @@ class GpuCollector(Collector):
         self._field_ids = [i for i in ids.values() if isinstance(i, int)]
         """The fields asked for in one nvmlDeviceGetFieldValues call: those the binding knows."""
         for dev in self._devices:
-            dev.gpm = GpmPair.open(nvml, dev.handle, self._errors)
+            gpu = None if dev.label.isdigit() else handles.get(dev.label.split("-", 1)[0])
+            dev.gpm = GpmPair.open(nvml, dev.handle, self._errors, gpu)
         gpus = {label: handle for label, handle in handles.items() if label.isdigit()}
         self._xids = XidWatch.open(nvml, gpus, self._errors)
         self._xid_latest: dict[str, int] | None = None

@@ -34,33 +34,50 @@ GPM_API = (
 
 class GpmPair:
     """The previous GPM sample of one device and a spare: each ``read`` takes a new sample
-    into the spare, gets the metrics between the two, and keeps the new one as the previous."""
+    into the spare, gets the metrics between the two, and keeps the new one as the previous.
+    A MIG device's samples are its GPU instance's, taken through its GPU."""
 
     def __init__(
-        self, nvml: ModuleType, handle: Any, samples: list[Any], errors: tuple[type[BaseException], ...]
-    ):
+        self,
+        nvml: ModuleType,
+        take: functools.partial[Any],
+        samples: list[Any],
+        errors: tuple[type[BaseException], ...],
+    ) -> None:
         self._nvml = nvml
-        self._handle = handle
+        self._take_into = take
+        """The call that takes a sample into the one it is then given."""
         self._errors = errors
         self._previous, self._spare = samples
         self._has_previous = self._take(self._previous)
         self._ids = [getattr(nvml, name, None) for _, name in GPM_METRICS]
 
     @classmethod
-    def open(cls, nvml: ModuleType, handle: Any, errors: tuple[type[BaseException], ...]) -> GpmPair | None:
-        """None where the binding has no GPM or the device does not support it."""
+    def open(
+        cls, nvml: ModuleType, handle: Any, errors: tuple[type[BaseException], ...], gpu: Any = None
+    ) -> GpmPair | None:
+        """The pair of device ``handle``, or of the MIG device ``handle`` of GPU ``gpu``; None
+        where the binding has no GPM or the GPU does not support it (nor, for a MIG device,
+        per-instance samples)."""
         if not all(hasattr(nvml, name) for name in GPM_API):
             return None
-        support = attempt(functools.partial(nvml.nvmlGpmQueryDeviceSupport, handle), errors)
+        support = attempt(functools.partial(nvml.nvmlGpmQueryDeviceSupport, gpu or handle), errors)
         if support is None or not support.isSupportedDevice:
             return None
+        if gpu is None:
+            take = functools.partial(nvml.nvmlGpmSampleGet, handle)
+        else:
+            instance = attempt(functools.partial(nvml.nvmlDeviceGetGpuInstanceId, handle), errors)
+            if instance is None or not hasattr(nvml, "nvmlGpmMigSampleGet"):
+                return None
+            take = functools.partial(nvml.nvmlGpmMigSampleGet, gpu, instance)
         samples = [attempt(nvml.nvmlGpmSampleAlloc, errors) for _ in range(2)]
         if any(sample is None for sample in samples):
             for sample in samples:
                 if sample is not None:
                     attempt(functools.partial(nvml.nvmlGpmSampleFree, sample), errors)
             return None
-        return cls(nvml, handle, samples, errors)
+        return cls(nvml, take, samples, errors)
 
     def read(self) -> list[float]:
         """Each ``GPM_METRICS`` value since the previous read; NaN for the first read, for a
@@ -91,10 +108,8 @@ class GpmPair:
         return values
 
     def _take(self, sample: Any) -> bool:
-        return (
-            attempt(functools.partial(self._nvml.nvmlGpmSampleGet, self._handle, sample), self._errors)
-            is not None
-        )
+        """Take a sample into ``sample``; False when the call failed."""
+        return attempt(functools.partial(self._take_into, sample), self._errors) is not None
 
     def close(self) -> None:
         for sample in (self._previous, self._spare):

@@ -674,6 +674,14 @@ nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t dev, unsigned int 
     ANSWER(NVML_SUCCESS);
 }
 
+/* A MIG device's GPU instance id: its slot + 1 here. */
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t dev, unsigned int *id) {
+    ENTER(dev);
+    if (!id || dev->mig_slot < 0) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
+    *id = dev->mig_slot + 1;
+    ANSWER(NVML_SUCCESS);
+}
+
 nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t dev, unsigned int *is_mig) {
     ENTER(dev);
     if (!is_mig) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
@@ -908,6 +916,17 @@ nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t dev, nvmlGpmSample_t sample) {
     if (!valid_sample(sample)) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
     if (!dev->n_gpm || dev->mig_slot >= 0) ANSWER(NVML_ERROR_NOT_SUPPORTED);
     sample->device = dev;
+    sample->taken_us = now_us();
+    ANSWER(NVML_SUCCESS);
+}
+
+/* A sample of the GPU instance ``id`` of GPU ``dev`` (in MIG mode): the MIG device's metrics. */
+nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t dev, unsigned int id, nvmlGpmSample_t sample) {
+    ENTER(dev);
+    if (!valid_sample(sample) || dev->mig_slot >= 0) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
+    if (!dev->n_gpm || !dev->n_mig) ANSWER(NVML_ERROR_NOT_SUPPORTED);
+    if (id < 1 || id > (unsigned int)dev->n_mig) ANSWER(NVML_ERROR_NOT_FOUND);
+    sample->device = &migs[dev->index][id - 1];
     sample->taken_us = now_us();
     ANSWER(NVML_SUCCESS);
 }
