@@ -407,6 +407,10 @@ def test_each_rule_fires_on_its_signals_and_is_ranked_by_how_far_past_its_thresh
     assert (
         waiting.cause == "gpu_waiting" and "its SMs were busy 12% of the time (typically 80%)" in waiting.text
     )
+    power = "resource/gpu/0/energy_joules_per_second"  # the mean power the energy counter gives
+    (waiting,) = reasons_with(**collective, **{power: during(180, 640)})
+    assert "drawing 180 W (typically 640 W): it waited for work" in waiting.text
+    assert [e.signal for e in waiting.evidence] == ["resource/gpu/0/sm_activity_percent", power]
     both = {cpu: during(60, 2), "resource/cpu/utilization_percent": during(95, 60)}
     assert reasons_for(**both) == ["cpu_pressure", "host_cpu_busy"]  # 5.8 past its threshold, then 2.3
     swap_in = "resource/memory/swapped_in_mb_per_second"

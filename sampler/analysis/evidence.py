@@ -277,12 +277,15 @@ def _gpu_idle(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
         what = "its SMs were" if util is not None and util.name == names[0] else "it was"
         if util is not None and util.typical - util.stretch >= 20:
             text = (
-                f"GPU {device}: {what} busy {util.stretch:.0f}% of the time (typically {util.typical:.0f}%): "
-                "it waited for work"
+                f"GPU {device}: {what} busy {util.stretch:.0f}% of the time (typically {util.typical:.0f}%)"
             )
-            reasons.append(
-                Reason("gpu_waiting", text, (util.evidence,), (util.typical - util.stretch) / 20 * 0.5)
-            )
+            evidence = [util.evidence]
+            power = _compare(timeline, f"resource/gpu/{device}/energy_joules_per_second", inside, baseline)
+            if power is not None and power.stretch < power.typical:  # the energy counter agrees
+                text += f", drawing {power.stretch:.0f} W (typically {power.typical:.0f} W)"
+                evidence.append(power.evidence)
+            strength = (util.typical - util.stretch) / 20 * 0.5
+            reasons.append(Reason("gpu_waiting", text + ": it waited for work", tuple(evidence), strength))
     return reasons
 
 
