@@ -841,6 +841,16 @@ def test_a_gpu_in_mig_mode_reports_its_mig_devices_as_devices_of_their_own(opene
     assert only is not None and sorted({name.split("/")[2] for name in only.names}) == ["1", "1-mig0"]
 
 
+def test_a_mig_device_past_the_first_invalid_visible_entry_is_not_sampled(
+    opened: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CUDA stops reading CUDA_VISIBLE_DEVICES at its first invalid entry: a MIG device named
+    after it is not visible, so it is not sampled either."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{MIG_C},GPU-ffff,{MIG_D}")
+    gpu = opened("visible", devices=THREE_NAMED)
+    assert gpu is not None and sorted({name.split("/")[2] for name in gpu.names}) == ["1", "1-mig0"]
+
+
 def test_unmatched_entries_get_one_warning_naming_them(
     opened: Opener, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -20,7 +20,7 @@ import psutil
 
 from sampler import catalogue
 from sampler.collectors.base import MISSING, Collector, Rates, attempt
-from sampler.collectors.gpu_devices import choose, mig_devices, mig_slots, nvml_errors, owned, uuid_of
+from sampler.collectors.gpu_devices import choose, mig_devices, nvml_errors, owned, uuid_of
 from sampler.collectors.gpu_events import XidWatch
 from sampler.collectors.gpu_gpm import GPM_METRICS, GpmPair
 
@@ -283,7 +283,7 @@ class GpuCollector(Collector):
             handle = attempt(functools.partial(nvml.nvmlDeviceGetHandleByIndex, index), errors)
             if handle is not None:
                 handles[index] = handle
-        chosen = choose(nvml, handles, devices, errors) if handles else []
+        chosen, only = choose(nvml, handles, devices, errors) if handles else ([], {})
         if share is not None:
             # A launcher that gives each rank its own device makes it the only one visible.
             one_each = devices == "visible" and "CUDA_VISIBLE_DEVICES" in os.environ and len(chosen) == 1
@@ -292,7 +292,6 @@ class GpuCollector(Collector):
         if not chosen:
             attempt(nvml.nvmlShutdown, errors)
             return None
-        only = mig_slots(nvml, handles, devices, errors)
         labelled: dict[str, Any] = {}
         for index in chosen:
             labelled[str(index)] = handles[index]

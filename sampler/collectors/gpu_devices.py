@@ -22,17 +22,21 @@ def choose(
     handles: dict[int, Any],
     devices: str | tuple[str, ...],
     errors: tuple[type[BaseException], ...],
-) -> list[int]:
+) -> tuple[list[int], dict[int, set[int]]]:
     """NVML indices of the devices ``devices`` names, in its order (CUDA's for
-    ``visible``), each once; one warning names the entries that match none."""
+    ``visible``), each once; one warning names the entries that match none. And for a
+    GPU chosen only through MIG devices (their UUIDs), its index -> the slots of those; a
+    GPU chosen whole (``all``, its index or UUID) is absent: all its MIG devices are sampled."""
     if devices == "all":
-        return list(handles)
+        return list(handles), {}
     uuids = Uuids(nvml, handles, errors)
     if devices == "visible":
         raw = os.environ.get("CUDA_VISIBLE_DEVICES")
         if raw is None:  # unset: CUDA sees every device
-            return list(handles)
+            return list(handles), {}
         chosen, ignored = _visible(raw, uuids)
+        entries = raw.split(",")
+        entries = entries[: len(entries) - len(ignored)]  # CUDA reads no further than that
         if ignored:
             _warn_unmatched(
                 f"CUDA_VISIBLE_DEVICES={bounded_repr(raw)}: {bounded_repr(ignored[0].strip(), 50)} matches "
@@ -41,28 +45,18 @@ def choose(
                 chosen,
             )
     else:
+        entries = list(devices)
         found = {entry: uuids.index(entry) for entry in devices}
         chosen = [index for index in found.values() if index is not None]
         unmatched = [bounded_repr(entry.strip(), 50) for entry, index in found.items() if index is None]
         if unmatched:
             shown = ", ".join(unmatched[:8]) + (", ..." if len(unmatched) > 8 else "")
             _warn_unmatched(f"gpu_devices: {shown} match no GPU here and are skipped", handles, chosen)
-    return list(dict.fromkeys(chosen))
+    return list(dict.fromkeys(chosen)), _mig_only(uuids, entries)
 
 
-def mig_slots(
-    nvml: ModuleType,
-    handles: dict[int, Any],
-    devices: str | tuple[str, ...],
-    errors: tuple[type[BaseException], ...],
-) -> dict[int, set[int]]:
-    """For a GPU chosen only through MIG devices (their UUIDs in ``devices`` or
-    ``CUDA_VISIBLE_DEVICES``): its index -> the slots of those MIG devices. A GPU chosen
-    whole (``all``, its index or UUID) is absent: all its MIG devices are sampled."""
-    if devices == "all":
-        return {}
-    entries = list(devices) if devices != "visible" else os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-    uuids = Uuids(nvml, handles, errors)
+def _mig_only(uuids: Uuids, entries: list[str]) -> dict[int, set[int]]:
+    """The GPUs ``entries`` choose through MIG devices alone -> those devices' slots."""
     whole: set[int] = set()
     slots: dict[int, set[int]] = {}
     for entry in entries:
