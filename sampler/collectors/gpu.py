@@ -233,14 +233,13 @@ class GpuCollector(Collector):
         }
         """Buffered suffix -> (the binding's sampling type, scale), for the types it knows."""
         opened_us = time.time_ns() // 1000
-        for dev in self._devices:  # peaks from the driver's buffer start now, not before the monitor
-            dev.seen_us = dict.fromkeys(self._sampling, opened_us)
         ids = {name: getattr(nvml, name, None) for name in (ENERGY_FIELD, *(n for _, n in THROTTLE_FIELDS))}
         self._energy_id = ids[ENERGY_FIELD]
         self._throttle_ids = [ids[name] for _, name in THROTTLE_FIELDS]
         self._field_ids = [i for i in ids.values() if isinstance(i, int)]
         """The fields asked for in one nvmlDeviceGetFieldValues call: those the binding knows."""
         for dev in self._devices:
+            dev.seen_us = dict.fromkeys(self._sampling, opened_us)  # buffer peaks start now, not before
             gpu = None if dev.label.isdigit() else handles.get(dev.label.split("-", 1)[0])
             dev.gpm = GpmPair.open(nvml, dev.handle, self._errors, gpu)
         gpus = {label: handle for label, handle in handles.items() if label.isdigit()}
@@ -389,10 +388,10 @@ class GpuCollector(Collector):
             if not found:
                 continue
             value_type, samples = found
-            if not samples or not 0 <= value_type < len(_FIELD_VALUE_TYPES):
+            numbers = [n for s in samples if (n := _value(s.sampleValue, value_type)) is not None]
+            if not numbers:  # none, or of a type nvml.h has not
                 continue
-            member = _FIELD_VALUE_TYPES[value_type]
-            highs[suffix] = max(float(getattr(s.sampleValue, member)) for s in samples) * scale
+            highs[suffix] = max(numbers) * scale
             dev.seen_us[suffix] = max(int(s.timeStamp) for s in samples)
         return highs
 
@@ -450,8 +449,9 @@ class GpuCollector(Collector):
         found: dict[int, float] = {}
         values = self._read(dev, "fields", self._field_ids) if self._field_ids else None
         for value in values or ():
-            if value.nvmlReturn == 0 and 0 <= value.valueType < len(_FIELD_VALUE_TYPES):
-                found[value.fieldId] = float(getattr(value.value, _FIELD_VALUE_TYPES[value.valueType]))
+            number = _value(value.value, value.valueType) if value.nvmlReturn == 0 else None
+            if number is not None:
+                found[value.fieldId] = number
         energy_mj = found.get(self._energy_id) if self._energy_id is not None else None
         if energy_mj is None:
             energy_mj = self._read(dev, "energy")
@@ -570,6 +570,13 @@ def _held(processes: list[Any] | None, pids: frozenset[int] | None) -> float:
                 return MISSING
             held[process.pid] = max(used, held.get(process.pid, 0))
     return float(sum(held.values()))
+
+
+def _value(union: Any, value_type: int) -> float | None:
+    """An ``nvmlValue_t`` read as its ``NVML_VALUE_TYPE_*`` says; None for a type nvml.h has not."""
+    if not 0 <= value_type < len(_FIELD_VALUE_TYPES):
+        return None
+    return float(getattr(union, _FIELD_VALUE_TYPES[value_type]))
 
 
 def _flag(reasons: object, bits: int) -> float:

@@ -177,8 +177,9 @@ def cause_of_death(header: dict[str, Any]) -> str:
 
 
 def _xid(header: dict[str, Any]) -> str:
-    """ ", after XID 79 on GPU 5 at step 1200": the latest critical XID the records hold, at the
-    last step logged when it came in or after the last logged record, else before it; "" none."""
+    """``, after XID 79 on GPU 5 at step 1200``: the latest critical XID the records hold, "at"
+    the last step logged when it came in the last logged record or after, else "at or before"
+    it; "" without one."""
     xids = header.get("gpu_xids")
     last = xids[-1] if isinstance(xids, list) and xids and isinstance(xids[-1], dict) else {}
     gpu, xid, record = (last.get(key) for key in ("gpu", "xid", "record"))
