@@ -31,6 +31,14 @@ def outcome(nvml: ModuleType, call: Callable[[], object]) -> tuple[str, object]:
         return f"{type(exc).__name__}: {exc}", None
 
 
+def ask(nvml: ModuleType, name: str, *args: object) -> tuple[str, object]:
+    """``outcome`` of ``nvml.<name>(*args)``, or ("not in the binding", None)."""
+    function = getattr(nvml, name, None)
+    if function is None:
+        return "not in the binding", None
+    return outcome(nvml, functools.partial(function, *args))
+
+
 def _text(value: object) -> object:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
@@ -44,8 +52,7 @@ def driver_facts(nvml: ModuleType) -> dict[str, object]:
         ("cuda_driver_version", "nvmlSystemGetCudaDriverVersion"),
         ("devices", "nvmlDeviceGetCount"),
     ):
-        function = getattr(nvml, name, None)
-        status, value = ("not in the binding", None) if function is None else outcome(nvml, function)
+        status, value = ask(nvml, name)
         facts[key] = _text(value) if status == "ok" else status
     return facts
 
@@ -60,11 +67,7 @@ def device_facts(nvml: ModuleType, handle: Any) -> dict[str, object]:
         ("mig_mode", "nvmlDeviceGetMigMode"),
         ("gpm", "nvmlGpmQueryDeviceSupport"),
     ):
-        function = getattr(nvml, name, None)
-        if function is None:
-            facts[key] = "not in the binding"
-            continue
-        status, value = outcome(nvml, functools.partial(function, handle))
+        status, value = ask(nvml, name, handle)
         if status != "ok":
             facts[key] = status
         elif key == "gpm":
@@ -154,10 +157,7 @@ def energy_against_power(
     """The energy counter's rise over ``seconds`` against the power draw integrated over the
     same time (trapezoids every ``POWER_POLL_SECONDS``), while ``work`` runs (until the event is
     set) or idle. Their ratio is near 1 where both are right."""
-    read_energy = getattr(nvml, "nvmlDeviceGetTotalEnergyConsumption", None)
-    if read_energy is None:
-        return {"outcome": "not in the binding"}
-    status, start_mj = outcome(nvml, functools.partial(read_energy, handle))
+    status, start_mj = ask(nvml, "nvmlDeviceGetTotalEnergyConsumption", handle)
     if status != "ok":
         return {"outcome": status}
     done = threading.Event()
@@ -166,17 +166,17 @@ def energy_against_power(
         worker.start()
     integral_j, samples = 0.0, []
     began = last_at = time.perf_counter()
-    _, last_mw = outcome(nvml, functools.partial(nvml.nvmlDeviceGetPowerUsage, handle))
+    _, last_mw = ask(nvml, "nvmlDeviceGetPowerUsage", handle)
     try:
         while time.perf_counter() - began < seconds:
             time.sleep(POWER_POLL_SECONDS)
-            _, power_mw = outcome(nvml, functools.partial(nvml.nvmlDeviceGetPowerUsage, handle))
+            _, power_mw = ask(nvml, "nvmlDeviceGetPowerUsage", handle)
             at = time.perf_counter()
             if isinstance(power_mw, int) and isinstance(last_mw, int):
                 integral_j += (power_mw + last_mw) / 2000 * (at - last_at)
                 samples.append(power_mw / 1000)
             last_mw, last_at = power_mw, at
-        _, end_mj = outcome(nvml, functools.partial(read_energy, handle))
+        _, end_mj = ask(nvml, "nvmlDeviceGetTotalEnergyConsumption", handle)
     finally:
         done.set()
         if worker is not None:
