@@ -54,7 +54,8 @@ def test_a_full_row_fits_100_columns() -> None:
 def test_run_prints_samples_until_duration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.chdir(tmp_path)
     out = io.StringIO()
-    assert cli.main(["run", "--duration", "2.5", "--interval", "1", "--categories", "cpu,memory"], out) == 0
+    # 8 s: beside two busy loops and two other test workers, 2.5 s ended before the child's first sample.
+    assert cli.main(["run", "--duration", "8", "--interval", "1", "--categories", "cpu,memory"], out) == 0
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("sampling every 1 s") and "cpu" not in lines[0]
     assert lines[1].split() == ["step", "cpu%", "mem%"]
