@@ -97,9 +97,12 @@ def find(timeline: Timeline, slow_fraction: float = SLOW_FRACTION) -> Findings:
     if not typical > 0:
         return Findings(typical, [], regular)
     still = seconds - steps / typical
-    isolated = long_window & ~np.roll(long_window, 1) & ~np.roll(long_window, -1)
     least = max(PAUSE_INTERVALS * timeline.interval, PAUSE_STEPS / typical, PAUSE_MIN_SECONDS)
-    pause = usable & isolated & (still >= least)
+    stood_still = long_window & (still >= least)
+    # A pause stands alone: beside another window that stood still it is a run gone slow. A long
+    # window beside it that kept its steps (a record late on a loaded machine) does not count.
+    isolated = stood_still & ~np.roll(stood_still, 1) & ~np.roll(stood_still, -1)
+    pause = usable & isolated
     slow = usable & ~pause & (rate < slow_fraction * typical)
     regular = usable & ~pause & ~slow
     stretches = [_stretch(timeline, PAUSE, int(i), int(i), still[i]) for i in np.flatnonzero(pause)]
