@@ -10,9 +10,9 @@ make a stretch once they cover ``MIN_WINDOWS`` windows, ``MIN_INTERVALS`` interv
 
 A step that stands still (an evaluation, a checkpoint save) logs no record, since the monitor
 drops a record at the step of the one before: the whole pause is one long window with almost no
-steps in it, between regular ones. Such an isolated window, whose standing-still time is at least
-``PAUSE_INTERVALS`` intervals, ``PAUSE_STEPS`` typical steps and ``PAUSE_MIN_SECONDS``, is a
-pause, not a slowdown.
+steps in it, between windows whose steps moved (a late record's may be long too). Such a window,
+whose standing-still time is at least ``PAUSE_INTERVALS`` intervals, ``PAUSE_STEPS`` typical steps
+and ``PAUSE_MIN_SECONDS``, is a pause, not a slowdown; two of them side by side are a run gone slow.
 """
 
 from __future__ import annotations
