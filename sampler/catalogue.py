@@ -38,7 +38,7 @@ records, derived by the backend (which alone knows the steps)."""
 
 GAUGE = "gauge"
 COUNTER = "counter"
-"""Cumulative: only rises (since boot, or since the cgroup was made)."""
+"""Cumulative: only rises (since boot, since the cgroup was made, or since the backend started)."""
 RATE = "rate"
 """A counter's ``_per_second``."""
 KINDS = (GAUGE, COUNTER, RATE)
@@ -118,6 +118,10 @@ class Signal:
     host_wide: bool = False
     """The same value on every rank of a host although its category is per rank: the
     endpoint exports it only from the rank that samples the host-wide categories."""
+    shown_as: str | None = None
+    """A counter with no ``_per_second``: the key of the gauge that is its rate already (CPU
+    seconds' CPU %, 100 per core), which the views show in its place; that gauge goes
+    unexported, as a rate does (``rate()`` of the counter is Prometheus' own)."""
 
     @property
     def derived(self) -> bool:
@@ -281,7 +285,12 @@ _SIGNALS = (
     Signal(
         "process/cpu_utilization_percent", "%", GAUGE, "process CPU (100 % per core)", "CPU",
         "The backend's CPU use (each busy core: 100 %).",
-        peak=True, mean=True, metric="process_cpu_utilization_ratio", scale=PERCENT_TO_RATIO, seed=True,
+        peak=True, mean=True, seed=True,
+    ),
+    Signal(
+        "process/cpu_seconds", "s", COUNTER, "process CPU time", "CPU time",
+        "CPU time (user + system) the backend has used since it started.",
+        metric="process_cpu_seconds_total", scale=1.0, shown_as="process/cpu_utilization_percent",
     ),
     Signal(
         "process/cpu_threads_in_use", "threads", GAUGE, "process threads", "threads",
@@ -322,7 +331,14 @@ _SIGNALS = (
     Signal(
         "process_tree/cpu_utilization_percent", "%", GAUGE, "tree CPU (100 % per core)", "CPU",
         "CPU use of the backend and its descendants, summed (each busy core: 100 %).",
-        peak=True, mean=True, metric="process_tree_cpu_utilization_ratio", scale=PERCENT_TO_RATIO,
+        peak=True, mean=True,
+    ),
+    Signal(
+        "process_tree/cpu_seconds", "s", COUNTER, "tree CPU time", "CPU time",
+        "CPU time (user + system) of the backend and its descendants, those that exited too where a "
+        "process of the tree waited for them; never falls.",
+        metric="process_tree_cpu_seconds_total", scale=1.0,
+        shown_as="process_tree/cpu_utilization_percent",
     ),
     Signal(
         "process_tree/memory_in_use_mb", "MiB", GAUGE, "tree memory (PSS)", "memory (PSS)",
@@ -601,6 +617,15 @@ def device_order(label: str) -> tuple[int, int]:
     if found is None:
         return (1 << 30, 0)
     return int(found.group(1)), -1 if found.group(2) is None else int(found.group(2))
+
+
+def stand_in(name: str) -> str | None:
+    """The recorded name of the gauge the views show in place of counter ``name`` (its
+    ``shown_as``, on the same device); None for any other name."""
+    reading = lookup(name)
+    if reading is None or reading.variant or reading.signal.shown_as is None:
+        return None
+    return PREFIX + reading.signal.shown_as.replace(DEVICE, reading.device)
 
 
 def entry(name: str) -> Signal:

@@ -148,6 +148,7 @@ def test_the_readings_between_records_are_the_ones_with_a_peak(collectors: list[
 
 
 def test_every_entry_is_well_formed() -> None:
+    stand_ins = {s.shown_as for s in catalogue.SIGNALS.values() if s.shown_as is not None}
     assert set(catalogue.CATEGORIES) == {*catalogue.DEFAULT_CATEGORIES, *catalogue.DERIVED_CATEGORIES}
     assert len(set(catalogue.DEFAULT_CATEGORIES)) == len(catalogue.DEFAULT_CATEGORIES)
     for k, signal in catalogue.SIGNALS.items():
@@ -155,8 +156,8 @@ def test_every_entry_is_well_formed() -> None:
         assert signal.unit in catalogue.UNITS and signal.kind in catalogue.KINDS, k
         assert signal.peak or not signal.mean, f"{k}: a mean without a peak"
         assert (signal.metric is None) == (signal.scale is None), k
-        unexported = signal.kind == catalogue.RATE or signal.derived
-        assert (signal.metric is None) == unexported, f"{k}: rates and derived signals alone go unexported"
+        unexported = signal.kind == catalogue.RATE or signal.derived or k in stand_ins
+        assert (signal.metric is None) == unexported, f"{k}: rates (stand-ins too), derived alone unexported"
         assert not any("|" in text for text in (signal.title, signal.label, signal.what)), k
         # The unit the name says, 1024-based for _mb and _gb.
         for suffix, units in (("_mb", {"MiB"}), ("_gb", {"GiB"}), ("_percent", {"%"}), ("_bytes", {"bytes"})):
@@ -166,7 +167,11 @@ def test_every_entry_is_well_formed() -> None:
             counter = catalogue.SIGNALS[k.removesuffix(catalogue.RATE_SUFFIX)]
             per_second = {"J": "W"}.get(counter.unit, counter.unit + "/s")  # a joule per second is a watt
             assert counter.kind == catalogue.COUNTER and signal.unit == per_second, k
-        if signal.kind == catalogue.COUNTER:
+        if signal.shown_as is not None:  # its rate is that gauge: a _per_second would say it again
+            gauge = catalogue.SIGNALS[signal.shown_as]
+            assert signal.kind == catalogue.COUNTER and gauge.kind == catalogue.GAUGE, k
+            assert gauge.category == signal.category and k + catalogue.RATE_SUFFIX not in catalogue.SIGNALS, k
+        elif signal.kind == catalogue.COUNTER:
             assert k + catalogue.RATE_SUFFIX in catalogue.SIGNALS, f"{k}: a counter without its rate"
 
 
@@ -215,8 +220,10 @@ def test_the_plot_draws_a_panel_per_signal_titled_and_in_units_as_the_catalogue_
     titles = [panel.title for panel in drawn]
     assert len(titles) == len(set(titles))
     assert {panel.title for panel in drawn} == {
-        s.title for s in catalogue.SIGNALS.values() if s.kind != catalogue.RATE
-    }  # a counter's rate is drawn from the counter
+        s.title for s in catalogue.SIGNALS.values() if s.kind != catalogue.RATE and s.shown_as is None
+    }  # a counter's rate is drawn from the counter, and a counter with a gauge for its rate is that gauge
+    alone = plot.panels(["resource/process/cpu_seconds"])  # without its gauge: drawn as its rate
+    assert [(p.title, p.unit, p.rate) for p in alone] == [("process CPU time", "s/s", True)]
     units = {panel.key.removeprefix(catalogue.PREFIX): panel.unit for panel in drawn}
     assert units["process_tree/process_count"] == "processes"
     assert units["gpu/*/memory_allocated_bytes"] == "GiB"  # bytes drawn in GiB
@@ -247,3 +254,7 @@ def test_top_labels_and_units_are_the_catalogues() -> None:
     assert formatting.format_value("resource/gpu/0/memory_allocated_bytes", 1536.0 * MiB) == "1.5 GiB"
     assert formatting.format_value("resource/disk/read_mb", 1536.0, rate=True) == "1.5 GiB/s"
     assert formatting.format_value("resource/container/cpu_throttled_seconds", 0.25, rate=True) == "0.25 s/s"
+    assert catalogue.stand_in("resource/process_tree/cpu_seconds") == (
+        "resource/process_tree/cpu_utilization_percent"
+    )
+    assert catalogue.stand_in("resource/disk/read_mb") is None

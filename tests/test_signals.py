@@ -36,6 +36,7 @@ ADDED_SIGNALS = {
     "process": {
         "resource/process/cpu_utilization_percent_peak",
         "resource/process/cpu_utilization_percent_mean",
+        "resource/process/cpu_seconds",
         "resource/process/memory_in_use_mb_peak",
         "resource/process/memory_in_use_mb_mean",
         "resource/process/cpu_cores_allowed",

@@ -129,6 +129,18 @@ def test_signals_are_grouped_training_first_then_categories_in_order() -> None:
     assert "run 3 | trainer-7 pid 4242 | running | 2m05s | step 77" in text
 
 
+def test_cpu_seconds_have_no_row_beside_the_cpu_percent_that_is_their_rate() -> None:
+    points = {
+        "resource/process/cpu_utilization_percent": series(150, 250),
+        "resource/process/cpu_seconds": series(10.0, 12.5),
+        "resource/process_tree/cpu_seconds": series(20.0, 23.0),  # its CPU % not logged: shown as a rate
+    }
+    view = View(store="s.sqlite", run=make_run(), points=points, newest=NOW - 0.5)
+    text = text_of(top.render(view, NOW, width=120))
+    assert row(text, "CPU").split()[1] == "250.0%"
+    assert row(text, "CPU time /s").split()[3:5] == ["3", "s/s"]  # the tree's alone, one second apart
+
+
 def test_a_row_per_gpu_with_its_signals_side_by_side() -> None:
     def gpu(i: int, util: float, temp: float) -> dict[str, deque[tuple[float, float]]]:
         prefix = f"resource/gpu/{i}/"

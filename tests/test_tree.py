@@ -174,8 +174,9 @@ def test_names_and_what_is_tracked() -> None:
         "resource/process_tree/process_count",
         "resource/process_tree/cpu_utilization_percent",
         "resource/process_tree/memory_in_use_mb",
+        "resource/process_tree/cpu_seconds",
     )
-    assert ProcessTreeCollector.tracked == ProcessTreeCollector.names[1:]
+    assert ProcessTreeCollector.tracked == ProcessTreeCollector.names[1:3]
     assert ProcessTreeCollector.averaged == ProcessTreeCollector.tracked
 
 
@@ -320,13 +321,13 @@ def test_a_worker_that_exits_between_scans_is_dropped_not_nan(backend: Backend) 
     stays, goes = backend.fork(), backend.fork()
     backend.ask("touch", 100, worker=goes)
     collector = ProcessTreeCollector(backend.pid, pss_cpu_share=ALWAYS)
-    count, _, memory = collector.sample()
+    count, _, memory, _ = collector.sample()
     assert count == 3
     backend.ask("kill", goes, 1)
     tracked = collector.sample_tracked()
     assert not any(math.isnan(v) for v in tracked)
     assert memory - tracked[1] == pytest.approx(100, abs=15)
-    count, cpu, memory = collector.sample()
+    count, cpu, memory, _ = collector.sample()
     assert count == 2 and not math.isnan(cpu)
     assert memory == pytest.approx(pss_mb(tree(backend.pid)), abs=5)
     assert stays in {p.pid for p in tree(backend.pid)}
@@ -468,19 +469,25 @@ def test_read_stat_gives_what_psutil_reads_from_two_files_whatever_the_command_n
         ps = psutil.Process(proc.pid)
         assert ps.name().startswith("x) (y z")
         times, rss = ps.cpu_times(), ps.memory_info().rss
-        assert reading is not None
-        assert reading[0] == pytest.approx(times.user + times.system, abs=0.02) and reading[0] >= 0.29
-        assert reading[1] == pytest.approx(rss, abs=MB)  # per-CPU RSS counters, summed approximately
+        assert reading is not None and not reading.zombie
+        assert reading.cpu_seconds == pytest.approx(times.user + times.system, abs=0.02)
+        assert reading.cpu_seconds >= 0.29 and reading.reaped_cpu_seconds == 0
+        assert reading.rss_bytes == pytest.approx(rss, abs=MB)  # per-CPU RSS counters, summed approximately
     finally:
         proc.kill()
         proc.wait()
 
 
-def test_read_stat_is_none_for_a_zombie_a_process_gone_and_a_file_it_cannot_parse(tmp_path: Path) -> None:
+def test_read_stat_flags_a_zombie_and_is_none_for_a_process_gone_and_a_file_it_cannot_parse(
+    tmp_path: Path,
+) -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     try:
         wait_for(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE, what="a zombie")
-        assert read_stat(Path(f"/proc/{proc.pid}/stat")) is None  # exited, not reaped: no process to read
+        times = psutil.Process(proc.pid).cpu_times()
+        zombie = read_stat(Path(f"/proc/{proc.pid}/stat"))  # exited, not reaped: its CPU times stay
+        assert zombie is not None and zombie.zombie
+        assert zombie.cpu_seconds == pytest.approx(times.user + times.system, abs=1e-9)
     finally:
         proc.wait()
     assert read_stat(Path(f"/proc/{proc.pid}/stat")) is None  # reaped: the file is gone

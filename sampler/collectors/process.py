@@ -16,10 +16,11 @@ class ProcessCollector(Collector):
     """Readings of process ``pid`` (the backend, never the sampling child).
 
     ``cpu_utilization_percent`` follows psutil: 100 per fully busy core, so a
-    process using four cores reads 400. CPU % and memory (RSS) are tracked
-    between records: the tracked CPU % is over the inner window, through a
-    second handle whose CPU window is its own, so ``sample()``'s stays the
-    whole interval.
+    process using four cores reads 400; ``cpu_seconds`` is the CPU time (user +
+    system) it used since it started, the counter that percentage is the rate of.
+    CPU % and memory (RSS) are tracked between records: the tracked CPU % is
+    over the inner window, through a second handle whose CPU window is its own,
+    so ``sample()``'s stays the whole interval.
     """
 
     category = "process"
@@ -31,6 +32,7 @@ class ProcessCollector(Collector):
         "resource/process/memory_available_mb",
         "resource/process/cpu_cores_allowed",
         "resource/process/cpu_wait_percent",
+        "resource/process/cpu_seconds",
     )
     tracked = catalogue.peaked(names)
     averaged = catalogue.averaged(names)
@@ -55,6 +57,7 @@ class ProcessCollector(Collector):
         proc = self._process
         with proc.oneshot():
             cpu = attempt(lambda: proc.cpu_percent(interval=None))
+            times = attempt(proc.cpu_times)  # the stat file cpu_percent() read, cached by oneshot()
             rss = attempt(lambda: proc.memory_info().rss)
             percent = attempt(proc.memory_percent)
         status = self._read_status()  # psutil's num_threads() would read the same file again
@@ -68,6 +71,7 @@ class ProcessCollector(Collector):
             MISSING if memory is None else memory.available / MB,
             MISSING if not cores else float(cores),
             self._wait_percent(),
+            MISSING if times is None else times.user + times.system,
         ]
 
     def sample_tracked(self) -> list[float]:

@@ -6,6 +6,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 
@@ -13,6 +14,7 @@ from sampler import catalogue
 from sampler.collectors.base import MB, MISSING, Collector, attempt
 
 COUNT = "resource/process_tree/process_count"
+CPU_SECONDS = "resource/process_tree/cpu_seconds"
 
 SAMPLING_CHILD_PROGRAM = "from sampler.child.main import main"
 """What the ``-c`` program of every sampling child runs: ``sampler.supervision.spawn`` builds its
@@ -49,22 +51,37 @@ _TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def read_stat(path: Path) -> tuple[float, int] | None:
-    """CPU seconds (user + system) and RSS bytes from a ``/proc/<pid>/stat`` file, read once;
-    None when the process is gone, a zombie, or the file cannot be parsed. What psutil reads
-    from two files (``stat`` and ``statm``) through a handle's cache, for a reading taken
-    ten times a second in every process of the tree."""
+class Stat(NamedTuple):
+    """One reading of a ``/proc/<pid>/stat`` file."""
+
+    cpu_seconds: float
+    """User + system CPU time of the process (every thread of it, those that ended too)."""
+    reaped_cpu_seconds: float
+    """User + system CPU time of the children it waited for, and of theirs (psutil's
+    ``children_user`` + ``children_system``)."""
+    rss_bytes: int
+    zombie: bool
+    """Exited, not yet waited for: no process to read but its CPU times, which are final."""
+
+
+def read_stat(path: Path) -> Stat | None:
+    """CPU times and RSS from a ``/proc/<pid>/stat`` file, read once; None when the process is
+    gone or the file cannot be parsed. What psutil reads from two files (``stat`` and ``statm``)
+    through a handle's cache, for a reading taken ten times a second in every process of the tree."""
     data = attempt(path.read_bytes)  # a failure for want of descriptors or memory is counted
     if data is None:
         return None
     fields = data[data.rfind(b")") + 2 :].split()  # after the command name, which may hold anything
-    # fields[0] is the state (field 3 of proc(5)): utime, stime and rss are fields 14, 15 and 24.
-    if len(fields) < 22 or fields[0] == b"Z":
+    # fields[0] is the state (field 3 of proc(5)): utime, stime, cutime, cstime and rss are
+    # fields 14 to 17 and 24.
+    if len(fields) < 22:
         return None
     try:
-        return (int(fields[11]) + int(fields[12])) / _TICKS_PER_SECOND, int(fields[21]) * _PAGE_BYTES
+        own, reaped = (int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14]))
+        rss = int(fields[21]) * _PAGE_BYTES
     except ValueError:
         return None
+    return Stat(own / _TICKS_PER_SECOND, reaped / _TICKS_PER_SECOND, rss, fields[0] == b"Z")
 
 
 def runs_a_sampling_child(cmdline: list[str]) -> bool:
@@ -107,6 +124,11 @@ class ProcessTreeCollector(Collector):
     - ``cpu_utilization_percent``: summed CPU of the tree since the previous ``sample()``,
       100 per fully busy core as psutil's ``cpu_percent``. A process born during the window
       counts from its birth; one that exits during it loses its CPU since the window began.
+    - ``cpu_seconds``: CPU time of the tree, the sum over its processes (zombies included) of
+      their own and their reaped children's (``cutime`` and ``cstime``): a worker that exits
+      keeps its time, first as a zombie, then in the member that waited for it. Time that
+      leaves the tree (a process waited for outside it, such as an orphan reparented to init)
+      is carried, so the counter never falls.
     - ``memory_in_use_mb``: the sum of each process's PSS (proportional set size: a page
       shared by n processes counts 1/n in each), so shared pages, such as a parent's memory
       inherited by forked workers, count once. PSS is read from ``/proc/<pid>/smaps_rollup``
@@ -143,7 +165,12 @@ class ProcessTreeCollector(Collector):
     """
 
     category = "process_tree"
-    names = (COUNT, "resource/process_tree/cpu_utilization_percent", "resource/process_tree/memory_in_use_mb")
+    names = (
+        COUNT,
+        "resource/process_tree/cpu_utilization_percent",
+        "resource/process_tree/memory_in_use_mb",
+        CPU_SECONDS,
+    )
     tracked = catalogue.peaked(names)
     averaged = catalogue.averaged(names)
 
@@ -162,6 +189,10 @@ class ProcessTreeCollector(Collector):
         """Pages shared by the processes that exited since the last pass, their share of them."""
         self._sampled_at = time.monotonic()
         self._next_pass_at = self._sampled_at
+        self._cpu_total = 0.0
+        """``cpu_seconds`` as last reported."""
+        self._cpu_carried = 0.0
+        """CPU time that left the tree: added to the tree's sum so that the counter never falls."""
         if self._scan(self._sampled_at, born_in_window=False) is None:
             raise psutil.NoSuchProcess(pid)
 
@@ -169,21 +200,23 @@ class ProcessTreeCollector(Collector):
         now = time.monotonic()
         totals = self._scan(now, born_in_window=True)
         if totals is None:
-            return [MISSING, MISSING, MISSING]
+            return [MISSING] * len(self.names)
         count, cpu_seconds, memory_bytes = totals
         elapsed = now - self._sampled_at
         self._sampled_at = now
-        return [float(count), cpu_seconds / elapsed * 100, memory_bytes / MB]
+        return [float(count), cpu_seconds / elapsed * 100, memory_bytes / MB, self._cpu_total]
 
     def _scan(self, now: float, born_in_window: bool) -> tuple[int, float, int] | None:
         """Find the tree anew and read it: (processes, CPU seconds since the previous scan,
-        memory bytes); None when the backend is gone. ``born_in_window``: the processes new
-        since the previous scan were born after it (false only for the first scan)."""
+        memory bytes), and update the tree's CPU time; None when the backend is gone.
+        ``born_in_window``: the processes new since the previous scan were born after it
+        (false only for the first scan)."""
         descendants = attempt(lambda: self._root.children(recursive=True))
         if descendants is None:
             return None
         found: list[tuple[_Member, int]] = []  # with its RSS now
         cpu_seconds = 0.0
+        tree_cpu_seconds = 0.0
         for proc in [self._root, *descendants]:
             if proc is not self._root and runs_a_sampling_child(attempt(proc.cmdline) or []):
                 continue  # a monitor's, not the training's (the backend itself is never left out)
@@ -193,8 +226,11 @@ class ProcessTreeCollector(Collector):
             stat = member.stat if member is not None else Path(f"/proc/{proc.pid}/stat")
             reading = read_stat(stat)
             if reading is None:
-                continue  # exited (or turned zombie) since it was listed
-            cpu, rss = reading
+                continue  # exited and waited for since it was listed
+            tree_cpu_seconds += reading.cpu_seconds + reading.reaped_cpu_seconds
+            if reading.zombie:
+                continue  # exited: its CPU time counts until it moves to the reaper's, nothing else
+            cpu, rss = reading.cpu_seconds, reading.rss_bytes
             if member is None:
                 member = _Member(proc, stat, 0.0 if born_in_window else cpu, cpu, now, rss)
             cpu_seconds += max(0.0, cpu - member.record_cpu_seconds)
@@ -203,6 +239,11 @@ class ProcessTreeCollector(Collector):
         members = {member.proc.pid: member for member, _ in found}
         if self.pid not in members:
             return None  # the backend exited, or turned zombie, since it was listed
+        # The sum falls when time leaves the tree: a process waited for outside it (an orphan
+        # reparented to init) takes its time along. Prometheus reads any fall of a counter as a
+        # reset and rate() then counts the whole value again, a spike: carry what was lost.
+        self._cpu_carried = max(self._cpu_carried, self._cpu_total - tree_cpu_seconds)
+        self._cpu_total = tree_cpu_seconds + self._cpu_carried
         full_pass = now >= self._next_pass_at
         pass_cpu_seconds = 0.0
         memory_bytes = 0
@@ -231,12 +272,12 @@ class ProcessTreeCollector(Collector):
         memory_bytes = 0
         for pid, member in list(self._members.items()):
             reading = read_stat(member.stat)
-            if reading is None:
+            if reading is None or reading.zombie:
                 if pid == self.pid:
                     return [MISSING, MISSING]
                 self._exited_shared_bytes += self._members.pop(pid).shared_bytes()
                 continue
-            cpu, rss = reading
+            cpu, rss = reading.cpu_seconds, reading.rss_bytes
             # max(): a pid reused since the last record reads a smaller, unrelated CPU time
             cpu_percent += max(0.0, cpu - member.tracked_cpu_seconds) / (now - member.tracked_at) * 100
             member.tracked_cpu_seconds, member.tracked_at = cpu, now

@@ -12,8 +12,9 @@ key names both), and a counter's own ``..._per_second`` rate is left out where
 the counter is drawn. Counters (disk reads/writes and network bytes since
 boot, container CPU throttled) are drawn as rates (MiB/s, s/s), from
 consecutive wall times; a counter that goes backwards (a reboot, a wrapped
-counter) leaves a gap, never a negative rate. Bytes are drawn in GiB, bytes/s
-in MiB/s.
+counter) leaves a gap, never a negative rate. A counter whose rate is a gauge
+of its own (CPU seconds, whose rate is the CPU %) is left out where that gauge
+is drawn. Bytes are drawn in GiB, bytes/s in MiB/s.
 
 matplotlib is imported only when a figure is drawn, never by ``import
 sampler``; without it, drawing raises ``ImportError`` naming the extra
@@ -127,6 +128,8 @@ def panels(names: Sequence[str]) -> list[Panel]:
                 continue
             if reading.signal.kind == catalogue.RATE and name.removesuffix(catalogue.RATE_SUFFIX) in present:
                 continue  # the counter is drawn as its rate already
+            if catalogue.stand_in(name) in present:
+                continue  # its rate is drawn already, as the gauge it has for one (CPU seconds' CPU %)
         parts = name.split("/")
         if parts[0] != "resource" or len(parts) < 3:
             training.append(Panel(name, "training", name, "", names={"": name}))

@@ -195,13 +195,16 @@ def _is_counter(name: str) -> bool:
 
 
 def _shown_elsewhere(name: str, points: Mapping[str, Sequence[Point]]) -> bool:
-    """A reading's peak or mean between steps, or a counter's own rate: a row of
-    their own would double the screen (``plot`` draws them; the counter's row is its rate)."""
+    """A reading's peak or mean between steps, a counter's own rate, or a counter whose rate
+    is a gauge of its own (CPU seconds' CPU %): a row of their own would double the screen
+    (``plot`` draws them; the counter's row is its rate, or that gauge's)."""
     reading = catalogue.lookup(name)
     if reading is None:
         return False
     if reading.variant:
         return name.removesuffix("_" + reading.variant) in points
+    if catalogue.stand_in(name) in points:
+        return True
     return reading.signal.kind == catalogue.RATE and name.removesuffix(catalogue.RATE_SUFFIX) in points
 
 
@@ -211,7 +214,8 @@ def signal_lines(
     """A row per signal, grouped (see ``group_of``): label, current value, min
     and max over the window, sparkline; GPUs as one row per device (see
     ``gpu_lines``), between the training signals and the other resources.
-    Peaks, means and counters' own rates have no row (``_shown_elsewhere``)."""
+    Peaks, means, counters' own rates and counters shown by a gauge have no row
+    (``_shown_elsewhere``)."""
     spark = max(MIN_SPARK_WIDTH, min(MAX_SPARK_WIDTH, width - LABEL_WIDTH - 3 * VALUE_WIDTH - 4))
     lines: list[Line] = []
     if not points:
