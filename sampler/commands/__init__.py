@@ -11,10 +11,10 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from sampler.commands import config, demo, explain, export, plot, postmortem, run, runs, top
+from sampler.commands import config, demo, explain, export, plot, postmortem, prometheus, run, runs, top
 from sampler.commands.common import EXIT_BROKEN_PIPE, silence
 
-COMMANDS = (demo, run, top, plot, explain, runs, export, config, postmortem)
+COMMANDS = (demo, run, top, plot, explain, runs, export, config, postmortem, prometheus)
 
 
 def _parser() -> argparse.ArgumentParser:
