@@ -63,13 +63,20 @@ class PrometheusServer:
     """
 
     def __init__(
-        self, workdir: Path, sd_dir: Path, scrape_interval: float = 1.0, config_text: str | None = None
+        self,
+        workdir: Path,
+        sd_dir: Path,
+        scrape_interval: float = 1.0,
+        config_text: str | None = None,
+        rule_files: tuple[Path, ...] = (),
     ) -> None:
         self.config_text = config_text
         """A configuration to use as it is, instead of the one written from ``sd_dir`` and the interval."""
         self.workdir = Path(workdir)
         self.sd_dir = Path(sd_dir)
         self.scrape_interval = scrape_interval
+        self.rule_files = rule_files
+        """Rules files to load, evaluated every ``scrape_interval``."""
         self.config_path = self.workdir / "prometheus.yml"
         self.log_path = self.workdir / "prometheus.log"
         self.port: int | None = None
@@ -97,7 +104,7 @@ class PrometheusServer:
         # instead of overlapping the next one.
         timeout = _duration(self.scrape_interval * 0.8)
         # JSON is valid YAML: no YAML library is needed to write the config.
-        config = {
+        config: dict[str, Any] = {
             "global": {
                 "scrape_interval": interval,
                 "evaluation_interval": interval,
@@ -111,6 +118,8 @@ class PrometheusServer:
                 }
             ],
         }
+        if self.rule_files:
+            config["rule_files"] = [str(path) for path in self.rule_files]
         self.config_path.write_text(json.dumps(config, indent=2) + "\n")
 
     def _command(self, port: int) -> list[str]:
@@ -258,6 +267,12 @@ class PrometheusServer:
         data = self._api("targets", {"state": "active"})
         active: list[dict[str, Any]] = data["activeTargets"]
         return active
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """``/api/v1/alerts``: items with ``labels``, ``annotations``, ``state`` (pending/firing),
+        ``activeAt`` and ``value``."""
+        alerts: list[dict[str, Any]] = self._api("alerts")["alerts"]
+        return alerts
 
     def flags(self) -> dict[str, str]:
         """The command-line flags the running server parsed (``/api/v1/status/flags``)."""
