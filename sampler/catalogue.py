@@ -153,13 +153,17 @@ def _gpu(
     what: str,
     metric: str | None,
     kind: str = GAUGE,
-    **flags: bool,
+    peak: bool = False,
+    mean: bool = False,
+    seed: bool = False,
 ) -> Signal:
     """A GPU signal (a gauge unless ``kind`` says otherwise), exported with the scale its unit
     takes to base units (% to a ratio, MHz to Hz); ``metric`` None: not exported."""
     scale = None if metric is None else {"%": PERCENT_TO_RATIO, "MHz": 1e6, "MiB/s": MIB}.get(unit, 1.0)
     key = GPU_KEY_PREFIX + suffix
-    return Signal(key, unit, kind, title, label, what, metric=metric, scale=scale, **flags)
+    return Signal(
+        key, unit, kind, title, label, what, peak=peak, mean=mean, metric=metric, scale=scale, seed=seed
+    )
 
 
 THROTTLE_REASONS = (

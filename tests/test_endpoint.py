@@ -76,7 +76,8 @@ def test_a_scrape_shows_one_logged_record_in_base_units(samples: list[sampler.Sa
     port = free_ports()
     with monitor(samples, prometheus_port=port, run_id="job-7") as mon:
         wait_for(lambda: len(samples) >= 2, what="two records")
-        found = series(scrape(port))
+        text = scrape(port)
+        found = series(text)
         count = len(samples)
         wait_for(lambda: len(samples) >= count + 2, what="the scraped record logged")
         assert mon.stats()["prometheus_endpoint"] == f"http://127.0.0.1:{port}/metrics"
@@ -103,6 +104,11 @@ def test_a_scrape_shows_one_logged_record_in_base_units(samples: list[sampler.Sa
     ratio = values_of(found, "wl_resource_memory_utilization_ratio")[base]
     assert 0 < ratio < 1
     assert not [key for key in found if key[0].endswith("_per_second")]
+    # CPU as Prometheus has it: time, a counter whose rate() is the cores in use, not a ratio above 1.
+    for cpu in ("wl_resource_process_cpu_seconds_total", "wl_resource_process_tree_cpu_seconds_total"):
+        assert f"\n# TYPE {cpu} counter\n" in text
+        assert values_of(found, cpu)[base] > 0
+    assert "process_cpu_utilization" not in text and "process_tree_cpu_utilization" not in text  # nor peaks
     assert found[("wl_resource_model_age", base)] >= 0
     assert (
         found[("wl_resource_monitor_restarts_total", tuple(sorted({**labels, "cause": "crash"}.items())))]

@@ -73,6 +73,22 @@ def test_cpus_allowed_follow_the_backends_affinity() -> None:
         os.sched_setaffinity(0, before)
 
 
+def test_cpu_seconds_are_the_backends_own_user_and_system_time() -> None:
+    name = "resource/process/cpu_seconds"
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass"
+    subprocess.run([sys.executable, "-c", burn], check=True)  # a child's time, reaped: not the backend's
+    until = time.process_time() + 0.2
+    while time.process_time() < until:
+        pass
+    collector = ProcessCollector(os.getpid())
+    before = psutil.Process().cpu_times()
+    seconds = dict(zip(collector.names, collector.sample(), strict=True))[name]
+    after = psutil.Process().cpu_times()
+    assert before.children_user + before.children_system >= 0.1
+    assert before.user + before.system <= seconds <= after.user + after.system
+    assert seconds >= 0.2
+
+
 @pytest.mark.usefixtures("whole_machine")
 def test_cpu_wait_is_the_share_of_time_the_main_thread_waited_for_a_cpu() -> None:
     name = "resource/process/cpu_wait_percent"

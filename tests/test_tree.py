@@ -21,6 +21,7 @@ import sampler
 from sampler.collectors.base import MB
 from sampler.collectors.tree import (
     COUNT,
+    CPU_SECONDS,
     SAMPLING_CHILD_PROGRAM,
     ProcessTreeCollector,
     read_stat,
@@ -92,6 +93,8 @@ def act(words):
         os.kill(pid, 9)
         if args[1] == "1":
             os.waitpid(pid, 0)
+    elif command == "reap":  # reap PID: wait for a worker killed without reaping it
+        os.waitpid(int(args[0]), 0)
     return "ok"
 
 
@@ -167,6 +170,16 @@ def rss_mb(procs: list[psutil.Process]) -> float:
 
 def pss_mb(procs: list[psutil.Process]) -> float:
     return sum(p.memory_full_info().pss for p in procs) / MB
+
+
+def cpu_seconds(collector: ProcessTreeCollector) -> float:
+    """The tree's CPU time a record gives."""
+    return dict(zip(collector.names, collector.sample(), strict=True))[CPU_SECONDS]
+
+
+def with_reaped(times: psutil._common.pcputimes) -> float:
+    """User + system CPU time of a process and of the children it waited for."""
+    return times.user + times.system + times.children_user + times.children_system
 
 
 def test_names_and_what_is_tracked() -> None:
@@ -341,6 +354,43 @@ def test_a_dead_worker_not_yet_reaped_is_not_counted(backend: Backend) -> None:
     wait_for(lambda: psutil.Process(worker).status() == psutil.STATUS_ZOMBIE, what="a zombie")
     assert not any(math.isnan(v) for v in collector.sample_tracked())
     assert collector.sample()[0] == 1
+
+
+def test_cpu_time_keeps_an_exited_workers_time_as_a_zombie_then_in_its_reaper_once(
+    backend: Backend,
+) -> None:
+    collector = ProcessTreeCollector(backend.pid)
+    worker = backend.fork()
+    backend.ask("spin", 0.5, worker=worker)
+    spun = cpu_seconds(collector)
+    backend.ask("kill", worker, 0)  # a zombie until the backend waits for it
+    wait_for(lambda: psutil.Process(worker).status() == psutil.STATUS_ZOMBIE, what="a zombie")
+    times = psutil.Process(worker).cpu_times()
+    worked = times.user + times.system
+    assert worked >= 0.45
+    dead = cpu_seconds(collector)
+    backend.ask("reap", worker)
+    before = with_reaped(psutil.Process(backend.pid).cpu_times())
+    reaped = cpu_seconds(collector)
+    after = with_reaped(psutil.Process(backend.pid).cpu_times())
+    assert spun <= dead <= reaped
+    assert reaped - spun < 0.25  # the worker's time counted once, not again in its reaper's
+    assert before - 1e-6 <= reaped <= after + 1e-6  # the backend alone now: its own and its reaped
+    assert cpu_seconds(ProcessTreeCollector(backend.pid)) >= worked  # read anew: in the reaper's times
+
+
+def test_cpu_time_never_falls_when_a_member_leaves_the_tree_with_its_time(backend: Backend) -> None:
+    collector = ProcessTreeCollector(backend.pid)
+    middle = backend.fork()
+    orphan = int(backend.ask("fork", 1, worker=middle))
+    backend.ask("to", orphan, "spin", 0.4, worker=middle)
+    held = cpu_seconds(collector)
+    backend.ask("kill", middle, 1)  # reaped by the backend; its worker is orphaned, reparented outside
+    wait_for(lambda: orphan not in {p.pid for p in tree(backend.pid)}, what="the orphan out of the tree")
+    assert held - cpu_seconds(ProcessTreeCollector(backend.pid)) >= 0.3  # the orphan took its time along
+    readings = [cpu_seconds(collector) for _ in range(3)]
+    assert held <= readings[0] <= readings[1] <= readings[2]
+    assert readings[-1] - held < 0.25
 
 
 def test_readings_are_nan_once_the_backend_is_gone(backend: Backend) -> None:
