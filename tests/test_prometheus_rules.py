@@ -403,3 +403,16 @@ def test_the_recorded_throughput_of_each_rank_and_its_launch(tmp_path: Path) -> 
         },
     ]
     promtool_test(tmp_path, launch, checks, kind="promql_expr_test")
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "prometheus.md"
+
+
+def test_the_manual_shows_the_file_as_printed_and_its_defaults() -> None:
+    manual = DOCS.read_text()
+    assert "```yaml\n" + printed_rules() + "```" in manual
+    # The table's `for:` defaults are the file's.
+    for name, definition in DEFINITIONS.items():
+        row = re.search(rf"^\| `{name}`.*\| (for \w+|at once) \|$", manual, re.MULTILINE)
+        assert row is not None, name
+        assert row.group(1) == (f"for {definition['for']}" if "for" in definition else "at once"), name
