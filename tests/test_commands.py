@@ -292,7 +292,8 @@ def test_runs_names_the_rank_of_a_multi_rank_job(tmp_path: Path) -> None:
         writer.close({})
     done = sampler_command("runs", str(path), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    rows = done.stdout.splitlines()[1:]
+    launch, *rows = done.stdout.splitlines()[1:]
+    assert launch == "launch j: 2 of 2 ranks"  # the ranks are listed under their launch
     assert ["node-7 rank 0/2" in rows[0], "node-7 rank 1/2" in rows[1]] == [True, True]
 
 

@@ -310,5 +310,12 @@ def reasons(timeline: Timeline, findings: Findings, stretch: Stretch) -> list[Re
     """What the signals say of a slow ``stretch``, strongest first; empty when nothing stood out."""
     inside = np.zeros(len(timeline), dtype=bool)
     inside[stretch.first : stretch.last + 1] = True
-    found = [reason for rule in RULES for reason in rule(timeline, inside, findings.regular)]
+    return against(timeline, inside, findings.regular)
+
+
+def against(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
+    """What every rule says of the records ``inside`` compared with the ``baseline`` records
+    (a slow stretch against the run's regular windows, or a lagging rank against the other
+    ranks at the same time), strongest first."""
+    found = [reason for rule in RULES for reason in rule(timeline, inside, baseline)]
     return sorted(found, key=lambda reason: -reason.strength)

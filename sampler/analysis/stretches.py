@@ -106,7 +106,7 @@ def find(timeline: Timeline, slow_fraction: float = SLOW_FRACTION) -> Findings:
     slow = usable & ~pause & (rate < slow_fraction * typical)
     regular = usable & ~pause & ~slow
     stretches = [_stretch(timeline, PAUSE, int(i), int(i), still[i]) for i in np.flatnonzero(pause)]
-    for first, last in _runs(slow, pause):
+    for first, last in spans(slow, pause):
         windows = last - first + 1
         length = seconds[first : last + 1].sum()
         if windows >= MIN_WINDOWS and length >= max(MIN_INTERVALS * timeline.interval, MIN_SECONDS):
@@ -124,7 +124,7 @@ def _typical(rates: npt.NDArray[np.float64], slow_fraction: float) -> float:
     return float(np.median(rates[rates >= slow_fraction * np.percentile(rates, 75)]))
 
 
-def _runs(flags: npt.NDArray[np.bool_], breaks: npt.NDArray[np.bool_]) -> list[tuple[int, int]]:
+def spans(flags: npt.NDArray[np.bool_], breaks: npt.NDArray[np.bool_]) -> list[tuple[int, int]]:
     """(first, last) of each run of True in ``flags``, bridging single False gaps unless the gap
     is one of ``breaks`` (a pause between slow windows is the pause, not part of a slowdown)."""
     runs: list[tuple[int, int]] = []

@@ -73,3 +73,17 @@ def load(reader: StoreReader, run: Run) -> Timeline:
     steps = np.array([step for _, step in order], dtype=np.int64)
     walls = np.array([wall for wall, _ in order], dtype=np.float64)
     return Timeline(steps, walls, values, run.interval)
+
+
+def joined(parts: list[Timeline], interval: float) -> Timeline:
+    """The records of ``parts`` (several runs') one after the other, as one timeline whose
+    columns are every part's signals, NaN in the records of a part that did not log one: for
+    judging one run's records against another's (``evidence.against``), not for throughput."""
+    names = sorted({name for part in parts for name in part.values})
+    values = {
+        name: np.concatenate([part.values.get(name, np.full(len(part), np.nan)) for part in parts])
+        for name in names
+    }
+    steps = np.concatenate([part.steps for part in parts])
+    walls = np.concatenate([part.walls for part in parts])
+    return Timeline(steps, walls, values, interval)

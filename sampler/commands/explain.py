@@ -5,7 +5,10 @@ run's typical (its median), and for each says, strongest first, what the recorde
 was different from the run's typical at the same time: CPU, memory or I/O pressure, the process
 tree on every CPU it may use, the backend at one full core, memory near a container limit, GPU
 throttling or waiting. A pause of the step (an evaluation, a checkpoint) is named as such, and a
-stretch with no evidence says so. ``--json`` for machines; ``plot --explain`` shades the same
+stretch with no evidence says so. For a rank of a multi-rank launch (or with ``--launch``), it
+also compares each rank's throughput with the launch's median and names the ranks that fell
+behind, where, and what their signals showed against the other ranks then
+(``sampler.analysis.ranks``). ``--json`` for machines; ``plot --explain`` shades the same
 stretches.
 """
 
@@ -18,10 +21,12 @@ import sqlite3
 import sys
 from typing import Any, TextIO
 
-from sampler.analysis import stretches
+from sampler.analysis import ranks, stretches
 from sampler.analysis.explain import Explanation, explain
 from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, argument, open_store
 from sampler.settings.parsers import Invalid
+from sampler.store.reader import StoreReader
+from sampler.util.quoting import printable
 from sampler.views.formatting import format_duration
 
 
@@ -49,7 +54,13 @@ def add_parser(commands: Any) -> None:
         description=__doc__.split("\n\n")[1].replace("\n", " "),
     )
     parser.add_argument("store", nargs="?", default=DEFAULT_STORE, metavar="STORE", help="the run store")
-    parser.add_argument("--run", type=argument(_run_id), metavar="ID", help="the run (default: the newest)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--run", type=argument(_run_id), metavar="ID", help="the run (default: the newest)")
+    which.add_argument(
+        "--launch",
+        metavar="ID",
+        help="compare the ranks of this multi-rank launch (its id, or a unique start of it) alone",
+    )
     parser.add_argument(
         "--slow",
         type=argument(_fraction),
@@ -69,8 +80,7 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     with reader:
         try:
-            run = reader.run(args.run)
-            explanation = explain(reader, run, args.slow)
+            explanation, comparison = _explain(reader, args)
         except LookupError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_USAGE
@@ -78,11 +88,41 @@ def main(args: argparse.Namespace) -> int:
             print(f"error: {args.store} cannot be read as a run store: {exc}", file=sys.stderr)
             return EXIT_USAGE
     if args.json:
-        json.dump(explanation.as_json(), out, indent=2)
+        found = explanation.as_json() if explanation is not None else {}
+        if comparison is not None:
+            found["launch"] = comparison.as_json()
+        json.dump(found, out, indent=2)
         out.write("\n")
-    else:
+        return 0
+    if explanation is not None:
         out.write(render(explanation))
+    if comparison is not None:
+        out.write(render_launch(comparison))
     return 0
+
+
+def _explain(
+    reader: StoreReader, args: argparse.Namespace
+) -> tuple[Explanation | None, ranks.Comparison | None]:
+    """The run's explanation (none with ``--launch``) and its launch's comparison (none for a
+    run alone); ``LookupError`` for a run or launch that is not there, or a launch of one rank."""
+    if args.launch is not None:
+        launch = reader.launch(args.launch)
+        if launch.ranks < 2:
+            runs = " --run ".join(str(run.id) for run in launch.runs)
+            raise LookupError(
+                f"launch {printable(launch.id)} has {launch.held} in {reader.path}: no other rank to"
+                f" compare it with; explain it with --run {runs}"
+            )
+        return None, ranks.compare(ranks.gather(reader, launch), args.slow)
+    run = reader.run(args.run)
+    explanation = explain(reader, run, args.slow)
+    if run.world_size == 1 or run.launch_id is None:
+        return explanation, None
+    launch = reader.launch(run.launch_id)
+    if launch.ranks < 2:
+        return explanation, None
+    return explanation, ranks.compare(ranks.gather(reader, launch), args.slow)
 
 
 def _duration(seconds: float) -> str:
@@ -121,4 +161,37 @@ def render(explanation: Explanation) -> str:
         for rank, reason in enumerate(item.reasons, 1):
             cited = ", ".join(e.signal for e in reason.evidence)
             lines.append(f"  {rank}. {reason.text} [{cited}]")
+    return "\n".join(lines) + "\n"
+
+
+def render_launch(comparison: ranks.Comparison) -> str:
+    """The comparison of a launch's ranks as the lines ``explain`` prints."""
+    gathered = comparison.ranks
+    launch = gathered.launch
+    head = f"launch {printable(launch.id)} ({launch.held})"
+    silent = "".join(
+        f"\n  run {run.id} (rank {run.rank}) has no records to compare." for run in gathered.silent
+    )
+    if len(gathered.ranks) < 2:
+        return f"{head}: fewer than two of its ranks have records to compare.{silent}\n"
+    each = ", ".join(f"{rank.label} {rank.typical:.3g}" for rank in gathered.ranks)
+    lines = [f"{head}: steps/s typically {each}.{silent}"]
+    if not comparison.lags:
+        lines.append("No rank fell well behind the ranks' median.")
+    for lag in comparison.lags:
+        lines.append(
+            f"{lag.rank.label} (run {lag.rank.run.id}) lagged over steps {lag.start_step:,}-{lag.end_step:,}"
+            f" ({_clock(lag.start_wall)}-{_clock(lag.end_wall)}, {_duration(lag.seconds)}):"
+            f" {lag.throughput:.3g} steps/s against the ranks' median {lag.median:.3g},"
+            f" {lag.behind:.3g} steps/s ({lag.share_behind:.0%}) behind."
+        )
+        if not lag.reasons:
+            lines.append(
+                f"  no evidence: nothing {lag.rank.label} recorded was different from the other ranks then."
+            )
+        else:  # the rules' "typically" is, here, the other ranks at the same time
+            lines.append("  against the other ranks then:")
+        for number, reason in enumerate(lag.reasons, 1):
+            cited = ", ".join(e.signal for e in reason.evidence)
+            lines.append(f"  {number}. {reason.text} [{cited}]")
     return "\n".join(lines) + "\n"

@@ -2,25 +2,34 @@
 
 The run's own training signals on top, the resource panels grouped by
 category, one line per GPU, counters since boot as rates (MiB/s); ``--run``
-given more than once overlays runs for comparison. Writes
-``<store stem>-run<ID>.png`` in the current directory unless ``-o`` says
-otherwise, and prints the path written; never over the store, or any SQLite
-database. Needs matplotlib (the ``plot`` extra).
+given more than once overlays runs for comparison; ``--launch ID`` (a launch id
+or a unique start of one) draws the ranks of a multi-rank launch instead: each
+signal's spread across its ranks per step and each rank's throughput
+(``sampler.views.launch_plot``). Writes ``<store stem>-run<ID>.png`` (or
+``-launch<ID>.png``) in the current directory unless ``-o`` says otherwise, and
+prints the path written; never over the store, or any SQLite database. Needs
+matplotlib (the ``plot`` extra).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sqlite3
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
+from sampler.analysis import ranks
 from sampler.analysis.explain import explain
 from sampler.commands.common import output_problem
 from sampler.store.reader import StoreReader
 from sampler.store.schema import StoreVersionError
-from sampler.views import plot
+from sampler.util.quoting import printable
+from sampler.views import launch_plot, plot
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 EXIT_ERROR = 2
 """Status for a store, run or pattern that cannot be plotted (as for a bad flag)."""
@@ -34,13 +43,20 @@ def add_parser(commands: Any) -> None:
         description=__doc__.split("\n\n")[1].replace("\n", " "),
     )
     parser.add_argument("store", metavar="STORE", help="the run store (a .sqlite file)")
-    parser.add_argument(
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
         "--run",
         dest="runs",
         action="append",
         type=_run_id,
         metavar="ID",
         help="the run to draw (default: the newest); repeat to overlay runs",
+    )
+    which.add_argument(
+        "--launch",
+        metavar="ID",
+        help="draw the ranks of this multi-rank launch (its id, or a unique start of it, as `runs` "
+        "shows it): each signal's spread across the ranks per step, and each rank's throughput",
     )
     parser.add_argument(
         "--signals",
@@ -84,6 +100,17 @@ def default_output(store: str, run_ids: list[int]) -> Path:
     return Path(Path(store).stem + "".join(f"-run{run_id}" for run_id in run_ids) + ".png")
 
 
+def launch_output(store: str, launch_id: str) -> Path:
+    """``<store stem>-launch<ID>.png`` in the current directory, the id's characters other than
+    letters, digits, ``.``, ``_`` and ``-`` written ``_`` (a ``host:port`` id names no path)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", launch_id)[:MAX_ID_IN_NAME]
+    return Path(f"{Path(store).stem}-launch{safe}.png")
+
+
+MAX_ID_IN_NAME = 40
+"""Characters of a launch id a default output name keeps."""
+
+
 def _error(message: str) -> int:
     print(f"python -m sampler plot: error: {message}", file=sys.stderr)
     return EXIT_ERROR
@@ -93,6 +120,10 @@ def _not_a_store(store: str, exc: sqlite3.DatabaseError) -> str:
     if isinstance(exc, StoreVersionError):
         return f"{store}: {exc}"
     return f"{store} is not a run store ({exc})"
+
+
+class _Refused(Exception):
+    """What cannot be drawn, in one line."""
 
 
 def main(args: argparse.Namespace) -> int:
@@ -106,28 +137,60 @@ def main(args: argparse.Namespace) -> int:
         return _error(_not_a_store(args.store, exc))
     with reader:
         try:
-            runs = [reader.run(run_id) for run_id in (args.runs or [None])]
-        except LookupError as exc:
+            path = _launch(reader, args) if args.launch is not None else _runs(reader, args)
+        except (_Refused, LookupError, plot.NothingToPlot) as exc:
             return _error(str(exc))
-        except sqlite3.DatabaseError as exc:
-            return _error(_not_a_store(args.store, exc))
-        runs = list({run.id: run for run in runs}.values())  # --run 3 --run 3: once
-        output = Path(args.output) if args.output else default_output(args.store, [run.id for run in runs])
-        problem = output_problem(str(output), args.store)
-        if problem is not None:
-            return _error(problem)
-        try:
-            shade = explain(reader, runs[0]).stretches if args.explain else []
-            path = plot.render(
-                reader, runs, pattern=args.signals, x=args.x, output=output, shade=[e.stretch for e in shade]
-            )
         except ImportError as exc:
             return _error(str(exc) if plot.INSTALL_HINT in str(exc) else f"{exc}: {plot.INSTALL_HINT}")
-        except plot.NothingToPlot as exc:
-            return _error(str(exc))
         except sqlite3.DatabaseError as exc:
             return _error(_not_a_store(args.store, exc))
-        except OSError as exc:
-            return _error(f"cannot write {output}: {exc.strerror or exc}")
     print(path, file=out)
     return 0
+
+
+def _runs(reader: StoreReader, args: argparse.Namespace) -> Path:
+    """``plot [--run ID ...]``: the runs overlaid; returns the path written."""
+    runs = [reader.run(run_id) for run_id in (args.runs or [None])]
+    runs = list({run.id: run for run in runs}.values())  # --run 3 --run 3: once
+    output = _output(args, default_output(args.store, [run.id for run in runs]))
+    shade = explain(reader, runs[0]).stretches if args.explain else []
+    fig = plot.figure(reader, runs, pattern=args.signals, x=args.x, shade=[e.stretch for e in shade])
+    return _save(fig, output)
+
+
+def _launch(reader: StoreReader, args: argparse.Namespace) -> Path:
+    """``plot --launch ID``: the launch's ranks side by side; returns the path written."""
+    if args.explain or args.x != "step":
+        raise _Refused("--launch draws its ranks on the step axis, without --explain or --x seconds")
+    launch = reader.launch(args.launch)
+    if launch.ranks < 2:
+        runs = " --run ".join(str(run.id) for run in launch.runs)
+        raise _Refused(
+            f"launch {printable(launch.id)} has {launch.held} in {args.store}: no other rank to"
+            f" compare it with; draw it with --run {runs}"
+        )
+    gathered = ranks.gather(reader, launch)
+    if len(gathered.ranks) < 2:
+        silent = ", ".join(str(run.id) for run in gathered.silent)
+        raise _Refused(
+            f"launch {printable(launch.id)}: only {len(gathered.ranks)} of its runs recorded two"
+            f" samples or more (none or one from run {silent}); a spread needs two"
+        )
+    output = _output(args, launch_output(args.store, launch.id))
+    return _save(launch_plot.figure(reader, gathered, pattern=args.signals), output)
+
+
+def _output(args: argparse.Namespace, default: Path) -> Path:
+    """Where to write: ``-o`` or ``default``; ``_Refused`` when it must not be written."""
+    output = Path(args.output) if args.output else default
+    problem = output_problem(str(output), args.store)
+    if problem is not None:
+        raise _Refused(problem)
+    return output
+
+
+def _save(fig: Figure, output: Path) -> Path:
+    try:
+        return plot.save(fig, output)
+    except OSError as exc:
+        raise _Refused(f"cannot write {output}: {exc.strerror or exc}") from exc

@@ -1,4 +1,7 @@
-"""``python -m sampler runs STORE``: one line per run in a run store.
+"""``python -m sampler runs STORE``: one line per run in a run store; the ranks of
+a multi-rank launch together where its first run was, after a line naming the
+launch and how many of its ranks the store holds (``launch job-7: 3 of 4 ranks``),
+by rank, their ids indented.
 
 ``--prune`` keeps a store bounded (it grows about 6.7 MiB per hour per rank
 sampled every second): ``--older-than AGE`` (``7d``, ``12h``) or ``--before
@@ -22,7 +25,7 @@ from sampler import settings
 from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, argument, open_store
 from sampler.settings.placement import whole_number
 from sampler.store import prune, schema
-from sampler.store.reader import Run, StoreReader
+from sampler.store.reader import Launch, Run, StoreReader, launches
 from sampler.util.quoting import printable
 from sampler.views.formatting import format_in
 
@@ -103,9 +106,19 @@ def main(args: argparse.Namespace) -> int:
         if not runs:
             print(f"{args.store} has no runs yet", file=out)
             return 0
-        rows = [_row(reader, run) for run in runs]
-    widths = [max(len(row[i]) for row in [HEADER, *rows]) for i in range(len(HEADER))]
+        rows: list[tuple[str, ...] | str] = []
+        for item in launches(runs):
+            if isinstance(item, Launch):
+                rows.append(f"launch {printable(item.id)}: {item.held}")
+                rows += [_row(reader, run, MEMBER_INDENT) for run in item.runs]
+            else:
+                rows.append(_row(reader, item))
+    table = [HEADER, *(row for row in rows if isinstance(row, tuple))]
+    widths = [max(len(row[i]) for row in table) for i in range(len(HEADER))]
     for row in [HEADER, *rows]:
+        if isinstance(row, str):  # a launch's line, across the columns
+            print(row, file=out)
+            continue
         print(
             "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip(), file=out
         )
@@ -115,11 +128,15 @@ def main(args: argparse.Namespace) -> int:
 HEADER = ("id", "started", "duration", "host", "pid", "samples", "last step", "GPU energy", "status")
 
 
-def _row(reader: StoreReader, run: Run) -> tuple[str, ...]:
+MEMBER_INDENT = "  "
+"""Before the id of a rank listed under its launch."""
+
+
+def _row(reader: StoreReader, run: Run, indent: str = "") -> tuple[str, ...]:
     samples, last_step = reader.counts(run.id)
     energy = reader.energy_joules(run.id)
     return (
-        str(run.id),
+        indent + str(run.id),
         _local(run.started_at),
         _duration(run.duration),
         printable(run.where),  # written by whoever can write the store

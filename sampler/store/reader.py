@@ -17,6 +17,7 @@ import psutil
 from sampler import catalogue
 from sampler.settings.parsers import DEFAULT_INTERVAL_SECONDS
 from sampler.store import schema
+from sampler.util.quoting import printable
 
 ENERGY_GLOB = catalogue.PREFIX + catalogue.GPU_KEY_PREFIX.replace(catalogue.DEVICE, "*") + "energy_joules"
 """Every GPU's energy counter, as a GLOB pattern over signal names."""
@@ -89,6 +90,50 @@ class Run:
 
 
 @dataclass(frozen=True)
+class Launch:
+    """The runs of one multi-rank launch in a store: rows sharing a ``launch_id``, one per rank
+    (or more where a rank was restarted)."""
+
+    id: str
+    runs: list[Run]
+    """By rank, then run id."""
+
+    @property
+    def world_size(self) -> int:
+        """The ranks the launch had, as its rows say (the largest, should it have changed)."""
+        return max(run.world_size for run in self.runs)
+
+    @property
+    def ranks(self) -> int:
+        """How many of its ranks the store holds."""
+        return len({run.rank for run in self.runs})
+
+    @property
+    def held(self) -> str:
+        """``3 of 4 ranks`` (``, 5 runs`` where a rank has several)."""
+        text = f"{self.ranks} of {self.world_size} rank{'s' * (self.world_size != 1)}"
+        return text + (f", {len(self.runs)} runs" if len(self.runs) != self.ranks else "")
+
+
+def launches(runs: list[Run]) -> list[Launch | Run]:
+    """``runs`` (in id order) with the ranks of each multi-rank launch (``world_size`` over 1)
+    gathered into one ``Launch`` where its first run was; single-rank runs stay as they are."""
+    grouped: dict[str, Launch] = {}
+    items: list[Launch | Run] = []
+    for run in runs:
+        if run.world_size == 1 or run.launch_id is None:
+            items.append(run)
+        elif run.launch_id in grouped:
+            grouped[run.launch_id].runs.append(run)
+        else:
+            grouped[run.launch_id] = Launch(run.launch_id, [run])
+            items.append(grouped[run.launch_id])
+    for launch in grouped.values():
+        launch.runs.sort(key=lambda run: (run.rank, run.id))
+    return items
+
+
+@dataclass(frozen=True)
 class Series:
     """One signal of one run, in step order."""
 
@@ -138,6 +183,22 @@ class StoreReader:
                 f"{self.path} has no run {run_id}" if run_id is not None else f"{self.path} has no runs"
             )
         return decode_run(row)
+
+    def launch(self, prefix: str) -> Launch:
+        """The launch whose id is ``prefix`` or starts with it (a single-rank run's own launch
+        too, as a ``Launch`` of one run); ``LookupError`` naming the store's multi-rank
+        launches when none or several match."""
+        grouped = launches(self.runs())
+        found = [item for item in grouped if isinstance(item, Launch)]
+        alone = [Launch(run.launch_id, [run]) for run in grouped if isinstance(run, Run) and run.launch_id]
+        candidates = found + alone
+        exact = [launch for launch in candidates if launch.id == prefix]
+        matching = exact or [launch for launch in candidates if launch.id.startswith(prefix)]
+        if len(matching) == 1:
+            return matching[0]
+        listed = "; ".join(f"{printable(launch.id)} ({launch.held})" for launch in found) or "none"
+        what = "several launches start with" if matching else "no launch starts with"
+        raise LookupError(f"{self.path}: {what} {printable(prefix)!r}; its multi-rank launches: {listed}")
 
     def names(self, run_id: int) -> list[str]:
         """Signal names the run logged, sorted."""

@@ -174,7 +174,7 @@ def _resource_panel(key: str, category: str, signal: str, reading: catalogue.Rea
 # --------------------------------------------------------------------------- points
 
 
-def _points(series: Series, run: Run, x: str, panel: Panel) -> tuple[list[float], list[float]]:
+def points(series: Series, run: Run, x: str, panel: Panel) -> tuple[list[float], list[float]]:
     """The (x, y) of one line, in wall-time order, scaled; NaN in y where the
     line must break: a counter that went backwards, or (x=step) a step that went
     back (the model restarted at age 0)."""
@@ -224,7 +224,7 @@ def _lines(
             for kind, name in names:
                 if name not in available[run.id]:
                     continue
-                xs, ys = _points(reader.series(run.id, name), run, x, panel)
+                xs, ys = points(reader.series(run.id, name), run, x, panel)
                 if any(math.isfinite(y) for y in ys):
                     lines.append((run, device, kind, xs, ys))
     return lines
@@ -250,7 +250,7 @@ def _duration(seconds: float) -> str:
     return f"{hours} h {minutes:02d} min"
 
 
-def _x_label(runs: Sequence[Run], x: str) -> str:
+def x_label(runs: Sequence[Run], x: str) -> str:
     if x == "seconds":
         return "seconds since the run started"
     sources = {run.config.get("step_source") for run in runs}
@@ -261,7 +261,7 @@ def _x_label(runs: Sequence[Run], x: str) -> str:
     return "step"
 
 
-def _layout(categories: list[str]) -> list[tuple[int, int]]:
+def layout(categories: list[str]) -> list[tuple[int, int]]:
     """(row, column) of each panel, given the category of each in drawing order:
     a category starts a new row unless it fits whole in what is left of the
     current one, and the training signals never share a row with resources."""
@@ -327,10 +327,8 @@ def figure(
             if pattern is not None
             else f"{which} has no points to plot"
         )
-    figure_class = _matplotlib_figure()
-    from matplotlib.ticker import EngFormatter, MaxNLocator  # importable once the figure was
-
-    cells = _layout([panel.category for panel, _ in drawn])
+    figure_class = matplotlib_figure()
+    cells = layout([panel.category for panel, _ in drawn])
     rows = cells[-1][0] + 1
     columns = max(column for _, column in cells) + 1
     multi = len(runs) > 1
@@ -355,21 +353,13 @@ def figure(
 
     colours = {run.id: f"C{i % 10}" for i, run in enumerate(runs)}
     order = {run.id: i for i, run in enumerate(runs)}
-    x_label = _x_label(runs, x)
+    x_title = x_label(runs, x)
     lowest: dict[int, Axes] = {}
     first: Axes | None = None
     for (panel, lines), (row, column) in zip(drawn, cells, strict=True):
         ax = fig.add_subplot(grid[row + legend_row, column], sharex=first)
         first = first or ax
-        ax.set_gid(panel.key)
-        ax.set_title(panel.title, fontsize=11, loc="left")
-        ax.set_ylabel(panel.unit or panel.key.rsplit("/", 1)[-1])
-        ax.grid(True, alpha=0.3)
-        ax.tick_params(labelsize=8.5)
-        ax.ticklabel_format(axis="y", useOffset=False, style="plain")
-        # Steps run to the hundreds of thousands: a few ticks, written 35k, stay apart.
-        ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=x == "step"))
-        ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+        style_axes(ax, panel, x)
         for stretch in shade:
             colour, alpha, _ = SHADES[stretch.kind]
             marker: Artist
@@ -401,19 +391,10 @@ def figure(
             if len([y for y in ys if math.isfinite(y)]) == 1:
                 line.set_marker("o")
                 line.set_markersize(3)
-        limits = robust_limits([y for *_, ys in lines for y in ys]) if panel.category == "training" else None
-        if limits is not None:
-            ax.set_ylim(*limits)
-            ax.text(
-                0.99, 0.97, "a spike is cut off", transform=ax.transAxes, ha="right", va="top", fontsize=8
-            )
-        elif panel.unit == "%" or panel.rate:
-            # Shares and rates from 0, so that 2 % does not look like a full scale.
-            top = max(y for *_, ys in lines for y in ys if math.isfinite(y))
-            ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)
+        y_limits(ax, panel, [y for *_, ys in lines for y in ys])
         lowest[column] = ax
     for ax in lowest.values():
-        ax.set_xlabel(x_label)
+        ax.set_xlabel(x_title)
 
     if legend_row:
         from matplotlib.lines import Line2D
@@ -466,6 +447,33 @@ def figure(
     return fig
 
 
+def style_axes(ax: Axes, panel: Panel, x: str) -> None:
+    """A panel's Axes as every figure draws it: its key as gid, its title, its unit, a light grid."""
+    from matplotlib.ticker import EngFormatter, MaxNLocator  # importable once a figure was
+
+    ax.set_gid(panel.key)
+    ax.set_title(panel.title, fontsize=11, loc="left")
+    ax.set_ylabel(panel.unit or panel.key.rsplit("/", 1)[-1])
+    ax.grid(True, alpha=0.3)
+    ax.tick_params(labelsize=8.5)
+    ax.ticklabel_format(axis="y", useOffset=False, style="plain")
+    # Steps run to the hundreds of thousands: a few ticks, written 35k, stay apart.
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=x == "step"))
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+
+
+def y_limits(ax: Axes, panel: Panel, values: Sequence[float]) -> None:
+    """A training curve's spike cut off; shares and rates from 0, so that 2 % does not look
+    like a full scale; ``values``: every y drawn in the panel."""
+    limits = robust_limits(values) if panel.category == "training" else None
+    if limits is not None:
+        ax.set_ylim(*limits)
+        ax.text(0.99, 0.97, "a spike is cut off", transform=ax.transAxes, ha="right", va="top", fontsize=8)
+    elif panel.unit == "%" or panel.rate:
+        top = max((y for y in values if math.isfinite(y)), default=0.0)
+        ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)
+
+
 SPIKE_QUANTILE = 0.98
 SPIKE_FACTOR = 3.0
 """A training curve's top is cut at its 98th percentile (plus a margin) when its
@@ -487,7 +495,7 @@ def robust_limits(values: Sequence[float]) -> tuple[float, float] | None:
     return low - margin, cut + margin
 
 
-def _matplotlib_figure() -> type[Figure]:
+def matplotlib_figure() -> type[Figure]:
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:
@@ -507,7 +515,12 @@ def render(
     """Draw ``runs`` (see :func:`figure`) into the PNG ``output`` (atomically, never
     through a link: ``sampler.util.atomicfile``); returns its path. Raises what
     :func:`figure` raises, and ``OSError`` if the file cannot be written."""
-    fig = figure(reader, runs, pattern=pattern, x=x, shade=shade)
+    return save(figure(reader, runs, pattern=pattern, x=x, shade=shade), output)
+
+
+def save(fig: Figure, output: str | Path) -> Path:
+    """Write ``fig`` to the PNG ``output`` atomically, never through a link
+    (``sampler.util.atomicfile``); returns its path; ``OSError`` if it cannot be written."""
     path = Path(output)
     with atomicfile.replacing(path, atomicfile.OUTPUT_MODE) as file:
         fig.savefig(file, format="png", dpi=DPI)
