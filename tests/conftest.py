@@ -10,6 +10,8 @@ import secrets
 import signal
 import socket
 import sqlite3
+import subprocess
+import sys
 import tempfile
 import textwrap
 import threading
@@ -189,6 +191,32 @@ def run_monitor(records: int = 2, **kwargs: Any) -> tuple[Recorder, dict[str, An
         wait_for(lambda: monitor.stats()["records_logged"] >= records, what=f"{records} records")
         stats = monitor.stats()
     return sink, stats
+
+
+def torchrun(
+    rank: int, local_rank: int, world_size: int, local_world_size: int, **more: str
+) -> dict[str, str]:
+    """The variables torchrun sets for one of its ranks."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(local_world_size),
+        **more,
+    }
+
+
+def start_ranks(script: str, ranks: int, run_id: str) -> list[subprocess.Popen[str]]:
+    """``ranks`` backends of one launch on one host, as torchrun starts them, each running
+    ``script`` with pipes for stdin and stdout; returns once each has printed ``started``."""
+    backends = []
+    for rank in range(ranks):
+        env = {**os.environ, **torchrun(rank, rank, ranks, ranks, TORCHELASTIC_RUN_ID=run_id)}
+        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
+        backends.append(subprocess.Popen([sys.executable, "-c", script], text=True, env=env, **pipes))
+    for backend in backends:
+        assert backend.stdout is not None and backend.stdout.readline() == "started\n"
+    return backends
 
 
 def free_ports(count: int = 1) -> int:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import fake_driver
 import pytest
-from conftest import run_monitor
+from conftest import run_monitor, torchrun
 
 import sampler
 from sampler import settings
@@ -35,19 +35,6 @@ ALONE = (0, 0, 1, 1)
 
 def where(p: Placement) -> tuple[int, int, int, int]:
     return (p.rank, p.local_rank, p.world_size, p.local_world_size)
-
-
-def torchrun(
-    rank: int, local_rank: int, world_size: int, local_world_size: int, **more: str
-) -> dict[str, str]:
-    """The variables torchrun sets for one of its ranks."""
-    return {
-        "RANK": str(rank),
-        "LOCAL_RANK": str(local_rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_WORLD_SIZE": str(local_world_size),
-        **more,
-    }
 
 
 def sampler_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import backend_script, free_ports
+from conftest import backend_script, free_ports, start_ranks
 from prometheus_server import PrometheusServer, skip_reason
 
 from sampler import commands
@@ -104,22 +102,7 @@ class Launch:
         self.run_id = f"alerts-{uuid.uuid4().hex[:8]}"
         port = free_ports(RANKS)
         script = rank_script(port, sd_dir)
-        self.backends: list[subprocess.Popen[str]] = []
-        for rank in range(RANKS):
-            env = {
-                **os.environ,
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(RANKS),
-                "LOCAL_WORLD_SIZE": str(RANKS),
-                "TORCHELASTIC_RUN_ID": self.run_id,
-            }
-            pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
-            self.backends.append(
-                subprocess.Popen([sys.executable, "-c", script], text=True, env=env, **pipes)
-            )
-        for backend in self.backends:
-            assert backend.stdout is not None and backend.stdout.readline() == "started\n"
+        self.backends = start_ranks(script, RANKS, self.run_id)
 
     def tell(self, rank: int, command: str) -> None:
         stdin = self.backends[rank].stdin

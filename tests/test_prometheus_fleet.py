@@ -23,7 +23,7 @@ from typing import Any
 import fake_driver
 import psutil
 import pytest
-from conftest import backend_script, free_ports, wait_for
+from conftest import backend_script, free_ports, start_ranks, wait_for
 from prometheus_server import PrometheusServer, skip_reason
 
 from sampler.store.reader import StoreReader
@@ -66,21 +66,7 @@ class Fleet:
         self.backends: list[subprocess.Popen[str]] = []
 
     def start(self) -> None:
-        script = rank_script(self.port, self.sd_dir, self.store)
-        for rank in range(RANKS):
-            env = {
-                **os.environ,
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(RANKS),
-                "LOCAL_WORLD_SIZE": str(RANKS),
-                "TORCHELASTIC_RUN_ID": self.run_id,
-            }
-            pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
-            backend = subprocess.Popen([sys.executable, "-c", script], text=True, env=env, **pipes)
-            self.backends.append(backend)
-        for backend in self.backends:
-            assert backend.stdout is not None and backend.stdout.readline() == "started\n"
+        self.backends = start_ranks(rank_script(self.port, self.sd_dir, self.store), RANKS, self.run_id)
 
     def child_of(self, rank: int) -> int:
         children = psutil.Process(self.backends[rank].pid).children()
