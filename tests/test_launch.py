@@ -9,6 +9,7 @@ longer per step. The failure paths and the evidence use stores written by the st
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -19,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ENV_VARS, FAST, backend_script, run_command
+from conftest import ENV_VARS, FAST, WHOLE_MACHINE_LOCK, backend_script, run_command
 from test_plot import finite, lines, panels, ys
 
 from sampler.analysis import ranks
@@ -69,26 +70,29 @@ def launch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str
     launch_id = f"itest-{uuid.uuid4().hex[:8]}"
     script = rank_script(store)
     started: list[subprocess.Popen[bytes]] = []
-    try:
-        for rank in range(RANKS):
-            env = {
-                **{k: v for k, v in os.environ.items() if k not in ENV_VARS},
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(RANKS),
-                "LOCAL_WORLD_SIZE": str(RANKS),
-                "TORCHELASTIC_RUN_ID": launch_id,
-                "TEST_SLEEP": str(SLEEPS[rank]),
-            }
-            started.append(subprocess.Popen([sys.executable, "-c", script], env=env, cwd=store.parent))
-        for backend in started:
-            assert backend.wait(timeout=90) == 0
-        yield store, launch_id
-    finally:
-        for backend in started:
-            if backend.poll() is None:
-                backend.kill()
+    # Ranks are judged against each other: not beside a test that pins busy loops to a core.
+    with WHOLE_MACHINE_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            for rank in range(RANKS):
+                env = {
+                    **{k: v for k, v in os.environ.items() if k not in ENV_VARS},
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(rank),
+                    "WORLD_SIZE": str(RANKS),
+                    "LOCAL_WORLD_SIZE": str(RANKS),
+                    "TORCHELASTIC_RUN_ID": launch_id,
+                    "TEST_SLEEP": str(SLEEPS[rank]),
+                }
+                started.append(subprocess.Popen([sys.executable, "-c", script], env=env, cwd=store.parent))
+            for backend in started:
+                assert backend.wait(timeout=90) == 0
+        finally:  # whatever happened: kill (by pid) and reap what still runs
+            for backend in started:
+                if backend.poll() is None:
+                    backend.kill()
                 backend.wait()
+    yield store, launch_id
 
 
 def test_runs_lists_the_ranks_of_a_launch_together(launch: tuple[Path, str]) -> None:
@@ -140,6 +144,9 @@ def test_plot_launch_draws_each_signals_spread_and_each_ranks_throughput(
     # A host-wide signal comes from local rank 0 alone: its panel says so.
     assert drawn[HOST_CPU].get_title(loc="left").endswith("(1 of 3 ranks)")
     assert "ranks)" not in drawn[CPU].get_title(loc="left")
+    with StoreReader(str(store)) as reader:
+        only = panels(launch_plot.figure(reader, gathered, pattern="cpu_wait"))
+    assert list(only) == [launch_plot.THROUGHPUT, "resource/process/cpu_wait_percent"]
     status, printed = run_command("plot", str(store), "--launch", launch_id[:10], handler=plot_command.main)
     written = Path(printed.strip())
     assert status == 0 and written.name == f"runs-launch{launch_id}.png"

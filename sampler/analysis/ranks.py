@@ -205,7 +205,9 @@ def gather(reader: StoreReader, launch: Launch) -> Ranks:
 
 def _rank(launch: Launch, run: Run, line: Timeline, times: Floats) -> Rank:
     steps = on_grid(times, line.walls, line.steps)
-    rate = np.concatenate(([np.nan], np.diff(steps) / np.diff(times)))[: len(times)]
+    with np.errstate(invalid="ignore", divide="ignore"):  # every record at one instant: no rate
+        rate = np.concatenate(([np.nan], np.diff(steps) / np.diff(times)))[: len(times)]
+    rate[~np.isfinite(rate)] = np.nan
     repeated = sum(other.rank == run.rank for other in launch.runs) > 1
     return Rank(run, repeated, line, steps, rate)
 
@@ -245,7 +247,7 @@ def _lag(ranks: Ranks, rank: Rank, start: int, end: int) -> Lag:
         round(rank.steps[end]),
         start_wall,
         end_wall,
-        float(rank.steps[end] - rank.steps[start]) / seconds,
+        float((rank.steps[end] - rank.steps[start]) / seconds),
         float(np.nanmean(median)),
         _reasons(ranks, rank, start_wall, end_wall),
     )

@@ -25,6 +25,7 @@ import numpy as np
 
 from sampler.analysis.ranks import Ranks, on_grid
 from sampler.store.reader import StoreReader
+from sampler.util.quoting import printable
 from sampler.views import plot
 
 if TYPE_CHECKING:
@@ -67,7 +68,12 @@ def figure(reader: StoreReader, ranks: Ranks, *, pattern: str | None = None) -> 
         raise ValueError("a launch's spread needs two ranks with records")
     spreads = _spreads(reader, ranks, pattern)
     if not spreads:
-        raise plot.NothingToPlot(f"no signal of launch {ranks.launch.id} matches {pattern!r}")
+        which = f"launch {printable(ranks.launch.id)}"
+        raise plot.NothingToPlot(
+            f"no signal of {which} matches {pattern!r}"
+            if pattern is not None
+            else f"{which} has no points to plot"
+        )
     figure_class = plot.matplotlib_figure()
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -80,7 +86,7 @@ def figure(reader: StoreReader, ranks: Ranks, *, pattern: str | None = None) -> 
     fig = figure_class(figsize=(width, plot.PANEL_SIZE[1] * rows + 1.05), dpi=plot.DPI, layout="constrained")
     grid = fig.add_gridspec(rows + 1, columns, height_ratios=[0.18] + [1.0] * rows)
     runs = [rank.run for rank in ranks.ranks]
-    title = f"{Path(reader.path).name}: launch {ranks.launch.id} · {ranks.launch.held}"
+    title = f"{Path(reader.path).name}: launch {printable(ranks.launch.id)} · {ranks.launch.held}"
     if ranks.silent:
         title += " · no records from run " + ", ".join(str(run.id) for run in ranks.silent)
     fig.suptitle(title, fontsize=14, fontweight="bold")
