@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ENV_VARS, FAST, WHOLE_MACHINE_LOCK, backend_script, run_command
+from conftest import ENV_VARS, FAST, WHOLE_MACHINE_LOCK, backend_script, run_command, torchrun
 from test_plot import finite, lines, panels, ys
 
 from sampler.analysis import ranks
@@ -77,11 +77,7 @@ def launch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str
             for rank in range(RANKS):
                 env = {
                     **{k: v for k, v in os.environ.items() if k not in ENV_VARS},
-                    "RANK": str(rank),
-                    "LOCAL_RANK": str(rank),
-                    "WORLD_SIZE": str(RANKS),
-                    "LOCAL_WORLD_SIZE": str(RANKS),
-                    "TORCHELASTIC_RUN_ID": launch_id,
+                    **torchrun(rank, rank, RANKS, RANKS, TORCHELASTIC_RUN_ID=launch_id),
                     "TEST_SLEEP": str(SLEEPS[rank]),
                 }
                 started.append(subprocess.Popen([sys.executable, "-c", script], env=env, cwd=store.parent))
