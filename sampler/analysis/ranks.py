@@ -35,6 +35,7 @@ from sampler.analysis import evidence, stretches, timeline
 from sampler.analysis.evidence import Reason
 from sampler.analysis.timeline import Floats, Timeline
 from sampler.store.reader import Launch, Run, StoreReader
+from sampler.util.quoting import printable
 
 MAX_GRID = 2000
 """Grid steps at most: finer than a rank's records in most runs (its throughput is then exactly
@@ -178,6 +179,19 @@ def on_grid(grid: Floats, xs: npt.ArrayLike, values: npt.ArrayLike) -> Floats:
     out = np.interp(grid, at, ys)
     out[(grid < at[0]) | (grid > at[-1])] = np.nan
     return out
+
+
+def several(reader: StoreReader, prefix: str, verb: str) -> Launch:
+    """The launch ``prefix`` names (``StoreReader.launch``), which must hold two ranks or more:
+    ``LookupError`` for a launch of one rank, saying to ``verb`` it with ``--run`` instead."""
+    launch = reader.launch(prefix)
+    if launch.ranks < 2:
+        runs = " --run ".join(str(run.id) for run in launch.runs)
+        raise LookupError(
+            f"launch {printable(launch.id)} has {launch.held} in {reader.path}: no other rank to"
+            f" compare it with; {verb} it with --run {runs}"
+        )
+    return launch
 
 
 def gather(reader: StoreReader, launch: Launch) -> Ranks:

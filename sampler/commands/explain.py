@@ -107,13 +107,7 @@ def _explain(
     """The run's explanation (none with ``--launch``) and its launch's comparison (none for a
     run alone); ``LookupError`` for a run or launch that is not there, or a launch of one rank."""
     if args.launch is not None:
-        launch = reader.launch(args.launch)
-        if launch.ranks < 2:
-            runs = " --run ".join(str(run.id) for run in launch.runs)
-            raise LookupError(
-                f"launch {printable(launch.id)} has {launch.held} in {reader.path}: no other rank to"
-                f" compare it with; explain it with --run {runs}"
-            )
+        launch = ranks.several(reader, args.launch, "explain")
         return None, ranks.compare(ranks.gather(reader, launch), args.slow)
     run = reader.run(args.run)
     explanation = explain(reader, run, args.slow)

@@ -162,13 +162,7 @@ def _launch(reader: StoreReader, args: argparse.Namespace) -> Path:
     """``plot --launch ID``: the launch's ranks side by side; returns the path written."""
     if args.explain or args.x != "step":
         raise _Refused("--launch draws its ranks on the step axis, without --explain or --x seconds")
-    launch = reader.launch(args.launch)
-    if launch.ranks < 2:
-        runs = " --run ".join(str(run.id) for run in launch.runs)
-        raise _Refused(
-            f"launch {printable(launch.id)} has {launch.held} in {args.store}: no other rank to"
-            f" compare it with; draw it with --run {runs}"
-        )
+    launch = ranks.several(reader, args.launch, "draw")
     gathered = ranks.gather(reader, launch)
     if len(gathered.ranks) < 2:
         silent = ", ".join(str(run.id) for run in gathered.silent)
