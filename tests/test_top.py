@@ -451,7 +451,9 @@ def test_top_in_a_terminal_follows_a_live_backend_and_quits_on_q(
     try:
         wait_for(lambda: store.exists() and once(store)[0] == 0, what="the backend's run in the store")
         tmux = Tmux(top_command_line(store), tmp_path)
-        first = tmux.wait_screen("run 1 |", "| running |", "loss", "utilization", "gpu/1", "health: ok")
+        first = tmux.wait_screen(
+            "run 1 |", "| running |", "loss", "utilization", "gpu/1", "health: ok", "memory (RSS)"
+        )
         assert "no sample for" not in first
         time.sleep(1.0)
         second = tmux.wait_screen("run 1 |", "loss")
