@@ -208,7 +208,9 @@ def test_the_documented_mlflow_snippet_runs_as_written(
     client = MlflowClient()
     cpu = [m.step for m in client.get_metric_history(run_id, "resource/cpu/utilization_percent")]
     loss = {m.step for m in client.get_metric_history(run_id, "train/loss")}
-    assert len(cpu) >= 2 and set(cpu) <= loss and max(cpu) > 0
+    # The script's stderr says whether a subscriber call raised (the pipeline warns of it once):
+    # a loss MLflow lost once, beside two busy loops, left no other trace.
+    assert len(cpu) >= 2 and set(cpu) <= loss and max(cpu) > 0, (sorted(set(cpu) - loss), done.stderr)
 
 
 def test_the_documented_wandb_snippet_never_pushes_the_training_s_rows_out(tmp_path: Path) -> None:
