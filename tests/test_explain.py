@@ -161,6 +161,10 @@ def overlapping(explanation: Explanation, start: float, end: float) -> list[Any]
     return [e for e in explanation.stretches if e.stretch.start_wall < end and e.stretch.end_wall > start]
 
 
+OUTSIDE_LOAD = {"cpu_pressure", "io_pressure", "memory_pressure", "cpu_starved", "host_cpu_busy"}
+"""What other processes on a shared machine show as, to a run that did nothing different."""
+
+
 @pytest.mark.usefixtures("whole_machine")
 def test_a_starved_stretch_a_pause_and_an_fsync_stall_are_each_named_by_their_cause(tmp_path: Path) -> None:
     plan = [
@@ -201,8 +205,12 @@ def test_a_starved_stretch_a_pause_and_an_fsync_stall_are_each_named_by_their_ca
             else:  # named among the reasons: on a busy host a stalled step also waits for a CPU
                 assert item.stretch.kind == stretches.SLOW and item.reasons, kind
                 assert causes[kind] & {reason.cause for reason in item.reasons}, (kind, item.reasons)
-    # Nothing else: the quiet stretches between them are not reported.
-    assert len(seen) == len(explanation.stretches)
+    # Nothing else: a quiet stretch is reported only where other test workers slowed it, and is
+    # then blamed on the contention they make.
+    for item in explanation.stretches:
+        if id(item) not in seen:
+            causes = {reason.cause for reason in item.reasons}
+            assert causes and causes <= OUTSIDE_LOAD, item
     # plot --explain shades the same stretches on every panel, with a legend for each kind.
     with StoreReader(str(tmp_path / "runs.sqlite")) as reader:
         fig = plot.figure(reader, [reader.run()], shade=[e.stretch for e in explanation.stretches])
@@ -232,10 +240,6 @@ def test_a_starved_stretch_a_pause_and_an_fsync_stall_are_each_named_by_their_ca
     )
     assert status == 0 and printed.strip() == str(tmp_path / "run.png")
     assert (tmp_path / "run.png").stat().st_size > 10_000
-
-
-OUTSIDE_LOAD = {"cpu_pressure", "io_pressure", "memory_pressure", "cpu_starved", "host_cpu_busy"}
-"""What other processes on a shared machine show as, to a run that did nothing different."""
 
 
 @pytest.mark.usefixtures("whole_machine")
