@@ -43,41 +43,41 @@ def _text(value: object) -> object:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
+Facts = tuple[tuple[str, str, Callable[[Any], object]], ...]
+"""(key, NVML call, what its answer says) of each fact asked."""
+
+DRIVER_FACTS: Facts = (
+    ("driver_version", "nvmlSystemGetDriverVersion", _text),
+    ("nvml_version", "nvmlSystemGetNVMLVersion", _text),
+    ("cuda_driver_version", "nvmlSystemGetCudaDriverVersion", _text),
+    ("devices", "nvmlDeviceGetCount", _text),
+)
+DEVICE_FACTS: Facts = (
+    ("name", "nvmlDeviceGetName", _text),
+    ("uuid", "nvmlDeviceGetUUID", _text),
+    ("persistence_mode", "nvmlDeviceGetPersistenceMode", _text),
+    ("mig_mode", "nvmlDeviceGetMigMode", lambda mode: {"current": mode[0], "pending": mode[1]}),
+    ("gpm", "nvmlGpmQueryDeviceSupport", lambda support: bool(support.isSupportedDevice)),
+)
+
+
+def _facts(nvml: ModuleType, asked: Facts, *args: object) -> dict[str, object]:
+    """Each fact's value, or the outcome of its call where that was not ``ok``."""
+    facts: dict[str, object] = {}
+    for key, name, read in asked:
+        status, value = ask(nvml, name, *args)
+        facts[key] = read(value) if status == "ok" else status
+    return facts
+
+
 def driver_facts(nvml: ModuleType) -> dict[str, object]:
     """The driver's and NVML's versions, the CUDA version the driver supports, and the device count."""
-    facts: dict[str, object] = {}
-    for key, name in (
-        ("driver_version", "nvmlSystemGetDriverVersion"),
-        ("nvml_version", "nvmlSystemGetNVMLVersion"),
-        ("cuda_driver_version", "nvmlSystemGetCudaDriverVersion"),
-        ("devices", "nvmlDeviceGetCount"),
-    ):
-        status, value = ask(nvml, name)
-        facts[key] = _text(value) if status == "ok" else status
-    return facts
+    return _facts(nvml, DRIVER_FACTS)
 
 
 def device_facts(nvml: ModuleType, handle: Any) -> dict[str, object]:
     """Name, UUID, persistence mode, MIG mode (current and pending, read only) and GPM support."""
-    facts: dict[str, object] = {}
-    for key, name in (
-        ("name", "nvmlDeviceGetName"),
-        ("uuid", "nvmlDeviceGetUUID"),
-        ("persistence_mode", "nvmlDeviceGetPersistenceMode"),
-        ("mig_mode", "nvmlDeviceGetMigMode"),
-        ("gpm", "nvmlGpmQueryDeviceSupport"),
-    ):
-        status, value = ask(nvml, name, handle)
-        if status != "ok":
-            facts[key] = status
-        elif key == "gpm":
-            facts[key] = bool(value.isSupportedDevice)  # type: ignore[attr-defined]
-        elif key == "mig_mode":
-            current, pending = value  # type: ignore[misc]
-            facts[key] = {"current": current, "pending": pending}
-        else:
-            facts[key] = _text(value)
-    return facts
+    return _facts(nvml, DEVICE_FACTS, handle)
 
 
 def monitored_calls(nvml: ModuleType, handle: Any) -> list[tuple[str, Callable[[], object]]]:
