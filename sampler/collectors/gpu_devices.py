@@ -177,13 +177,11 @@ class Uuids:
 
     @functools.cached_property
     def _mig_places(self) -> dict[str, tuple[int, int]]:
-        """UUID (lower case) of each MIG device -> (its parent GPU's index, its slot) (a
-        scan: a GPU without MIG answers NOT_SUPPORTED, an empty slot NOT_FOUND)."""
+        """UUID (lower case) of each MIG device -> (its parent GPU's index, its slot)."""
         found: dict[str, tuple[int, int]] = {}
         for index, handle in self._handles.items():
-            for slot in range(self._call("nvmlDeviceGetMaxMigDeviceCount", handle) or 0):
-                mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
-                uuid = None if mig is None else self._uuid(mig)
+            for slot, mig in mig_devices(self._nvml, handle, self._errors).items():
+                uuid = self._uuid(mig)
                 if uuid is not None:
                     found[uuid] = (index, slot)
         return found
@@ -191,11 +189,6 @@ class Uuids:
     def _uuid(self, handle: Any) -> str | None:
         uuid = uuid_of(self._nvml, handle, self._errors)
         return None if uuid is None else uuid.lower()
-
-    def _call(self, name: str, *args: Any) -> Any:
-        """``nvml.<name>(*args)``, or None when it fails or the binding lacks it
-        (then it finds nothing, as a GPU without MIG does)."""
-        return _call(self._nvml, name, self._errors, *args)
 
 
 def uuid_of(nvml: ModuleType, handle: Any, errors: tuple[type[BaseException], ...]) -> str | None:
