@@ -195,7 +195,7 @@ def _swapping(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
     return [Reason("swap", text, tuple(evidence), float(strength))]
 
 
-_GPU = re.compile(r"^resource/gpu/(\d+(?:-mig\d+)?)/")
+_GPU = re.compile(rf"^resource/gpu/({catalogue.DEVICE_LABEL.pattern})/")
 _THROTTLES = (
     ("throttle_power", "power"),
     ("throttle_thermal", "thermal"),

@@ -34,7 +34,7 @@ class Explanation:
             "run": self.run.id,
             "host": self.run.host,
             "records": self.records,
-            "typical_steps_per_second": _number(self.typical),
+            "typical_steps_per_second": json_number(self.typical),
             "stretches": [
                 {
                     "kind": e.stretch.kind,
@@ -43,8 +43,8 @@ class Explanation:
                     "start": e.stretch.start_wall,
                     "end": e.stretch.end_wall,
                     "seconds": e.stretch.seconds,
-                    "steps_per_second": _number(e.stretch.throughput),
-                    "share_of_typical": _number(e.stretch.throughput / self.typical),
+                    "steps_per_second": json_number(e.stretch.throughput),
+                    "share_of_typical": json_number(e.stretch.throughput / self.typical),
                     "still_seconds": e.stretch.still_seconds,
                     "reasons": [asdict(reason) for reason in e.reasons],
                 }
@@ -53,7 +53,8 @@ class Explanation:
         }
 
 
-def _number(value: float) -> float | None:
+def json_number(value: float) -> float | None:
+    """``value``, or None (JSON's null) for NaN."""
     return value if value == value else None
 
 

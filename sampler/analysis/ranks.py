@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from sampler.analysis import evidence, stretches, timeline
 from sampler.analysis.evidence import Reason
+from sampler.analysis.explain import json_number
 from sampler.analysis.timeline import Floats, Timeline
 from sampler.store.reader import Launch, Run, StoreReader
 from sampler.util.quoting import printable
@@ -133,7 +134,7 @@ class Comparison:
             "launch": self.ranks.launch.id,
             "world_size": self.ranks.launch.world_size,
             "ranks": [
-                {"rank": r.run.rank, "run": r.run.id, "typical_steps_per_second": _number(r.typical)}
+                {"rank": r.run.rank, "run": r.run.id, "typical_steps_per_second": json_number(r.typical)}
                 for r in self.ranks.ranks
             ],
             "silent_runs": [run.id for run in self.ranks.silent],
@@ -155,10 +156,6 @@ class Comparison:
                 for lag in self.lags
             ],
         }
-
-
-def _number(value: float) -> float | None:
-    return value if value == value else None
 
 
 def rising(steps: npt.ArrayLike) -> npt.NDArray[np.bool_]:
