@@ -11,7 +11,7 @@ Signal names never change; labels, titles and the units shown may.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 
 PREFIX = "resource/"
@@ -630,6 +630,18 @@ def stand_in(name: str) -> str | None:
     if reading is None or reading.variant or reading.signal.shown_as is None:
         return None
     return PREFIX + reading.signal.shown_as.replace(DEVICE, reading.device)
+
+
+def shown_by_another(name: str, present: Container[str]) -> bool:
+    """Whether a view shows ``name`` through another of the ``present`` names, and gives it
+    no panel or row of its own: a counter's own ``_per_second`` beside the counter (which is
+    shown as its rate), or a counter beside the gauge that is its rate (``stand_in``)."""
+    reading = lookup(name)
+    if reading is None or reading.variant:
+        return False
+    if reading.signal.kind == RATE and name.removesuffix(RATE_SUFFIX) in present:
+        return True
+    return stand_in(name) in present
 
 
 def entry(name: str) -> Signal:

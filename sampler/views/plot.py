@@ -126,10 +126,8 @@ def panels(names: Sequence[str]) -> list[Panel]:
             if reading.variant and name.removesuffix("_" + reading.variant) in present:
                 variants.append((name.removesuffix("_" + reading.variant), reading.variant, name))
                 continue
-            if reading.signal.kind == catalogue.RATE and name.removesuffix(catalogue.RATE_SUFFIX) in present:
-                continue  # the counter is drawn as its rate already
-            if catalogue.stand_in(name) in present:
-                continue  # its rate is drawn already, as the gauge it has for one (CPU seconds' CPU %)
+            if catalogue.shown_by_another(name, present):
+                continue  # a counter's rate, drawn as the counter's panel or as a gauge's
         parts = name.split("/")
         if parts[0] != "resource" or len(parts) < 3:
             training.append(Panel(name, "training", name, "", names={"": name}))

@@ -203,9 +203,7 @@ def _shown_elsewhere(name: str, points: Mapping[str, Sequence[Point]]) -> bool:
         return False
     if reading.variant:
         return name.removesuffix("_" + reading.variant) in points
-    if catalogue.stand_in(name) in points:
-        return True
-    return reading.signal.kind == catalogue.RATE and name.removesuffix(catalogue.RATE_SUFFIX) in points
+    return catalogue.shown_by_another(name, points)
 
 
 def signal_lines(
