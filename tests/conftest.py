@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import io
 import os
@@ -102,13 +103,20 @@ def per_worker_segment_names() -> Iterator[None]:
 WHOLE_MACHINE_LOCK = Path(tempfile.gettempdir()) / "wl-resource-monitor-tests.whole-machine.lock"
 
 
-@pytest.fixture
-def whole_machine() -> Iterator[None]:
-    """For a test that disturbs the whole machine or judges it whole (busy processes pinned to a
+@contextlib.contextmanager
+def machine_to_itself() -> Iterator[None]:
+    """For work that disturbs the whole machine or judges it whole (busy processes pinned to a
     core, swap turned on, a run whose slow stretches are compared with its typical): one such
-    test at a time, across pytest-xdist workers and test runs (an exclusive lock on one file)."""
+    at a time, across pytest-xdist workers and test runs (an exclusive lock on one file)."""
     with WHOLE_MACHINE_LOCK.open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+@pytest.fixture
+def whole_machine() -> Iterator[None]:
+    """The test has the machine to itself (``machine_to_itself``)."""
+    with machine_to_itself():
         yield
 
 

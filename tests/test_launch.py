@@ -9,7 +9,6 @@ longer per step. The failure paths and the evidence use stores written by the st
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
@@ -20,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ENV_VARS, FAST, WHOLE_MACHINE_LOCK, backend_script, run_command, torchrun
+from conftest import ENV_VARS, FAST, backend_script, machine_to_itself, run_command, torchrun
 from test_plot import finite, lines, panels, ys
 
 from sampler.analysis import ranks
@@ -71,8 +70,7 @@ def launch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str
     script = rank_script(store)
     started: list[subprocess.Popen[bytes]] = []
     # Ranks are judged against each other: not beside a test that pins busy loops to a core.
-    with WHOLE_MACHINE_LOCK.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with machine_to_itself():
         try:
             for rank in range(RANKS):
                 env = {
