@@ -84,19 +84,21 @@ def run_command(*argv: str, handler: Callable[[argparse.Namespace], int]) -> tup
 
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 """This pytest-xdist worker's name (``gw0``, ``gw1``...), empty in a serial run."""
-SHM_PREFIX = NAME_PREFIX + (f"{int(WORKER.removeprefix('gw')):02x}" if WORKER else "")
-"""The start of every segment name this worker's tests make (``per_worker_segment_names``),
-so that tests running beside it in other workers never look like its leftovers."""
+RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")[:6] or secrets.token_hex(3)
+"""Six hex digits naming this test run: xdist's run id, shared by the run's workers (a serial
+run draws its own), so that two runs side by side never take each other's names."""
+SHM_PREFIX = NAME_PREFIX + RUN + f"{int(WORKER.removeprefix('gw') or 0):02x}"
+"""The start of every segment name this run's worker makes (``per_run_segment_names``), so
+that segments of other workers and of other runs never look like its leftovers."""
 
 
 @pytest.fixture(autouse=True, scope="session")
-def per_worker_segment_names() -> Iterator[None]:
-    """Segment names keep their form (the prefix and 16 hex digits), the first two
-    digits naming the worker."""
+def per_run_segment_names() -> Iterator[None]:
+    """Segment names keep their form (the prefix and 16 hex digits): six digits name the run,
+    two the worker, the rest are drawn."""
+    tail = 16 - (len(SHM_PREFIX) - len(NAME_PREFIX))
     with pytest.MonkeyPatch.context() as patch:
-        if WORKER:
-            tail = 16 - (len(SHM_PREFIX) - len(NAME_PREFIX))
-            patch.setattr(segment, "new_name", lambda: SHM_PREFIX + secrets.token_hex(8)[:tail])
+        patch.setattr(segment, "new_name", lambda: SHM_PREFIX + secrets.token_hex(8)[:tail])
         yield
 
 
