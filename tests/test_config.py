@@ -889,10 +889,14 @@ def test_file_that_cannot_be_read_warns_and_uses_env(
     # Root reads any file whatever its mode, so the refusal is simulated at open().
     path = write(tree.work / FILE_NAME, section("interval_seconds: 5"))
 
-    def refuse(self: Path, *args: object, **kwargs: object) -> object:
-        raise PermissionError(13, "Permission denied", str(self))
+    real_open = os.open
 
-    monkeypatch.setattr(Path, "open", refuse)
+    def refuse(name: str, *args: Any, **kwargs: Any) -> int:
+        if os.fspath(name) == str(path):
+            raise PermissionError(13, "Permission denied", name)
+        return real_open(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refuse)
     cfg = tree.load(ENV_30)
     assert (cfg["interval_seconds"], cfg["config_file"]) == (30.0, None)
     assert_one_warning(caplog, str(path), "Permission denied", "env vars and defaults")

@@ -9,12 +9,18 @@ tests carry a short timeout so that a regression to unbounded work fails instead
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import ENV_VARS, FAST, Recorder, wait_for
 
+import sampler
 from sampler import settings
 
 pytestmark = pytest.mark.timeout(20)
@@ -292,3 +298,218 @@ def test_resolution_keeps_the_same_bounded_warning(tmp_path: Path, caplog: pytes
     (message,) = result.warnings
     assert message == one_warning(caplog, path, "...")
     assert result.used_file == path
+
+
+# --------------------------------------------------------------------------- another user's files
+
+NOBODY = 65534
+"""The uid and gid of ``nobody``: another local user, for files this root-run suite makes theirs."""
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="making another user's files needs root")
+
+
+def theirs(path: Path, mode: int | None = None) -> Path:
+    """``path`` made ``nobody``'s (the link itself, for a symlink), with ``mode`` if given."""
+    os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+    if mode is not None:
+        os.chmod(path, mode)
+    return path
+
+
+def planted_repository(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A world-writable shared directory in which ``nobody`` planted a ``.git`` and a config file
+    pointing the store at a 0666 file of theirs; and root's own working directory inside it.
+    Returns (the shared directory, nobody's store, root's working directory)."""
+    shared = tmp_path / "job"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    (shared / ".git").mkdir()
+    theirs(shared / ".git")
+    store = shared / "theirs.sqlite"
+    store.touch()
+    theirs(store, 0o666)
+    (shared / FILE_NAME).write_text(
+        section(f"store: {store}\nprometheus_address: 0.0.0.0\nenabled: false\ninterval_seconds: 5"),
+        encoding="utf-8",
+    )
+    theirs(shared / FILE_NAME)
+    mine = shared / "mine"
+    mine.mkdir()
+    return shared, store, mine
+
+
+@needs_root
+def test_another_user_s_repository_in_a_shared_directory_configures_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared, store, mine = planted_repository(tmp_path)
+    cfg = settings.load_resource_monitoring_config(environ=dict(ENV), cwd=mine, package_dir=tmp_path / "pkg")
+    assert (cfg["store"], cfg["enabled"], cfg["prometheus_address"]) == (None, True, "127.0.0.1")
+    assert (cfg["interval_seconds"], cfg["config_file"]) == (30.0, None)
+    one_warning(caplog, shared / ".git", "ignoring", "owned by nobody", f"{shared} is not taken as")
+    # Root's plain monitor, started in its own subdirectory, records nothing into their file.
+    caplog.clear()
+    monkeypatch.chdir(mine)
+    recorder = Recorder()
+    with sampler.ResourceMonitor(sink=recorder, categories=["cpu"], step_source="seconds", **FAST) as mon:
+        assert mon.store is None
+        wait_for(lambda: recorder.calls, what="a record")
+    assert store.stat().st_size == 0
+    one_warning(caplog, shared / ".git", "owned by nobody")
+
+
+@needs_root
+@pytest.mark.parametrize("where", ["env dir", "env dir, dot name", "repository root", "package dir", "cwd"])
+def test_another_user_s_config_file_is_skipped_wherever_it_is(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    repo, pkg, env_dir = tmp_path / "repo", tmp_path / "pkg", tmp_path / "env"
+    work = repo / "work"
+    for directory in (repo / ".git", work, pkg, env_dir):
+        directory.mkdir(parents=True)
+    path = {
+        "env dir": env_dir / FILE_NAME,
+        "env dir, dot name": env_dir / ("." + FILE_NAME),
+        "repository root": repo / FILE_NAME,
+        "package dir": pkg / FILE_NAME,
+        "cwd": work / FILE_NAME,
+    }[where]
+    path.write_text(section("interval_seconds: 5\nstep_source: model_age"), encoding="utf-8")
+    theirs(path)
+    environ = {**ENV, settings.ENV_CONFIG_PATH: str(env_dir)}
+    resolution = settings.resolve_config(environ=environ, cwd=work, package_dir=pkg)
+    assert (resolution.values["interval_seconds"], resolution.values["step_source"]) == (30.0, "seconds")
+    assert resolution.used_file is None and resolution.found_file is None
+    one_warning(caplog, path, "owned by nobody", "using env vars and defaults")
+
+
+@needs_root
+def test_the_next_file_is_used_instead_of_another_user_s(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    work, pkg = tmp_path / "work", tmp_path / "pkg"
+    (work / ".git").mkdir(parents=True)
+    theirs_file = work / FILE_NAME  # the repository-level file, and (same place) the cwd one
+    pkg.mkdir()
+    (pkg / FILE_NAME).write_text(section("interval_seconds: 7"), encoding="utf-8")
+    theirs_file.write_text(section("interval_seconds: 5"), encoding="utf-8")
+    theirs(theirs_file)
+    resolution = settings.resolve_config(environ=dict(ENV), cwd=work, package_dir=pkg)
+    assert resolution.values["interval_seconds"] == 7.0 and resolution.used_file == pkg / FILE_NAME
+    one_warning(caplog, theirs_file, "owned by nobody", f"using {pkg / FILE_NAME} instead")
+
+
+@needs_root
+@pytest.mark.parametrize(
+    ("mode", "group", "used"),
+    [
+        (0o644, 0, True),
+        (0o666, 0, False),
+        (0o646, 0, False),
+        (0o664, NOBODY, False),  # a group nobody is in
+        (0o664, 0, True),  # root's own group, which has no other member
+    ],
+)
+def test_a_config_file_others_can_write_is_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, mode: int, group: int, used: bool
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    path = work / FILE_NAME
+    path.write_text(section("interval_seconds: 5"), encoding="utf-8")
+    os.chown(path, 0, group)
+    os.chmod(path, mode)
+    cfg = settings.load_resource_monitoring_config(environ=dict(ENV), cwd=work, package_dir=tmp_path / "pkg")
+    assert cfg["interval_seconds"] == (5.0 if used else 30.0)
+    if used:
+        assert not caplog.records
+    else:
+        one_warning(caplog, path, f"mode {mode:04o}", "owned by root", "can write it")
+
+
+@needs_root
+@pytest.mark.parametrize("how", ["nobody's", "writable by others", "nobody's symlink to root's"])
+def test_a_git_others_made_does_not_hide_the_real_repository(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / FILE_NAME).write_text(section("interval_seconds: 5"), encoding="utf-8")
+    shared = repo / "shared"
+    work = shared / "work"
+    work.mkdir(parents=True)
+    planted = shared / ".git"
+    if how == "nobody's symlink to root's":
+        planted.symlink_to(repo / ".git")
+        theirs(planted)
+    else:
+        planted.mkdir()
+        if how == "nobody's":
+            theirs(planted)
+        else:
+            os.chmod(planted, 0o777)
+    cfg = settings.load_resource_monitoring_config(environ=dict(ENV), cwd=work, package_dir=tmp_path / "pkg")
+    assert (cfg["interval_seconds"], cfg["config_file"]) == (5.0, str(repo / FILE_NAME))
+    one_warning(caplog, planted, "ignoring", f"{shared} is not taken as the repository root")
+
+
+@needs_root
+@pytest.mark.parametrize(
+    ("link_owner", "file_owner", "used"),
+    [("root", "root", True), ("root", "nobody", False), ("nobody", "root", False)],
+)
+def test_a_symlinked_config_file_counts_only_when_link_and_file_are_trusted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, link_owner: str, file_owner: str, used: bool
+) -> None:
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    target = elsewhere / "monitoring.yaml"
+    target.write_text(section("interval_seconds: 5"), encoding="utf-8")
+    link = work / FILE_NAME
+    link.symlink_to(target)
+    if file_owner == "nobody":
+        theirs(target)
+    if link_owner == "nobody":
+        theirs(link)
+    cfg = settings.load_resource_monitoring_config(environ=dict(ENV), cwd=work, package_dir=tmp_path / "pkg")
+    assert cfg["interval_seconds"] == (5.0 if used else 30.0)
+    if used:
+        assert not caplog.records and cfg["config_file"] == str(link)
+    else:
+        one_warning(caplog, link, "owned by nobody")
+
+
+@needs_root
+def test_the_config_command_shows_the_skip(tmp_path: Path) -> None:
+    shared, _, mine = planted_repository(tmp_path)
+    (mine / FILE_NAME).write_text(section("interval_seconds: 9"), encoding="utf-8")
+    theirs(mine / FILE_NAME)
+    env = {key: value for key, value in os.environ.items() if key not in ENV_VARS}
+    shown = subprocess.run(
+        [sys.executable, "-m", "sampler", "config", "--json"],
+        cwd=mine,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=15,
+        check=True,
+    )
+    report = json.loads(shown.stdout)
+    assert report["used_file"] is None and report["values"]["interval_seconds"] == 15.0
+    assert {
+        "path": str(mine / FILE_NAME),
+        "status": "skipped: another user's, or others can write it (see warnings)",
+    } in report["files"]
+    assert len(report["warnings"]) == 2
+    assert str(shared / ".git") in report["warnings"][0] and "nobody" in report["warnings"][0]
+    assert str(mine / FILE_NAME) in report["warnings"][1] and "nobody" in report["warnings"][1]
+    text = subprocess.run(
+        [sys.executable, "-m", "sampler", "config"],
+        cwd=mine,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=15,
+        check=True,
+    ).stdout
+    assert "skipped: another user's" in text and "owned by nobody" in text

@@ -24,6 +24,7 @@ USED = "used"
 UNUSABLE = "found, cannot be used (see warnings)"
 NOT_FOUND = "not found"
 SHADOWED = "present, not used (an earlier file wins)"
+SKIPPED = "skipped: another user's, or others can write it (see warnings)"
 ABSENT_LATER = "not present"
 
 
@@ -64,7 +65,9 @@ def file_statuses(resolution: settings.Resolution) -> list[tuple[Path, str]]:
     statuses: list[tuple[Path, str]] = []
     reached = True
     for path in resolution.looked_for:
-        if path == resolution.found_file:
+        if path in resolution.skipped:
+            status = SKIPPED
+        elif path == resolution.found_file:
             status = USED if resolution.used_file == path else UNUSABLE
             reached = False
         elif reached:

@@ -97,11 +97,11 @@ def _apply_env(state: _State, environ: Mapping[str, str]) -> None:
         _apply(state, field, field.from_text, text, field.env)
 
 
-def _apply_file(state: _State, path: Path) -> bool:
+def _apply_file(state: _State, found: files.Found) -> bool:
     """Apply the file's keys; False when the file cannot be used at all (read or parsed)."""
-    source = str(path)
+    source = str(found.path)
     try:
-        document = files.read_document(path)
+        document = files.read_document(found.data)
     except files.Unusable as exc:
         warning(f"resource monitor: cannot use {source} ({exc}); {_EVERY_KEY}")
         return False
@@ -206,6 +206,9 @@ class Resolution:
     """The file whose keys apply, or None."""
     found_file: Path | None
     """The first file found: the one used unless it could not be read or parsed."""
+    skipped: tuple[Path, ...]
+    """Files looked for before it that were skipped, with a warning: another
+    user's, or others can write them (``files.distrust``)."""
     warnings: tuple[str, ...]
     """Every warning emitted while resolving, in order."""
 
@@ -235,14 +238,15 @@ def resolve_config(
             state.values[POSTMORTEM_DIR.key] = str(cwd_path / DEFAULT_POSTMORTEM_DIR)
         _apply_env(state, environ)
         looked_for = files.candidate_files(environ, cwd_path, Path(package_dir))
-        found = files.look_up(looked_for)
-        used = found if found is not None and _apply_file(state, found) else None
+        found, skipped = files.look_up(looked_for)
+        used = found.path if found is not None and _apply_file(state, found) else None
     return Resolution(
         values=state.values,
         sources=state.sources,
         looked_for=tuple(looked_for),
         used_file=used,
-        found_file=found,
+        found_file=None if found is None else found.path,
+        skipped=skipped,
         warnings=tuple(collected),
     )
 
@@ -305,6 +309,7 @@ def resolve_settings(
         looked_for=resolution.looked_for,
         used_file=resolution.used_file,
         found_file=resolution.found_file,
+        skipped=resolution.skipped,
         warnings=resolution.warnings,
     )
 
