@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import fcntl
 import io
 import os
@@ -11,6 +12,7 @@ import secrets
 import signal
 import socket
 import sqlite3
+import stat
 import subprocess
 import sys
 import tempfile
@@ -18,6 +20,7 @@ import textwrap
 import threading
 import time
 import urllib.request
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -102,17 +105,51 @@ def per_run_segment_names() -> Iterator[None]:
         yield
 
 
-WHOLE_MACHINE_LOCK = Path(tempfile.gettempdir()) / "wl-resource-monitor-tests.whole-machine.lock"
+WHOLE_MACHINE_LOCK = (
+    Path(tempfile.gettempdir()) / f"wl-resource-monitor-tests-{os.geteuid()}.whole-machine.lock"
+)
+"""The file ``machine_to_itself`` locks: one name per user, shared by all of that user's test
+runs (the point of it). Not one for all users: another user's file is not for us to trust."""
+_refused: set[Path] = set()
+"""Lock files this process found taken by something else and said so (once each)."""
+
+
+def _open_lock(path: Path) -> int:
+    """A descriptor of ``path``, a lock file of this user's alone (made 0600 if missing). OSError
+    for a link (never followed), another user's file, one other users may open (and so hold the
+    lock for good), or anything but a regular file (a FIFO is not waited on: opened, refused)."""
+    flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    found = os.fstat(fd)
+    if stat.S_ISREG(found.st_mode) and found.st_uid == os.geteuid() and not found.st_mode & 0o077:
+        return fd
+    os.close(fd)
+    raise OSError(errno.EPERM, f"{stat.filemode(found.st_mode)}, owned by uid {found.st_uid}")
 
 
 @contextlib.contextmanager
 def machine_to_itself() -> Iterator[None]:
     """For work that disturbs the whole machine or judges it whole (busy processes pinned to a
     core, swap turned on, a run whose slow stretches are compared with its typical): one such
-    at a time, across pytest-xdist workers and test runs (an exclusive lock on one file)."""
-    with WHOLE_MACHINE_LOCK.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    at a time, across pytest-xdist workers and test runs (an exclusive lock on one file).
+    Where ``WHOLE_MACHINE_LOCK`` is taken by something else, this run's own lock file beside it
+    is used instead, after one warning: its workers still take turns, not with other runs."""
+    try:
+        fd = _open_lock(WHOLE_MACHINE_LOCK)
+    except OSError as exc:
+        if WHOLE_MACHINE_LOCK not in _refused:
+            _refused.add(WHOLE_MACHINE_LOCK)
+            warnings.warn(
+                f"{WHOLE_MACHINE_LOCK} is not a lock file of uid {os.geteuid()} ({exc.strerror}): the"
+                " tests that need the machine to themselves take turns within this run only",
+                stacklevel=3,
+            )
+        fd = _open_lock(WHOLE_MACHINE_LOCK.with_name(f"{WHOLE_MACHINE_LOCK.name}.{RUN}"))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when the file closes
         yield
+    finally:
+        os.close(fd)
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-import uuid
 from collections import deque
 from pathlib import Path
 
@@ -378,12 +377,12 @@ def top_command_line(store: Path) -> list[str]:
 
 
 class Tmux:
-    """A tmux server of its own (a unique socket), one detached 120x40 window
-    running ``command`` in a shell that reports how it exited and the
-    terminal's modes afterwards."""
+    """A tmux server of its own (its socket in ``cwd``, not in tmux's directory that every
+    run on the machine shares), one detached 120x40 window running ``command`` in a shell
+    that reports how it exited and the terminal's modes afterwards."""
 
     def __init__(self, command: list[str], cwd: Path) -> None:
-        self.socket = f"wl-top-test-{uuid.uuid4().hex[:12]}"
+        self.socket = cwd / "tmux.socket"
         # The shell outlives the Ctrl-C it shares with top (a no-op trap: top still gets SIGINT).
         shell = f'trap : INT; {shlex.join(command)}; echo "top exited with $?"; stty -a; sleep 60'
         conf = cwd / "tmux.conf"  # none of the user's; a fixed size, whatever clients come and go
@@ -393,7 +392,7 @@ class Tmux:
 
     def tmux(self, *args: str) -> str:
         done = subprocess.run(
-            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=10, check=True
+            ["tmux", "-S", str(self.socket), *args], capture_output=True, text=True, timeout=10, check=True
         )
         return done.stdout
 
@@ -413,7 +412,8 @@ class Tmux:
             raise AssertionError(f"{needles} not on screen:\n{last[0]}") from None
 
     def kill(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
+        subprocess.run(["tmux", "-S", str(self.socket), "kill-server"], capture_output=True, timeout=10)
+        self.socket.unlink(missing_ok=True)  # the server leaves it behind
 
 
 def start_backend(nvml: fake_driver.Driver, tmp_path: Path, store: Path) -> subprocess.Popen[bytes]:

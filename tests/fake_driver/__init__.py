@@ -20,17 +20,20 @@ A test configures it with the keys ``tests/fake_nvml.py`` takes (``devices``,
 Function names are the C library's: ``nvmlInitWithFlags``,
 ``nvmlDeviceGetComputeRunningProcesses_v3``. ``missing`` functions are left out of the
 library when it is built, as an older driver lacks them; the library is built once per set
-of them and cached in the temporary directory. What the library cannot do (hold the GIL
-while it hangs: ctypes releases it around every call) stays with the Python fake.
+of them and cached in the user's own directory under the temporary one. What the library
+cannot do (hold the GIL while it hangs: ctypes releases it around every call) stays with
+the Python fake.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -72,13 +75,29 @@ def default_uuid(index: int) -> str:
 FLAGS = ("-shared", "-fPIC", "-O1", "-Wall", "-Werror", f"-Wl,-soname,{SONAME}")
 
 
+def _cache() -> Path:
+    """This user's directory for the builds under the shared temporary one (made 0700 if missing).
+    RuntimeError when its name is taken by something else (a link, another user's directory, one
+    others may write): a library found there is loaded into every test process."""
+    directory = Path(tempfile.gettempdir()) / f"wl-fake-nvml-{os.geteuid()}"
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir(mode=0o700)
+    found = directory.lstat()
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid() or found.st_mode & 0o022:
+        raise RuntimeError(
+            f"{directory} is not a private directory of uid {os.geteuid()} ({stat.filemode(found.st_mode)},"
+            f" owned by uid {found.st_uid}): the fake NVIDIA driver is not built there"
+        )
+    return directory
+
+
 def build(omit: Iterable[str] = ()) -> Path:
     """The directory holding ``libnvidia-ml.so.1`` built without the functions
     ``omit`` names (cached by the hash of the source and the flags; built under a
     private name and renamed, so parallel test workers never see half a file)."""
     flags = [*FLAGS, *(f"-DOMIT_{name}" for name in sorted(set(omit)))]
     key = hashlib.sha256(SOURCE.read_bytes() + json.dumps(flags).encode()).hexdigest()[:16]
-    directory = Path(tempfile.gettempdir()) / f"wl-fake-nvml-{key}"
+    directory = _cache() / key
     library = directory / SONAME
     if library.exists():
         return directory
