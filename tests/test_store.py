@@ -335,7 +335,7 @@ def test_a_full_disk_is_said_once_and_what_is_queued_is_kept(tmp_path: Path) -> 
         backend_script(
             """
             import json
-            with sampler.ResourceMonitor(categories=["cpu", "process"], store="/mnt/small/runs.sqlite",
+            with sampler.ResourceMonitor(categories=["cpu", "process"], store=sys.argv[1],
                                          step_source="seconds", interval_seconds=0.1,
                                          _min_interval_seconds=0.05) as mon:
                 sampler.signals.log_signal("train/loss", 0.0, 0)
@@ -355,8 +355,11 @@ def test_a_full_disk_is_said_once_and_what_is_queued_is_kept(tmp_path: Path) -> 
             """
         )
     )
-    mount = "mkdir -p /mnt/small && mount -t tmpfs -o size=256k tmpfs /mnt/small"
-    shell = f"{mount} && exec {sys.executable} {script}"
+    small = tmp_path / "small"  # mounted in the private namespace only
+    small.mkdir()
+    shell = (
+        f"mount -t tmpfs -o size=256k tmpfs {small} && exec {sys.executable} {script} {small / 'runs.sqlite'}"
+    )
     done = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", shell],
         capture_output=True,
