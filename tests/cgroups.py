@@ -185,9 +185,10 @@ def swap_file(size_bytes: int) -> Iterator[Path]:
     """A swap file of ``size_bytes`` turned on for the machine (``swapon``), off and removed
     after; OSError where it cannot be (not root, no CAP_SYS_ADMIN, a filesystem that refuses)."""
     path = SWAP_FILE_DIR / f"wl-test-swap-{uuid.uuid4().hex[:12]}"
+    made = path.open("xb")  # a new file: never one another user made first in the shared directory
     try:
-        with path.open("wb") as f:
-            os.posix_fallocate(f.fileno(), 0, size_bytes)
+        with made:
+            os.posix_fallocate(made.fileno(), 0, size_bytes)
         path.chmod(0o600)
         for command in (["mkswap", str(path)], ["swapon", str(path)]):
             done = subprocess.run(command, capture_output=True, text=True, timeout=30)
