@@ -23,7 +23,7 @@ from conftest import FAST, Recorder, backend_script, free_ports, gone, scrape, w
 import sampler
 from sampler.ipc.channel import PrometheusTarget
 from sampler.ipc.status import ENDPOINT_BAD_ADDRESS, ENDPOINT_NO_CLIENT, ENDPOINT_UNAVAILABLE
-from sampler.prometheus import metrics
+from sampler.prometheus import discovery, metrics
 from sampler.supervision import exposition
 
 parser = pytest.importorskip("prometheus_client.parser")
@@ -280,10 +280,18 @@ def test_the_discovery_entry_lives_while_the_monitor_serves(tmp_path: Path) -> N
         assert not [p for p in sd_dir.iterdir() if p.suffix != ".json"]  # written atomically
         (entry,) = entries
         body = json.loads(entry.read_text())
+    owner = discovery.this_process()
+    assert owner is not None
     assert body == [
         {
             "targets": [f"127.0.0.1:{port}"],
-            "labels": {"host": socket.gethostname(), "rank": "0", "local_rank": "0", "run_id": "r1"},
+            "labels": {
+                "host": socket.gethostname(),
+                "rank": "0",
+                "local_rank": "0",
+                "run_id": "r1",
+                **owner.labels(),  # who wrote it, for other monitors to judge (Prometheus drops them)
+            },
         }
     ]
     assert not entry.exists()

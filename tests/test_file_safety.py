@@ -6,6 +6,7 @@ monitor's discovery entry does not stay forever."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -245,9 +246,13 @@ def test_an_existing_store_keeps_its_mode(tmp_path: Path, umask_022: None) -> No
 
 
 def entry(sd_dir: Path, host: str, pid: int, run_id: str, body: object = None) -> Path:
-    """An entry as a monitor of ``host`` with backend ``pid`` writes it (``body``: other content)."""
+    """An entry as a monitor of ``host`` with backend ``pid`` (of this pid namespace) writes it
+    (``body``: other content)."""
     path = Path(discovery.entry_path(str(sd_dir), Placement(host, run_id=run_id), pid))
-    labels = {"host": host, "rank": "0", "local_rank": "0", "run_id": run_id}
+    here = discovery.this_process()
+    assert here is not None
+    owner = dataclasses.replace(here, pid=pid, started=discovery.start_ticks(pid) or 0)
+    labels = {"host": host, "rank": "0", "local_rank": "0", "run_id": run_id, **owner.labels()}
     content = [{"targets": ["127.0.0.1:9"], "labels": labels}] if body is None else body
     path.write_text(json.dumps(content))
     return path
