@@ -163,8 +163,8 @@ def test_a_worker_forked_while_the_child_starts_cannot_hide_its_death(tmp_path: 
                           "holders": len(holders)}}))
         """,
     )
+    # Seen as a crash within the 20 s waited: a death seen only by its missed deadline is a hang (30 s).
     assert result["holders"] >= 2 and result["deaths"] == ["crash"], result
-    assert result["seen_after"] < 2.0, result
 
 
 @pytest.mark.parametrize("how", ["os._exit", "sys.exit", "stop_resource_monitor", "stop", "exception"])
@@ -243,7 +243,9 @@ def test_multiprocessing_fork_workers_leave_the_parents_monitor_alone(tmp_path: 
             for p in procs:
                 p.join()
             before = len(got)
-            time.sleep(1.0)
+            deadline = time.monotonic() + 30  # four more records (0.1 s apart), however loaded the machine
+            while len(got) < before + 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
             after = len(got)
             print(json.dumps({{"before": before, "after": after, "running": mon.running,
                               "codes": [p.exitcode for p in procs]}}))
@@ -289,7 +291,9 @@ def test_starting_a_monitor_in_a_forked_copy_starts_a_fresh_one(tmp_path: Path) 
     assert result["child_pid"] not in (None, result["parent_child_pid"]), result
 
 
-def test_the_child_leaves_within_a_second_of_a_sigkilled_backend_with_live_workers(tmp_path: Path) -> None:
+def test_the_child_leaves_a_sigkilled_backend_with_live_workers(tmp_path: Path) -> None:
+    """Within a second on an idle machine; the bound is for a loaded one, and still far short of
+    the workers' 60 s, which a child that waited for its channel's end would take."""
     script = tmp_path / "backend.py"
     script.write_text(
         backend_script(
@@ -318,7 +322,7 @@ def test_the_child_leaves_within_a_second_of_a_sigkilled_backend_with_live_worke
         backend.send_signal(signal.SIGKILL)
         backend.wait(10)
         killed_at = time.monotonic()
-        wait_for(lambda: gone(child), timeout=1.0, what="the child to leave after the backend died")
+        wait_for(lambda: gone(child), timeout=20, what="the child to leave after the backend died")
         print(f"child gone {time.monotonic() - killed_at:.3f} s after the backend was killed")
         assert not any(gone(w) for w in workers)  # the workers really were alive all along
     finally:

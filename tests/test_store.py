@@ -23,7 +23,7 @@ from conftest import FAST, Recorder, backend_script, gone, old_store, wait_for
 import sampler
 from sampler.store import schema
 from sampler.store.reader import StoreReader
-from sampler.store.writer import FLUSH_SECONDS, REOPEN_SECONDS, RunInfo, RunWriter
+from sampler.store.writer import FLUSH_SECONDS, REOPEN_SECONDS, WRITE_EVERY_SECONDS, RunInfo, RunWriter
 
 CPU = "resource/cpu/utilization_percent"
 
@@ -278,17 +278,21 @@ def test_a_store_another_process_reads_while_it_is_written(tmp_path: Path) -> No
             "r = StoreReader(sys.argv[1]); run = r.run()\n"
             "print(run.status, len(r.series(run.id, sys.argv[2]).steps))"
         )
-        seen = []
-        for _ in range(3):
+        seen: list[list[str]] = []
+
+        def read_again() -> bool:
+            """One more read by another process: has it seen the run grow since the first?"""
             done = subprocess.run(
                 [sys.executable, "-c", code, str(store), CPU], capture_output=True, text=True
             )
             assert done.returncode == 0, done.stderr
             seen.append(done.stdout.split())
-            time.sleep(0.3)
-    assert [status for status, _ in seen] == ["running"] * 3
+            return int(seen[-1][1]) > int(seen[0][1])
+
+        wait_for(read_again, timeout=30, what="another process to see the run grow")
+    assert [status for status, _ in seen] == ["running"] * len(seen)
     counts = [int(n) for _, n in seen]
-    assert counts == sorted(counts) and counts[-1] > counts[0] > 0
+    assert counts == sorted(counts) and counts[0] > 0
 
 
 @pytest.mark.parametrize("kind", ["read-only filesystem", "corrupt file"])
@@ -478,8 +482,9 @@ def test_numpy_scalars_are_stored_and_what_is_no_number_is_skipped_once(
 
 
 def test_fast_sampling_batches_its_writes_into_a_few_transactions_a_second(tmp_path: Path) -> None:
-    """Every sample at 20 per second, but at most about two transactions a second
-    (SQLite's data_version, seen from another connection, counts them)."""
+    """Every sample at 20 per second, but a transaction only every ``WRITE_EVERY_SECONDS``
+    (SQLite's data_version, seen from another connection, counts them): a loaded machine makes
+    fewer of both, never more transactions a second."""
     store = tmp_path / "runs.sqlite"
     with sampler.ResourceMonitor(
         categories=["cpu"],
@@ -491,13 +496,17 @@ def test_fast_sampling_batches_its_writes_into_a_few_transactions_a_second(tmp_p
         wait_for(lambda: mon.stats()["store_points_written"] > 0)
         watcher = sqlite3.connect(store)
         versions, seen = set(), mon.stats()["records_logged"]
-        end = time.monotonic() + 2.0
-        while time.monotonic() < end:
+        began = time.monotonic()
+
+        def forty_samples_later() -> bool:
             versions.add(watcher.execute("PRAGMA data_version").fetchone()[0])
-            time.sleep(0.005)
-        samples = mon.stats()["records_logged"] - seen
+            return mon.stats()["records_logged"] >= seen + 40
+
+        wait_for(forty_samples_later, timeout=60, what="40 samples")
+        elapsed = time.monotonic() - began
         watcher.close()
-    assert samples >= 20 and 2 <= len(versions) <= 7, (samples, len(versions))
+    print(f"{len(versions) - 1} transactions in {elapsed:.1f} s")
+    assert 2 <= len(versions) <= elapsed / WRITE_EVERY_SECONDS + 3, (len(versions), elapsed)
     with StoreReader(str(store)) as reader:
         assert len(reader.series(1, CPU).steps) == mon.stats()["records_logged"]  # all of them, at stop
 
@@ -517,14 +526,14 @@ def test_a_version_2_store_opened_for_writing_gets_the_placement_columns(tmp_pat
         StoreReader(str(path))
     schema.connect(str(path)).close()
     with StoreReader(str(path)) as reader:
-        assert reader.db.execute("PRAGMA user_version").fetchone()[0] == 3 == schema.SCHEMA_VERSION
+        assert reader.db.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION
         (run,) = reader.runs()
         assert (run.pid, run.host, run.version) == (42, "h", "0.0.2")
         assert (run.rank, run.local_rank, run.world_size, run.local_world_size) == (0, 0, 1, 1)
         assert run.launch_id is None
         assert reader.series(1, "train/loss").values == [0.25] and reader.postmortems() == []
         columns = [row[1] for row in reader.db.execute("PRAGMA table_info(runs)")]
-    assert columns[-5:] == ["rank", "local_rank", "world_size", "local_world_size", "launch_id"]
+    assert columns[-6:-1] == ["rank", "local_rank", "world_size", "local_world_size", "launch_id"]
     schema.connect(str(path)).close()  # opened again: nothing left to migrate
     with StoreReader(str(path)) as reader:
         assert [r.id for r in reader.runs()] == [1]

