@@ -99,17 +99,16 @@ def store(tmp_path: Path) -> Path:
     return old_store(tmp_path / "runs.sqlite", schema.SCHEMA_VERSION)
 
 
-def test_a_symlink_at_the_export_s_output_is_replaced_not_followed(
+def test_a_symlink_at_the_export_s_output_is_refused_not_followed(
     store: Path, tmp_path: Path, victim: Path
 ) -> None:
     out = tmp_path / "out.csv"
     plant([out], victim)
     status, _ = run_command("export", str(store), "-o", str(out), handler=export.main)
-    assert status == 0 and untouched(victim)
-    assert not out.is_symlink() and out.read_text().splitlines()[0] == "run_id,name,step,wall_time,value"
+    assert status == 2 and untouched(victim) and out.is_symlink()  # test_outputs: the message
 
 
-def test_a_symlink_at_the_plot_s_default_output_is_replaced_not_followed(
+def test_a_symlink_at_the_plot_s_default_output_is_refused_not_followed(
     store: Path, tmp_path: Path, victim: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("matplotlib")
@@ -117,8 +116,7 @@ def test_a_symlink_at_the_plot_s_default_output_is_replaced_not_followed(
     out = tmp_path / "runs-run1.png"
     plant([out], victim)
     status, printed = run_command("plot", str(store), handler=plot.main)
-    assert status == 0 and printed == "runs-run1.png\n" and untouched(victim)
-    assert not out.is_symlink() and out.read_bytes().startswith(b"\x89PNG")
+    assert status == 2 and printed == "" and untouched(victim) and out.is_symlink()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 

@@ -7,8 +7,10 @@ once at a step, the last value wins, and ``wall_time`` is the step's latest.
 A value logged as NaN is empty in CSV and null in JSON lines.
 Rows stream out in order, so a store of any size exports in constant memory.
 ``-o FILE`` streams into a temporary file beside FILE that becomes FILE once
-the export is whole (an interrupted export leaves neither); FILE must not be
-the store, or any SQLite database.
+the export is whole (an interrupted export leaves neither); where FILE is a
+terminal, a FIFO or a device, into that, never renamed over; a symbolic link is
+refused; FILE must not be the store, or any SQLite database. ``-o -`` is
+standard output, as without ``-o``.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def add_parser(commands: Any) -> None:
         "--format", choices=("csv", "jsonl"), default="csv", help="output format (default csv)"
     )
     parser.add_argument("--wide", action="store_true", help="one row per step, one column per signal")
-    parser.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    parser.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout (-: stdout)")
     parser.set_defaults(handler=main)
 
 
@@ -52,8 +54,9 @@ def main(args: argparse.Namespace) -> int:
     reader = open_store(args.store)
     if reader is None:
         return EXIT_USAGE
+    output = None if args.output == "-" else args.output
     with reader:
-        problem = None if args.output is None else output_problem(args.output, args.store)
+        problem = None if output is None else output_problem(output, args.store)
         if problem is not None:
             print(f"error: {problem}", file=sys.stderr)
             return EXIT_USAGE
@@ -63,17 +66,17 @@ def main(args: argparse.Namespace) -> int:
         if missing:
             print(f"error: {args.store} has no run {', '.join(map(str, missing))}", file=sys.stderr)
             return EXIT_USAGE
-        if args.output is None:
+        if output is None:
             _export(reader, runs, args.format, args.wide, args.out)
             return 0
         try:
             with (
-                atomicfile.replacing(args.output, atomicfile.OUTPUT_MODE) as file,
+                atomicfile.output(output) as file,
                 io.TextIOWrapper(file, encoding="utf-8", newline="") as out,
             ):
                 _export(reader, runs, args.format, args.wide, out)
         except OSError as exc:
-            print(f"error: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+            print(f"error: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
             return EXIT_USAGE
         return 0
 

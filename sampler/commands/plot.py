@@ -7,7 +7,9 @@ or a unique start of one) draws the ranks of a multi-rank launch instead: each
 signal's spread across its ranks per step and each rank's throughput
 (``sampler.views.launch_plot``). Writes ``<store stem>-run<ID>.png`` (or
 ``-launch<ID>.png``) in the current directory unless ``-o`` says otherwise, and
-prints the path written; never over the store, or any SQLite database. Needs
+prints the path written; ``-o -`` writes the PNG to standard output instead.
+Written as ``export -o`` writes: atomically, or into a terminal or FIFO there;
+never through a symbolic link, over the store, or any SQLite database. Needs
 matplotlib (the ``plot`` extra).
 """
 
@@ -75,7 +77,7 @@ def add_parser(commands: Any) -> None:
         "-o",
         "--output",
         metavar="FILE.png",
-        help="where to write the PNG (default: ./<store stem>-run<ID>.png)",
+        help="where to write the PNG (default: ./<store stem>-run<ID>.png; -: stdout)",
     )
     parser.add_argument(
         "--explain",
@@ -137,29 +139,30 @@ def main(args: argparse.Namespace) -> int:
         return _error(_not_a_store(args.store, exc))
     with reader:
         try:
-            path = _launch(reader, args) if args.launch is not None else _runs(reader, args)
+            path = _launch(reader, args, out) if args.launch is not None else _runs(reader, args, out)
         except (_Refused, LookupError, plot.NothingToPlot) as exc:
             return _error(str(exc))
         except ImportError as exc:
             return _error(str(exc) if plot.INSTALL_HINT in str(exc) else f"{exc}: {plot.INSTALL_HINT}")
         except sqlite3.DatabaseError as exc:
             return _error(_not_a_store(args.store, exc))
-    print(path, file=out)
+    if path is not None:
+        print(path, file=out)
     return 0
 
 
-def _runs(reader: StoreReader, args: argparse.Namespace) -> Path:
-    """``plot [--run ID ...]``: the runs overlaid; returns the path written."""
+def _runs(reader: StoreReader, args: argparse.Namespace, out: TextIO) -> Path | None:
+    """``plot [--run ID ...]``: the runs overlaid; returns the path written (None: ``out``)."""
     runs = [reader.run(run_id) for run_id in (args.runs or [None])]
     runs = list({run.id: run for run in runs}.values())  # --run 3 --run 3: once
     output = _output(args, default_output(args.store, [run.id for run in runs]))
     shade = explain(reader, runs[0]).stretches if args.explain else []
     fig = plot.figure(reader, runs, pattern=args.signals, x=args.x, shade=[e.stretch for e in shade])
-    return _save(fig, output)
+    return _save(fig, output, out)
 
 
-def _launch(reader: StoreReader, args: argparse.Namespace) -> Path:
-    """``plot --launch ID``: the launch's ranks side by side; returns the path written."""
+def _launch(reader: StoreReader, args: argparse.Namespace, out: TextIO) -> Path | None:
+    """``plot --launch ID``: the launch's ranks side by side; returns the path written (None: ``out``)."""
     if args.explain or args.x != "step":
         raise _Refused("--launch draws its ranks on the step axis, without --explain or --x seconds")
     launch = ranks.several(reader, args.launch, "draw")
@@ -171,11 +174,14 @@ def _launch(reader: StoreReader, args: argparse.Namespace) -> Path:
             f" samples or more (none or one from run {silent}); a spread needs two"
         )
     output = _output(args, launch_output(args.store, launch.id))
-    return _save(launch_plot.figure(reader, gathered, pattern=args.signals), output)
+    return _save(launch_plot.figure(reader, gathered, pattern=args.signals), output, out)
 
 
-def _output(args: argparse.Namespace, default: Path) -> Path:
-    """Where to write: ``-o`` or ``default``; ``_Refused`` when it must not be written."""
+def _output(args: argparse.Namespace, default: Path) -> Path | None:
+    """Where to write: ``-o`` or ``default``, None for standard output (``-o -``);
+    ``_Refused`` when it must not be written."""
+    if args.output == "-":
+        return None
     output = Path(args.output) if args.output else default
     problem = output_problem(str(output), args.store)
     if problem is not None:
@@ -183,7 +189,12 @@ def _output(args: argparse.Namespace, default: Path) -> Path:
     return output
 
 
-def _save(fig: Figure, output: Path) -> Path:
+def _save(fig: Figure, output: Path | None, out: TextIO) -> Path | None:
+    """Write ``fig`` to ``output``, or (None) as bytes to ``out``'s binary buffer."""
+    if output is None:
+        plot.write_png(fig, out.buffer)
+        out.buffer.flush()
+        return None
     try:
         return plot.save(fig, output)
     except OSError as exc:

@@ -7,14 +7,23 @@ the final name. A link planted at either name is never followed: the rename
 replaces a link at the final name rather than writing through it. A reader sees
 the whole file or none of it, and a write that fails or is interrupted leaves
 neither a half file nor its temporary behind.
+
+An output a person names (``export -o``, ``plot -o``) is :func:`output`: the
+same where the name is free or a regular file; where it is something else
+already (a terminal, a FIFO, a device), that is written into, since a rename
+would replace it (as root, ``/dev/null`` would become a regular file).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 from collections.abc import Iterator
 from typing import BinaryIO
+
+from sampler.util.quoting import printable
 
 OUTPUT_MODE = 0o666
 """The mode of an output a person asked for (a plot, an export), less the umask:
@@ -50,3 +59,33 @@ def write(path: str | os.PathLike[str], data: bytes, mode: int, *, exclusive: bo
     :func:`replacing`). Raises ``OSError``."""
     with replacing(path, mode, exclusive=exclusive) as file:
         file.write(data)
+
+
+@contextlib.contextmanager
+def output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """The output a person named ``path``, to write: a new file replacing it as
+    :func:`replacing` does (``OUTPUT_MODE``) when nothing or a regular file is
+    there; else what is there (a terminal, a FIFO, a device), opened and written
+    into directly, never renamed over, never truncated. A symbolic link there is
+    refused (``OSError`` ELOOP, saying so): following one planted in a shared
+    directory writes wherever its maker chose, and replacing it destroys the
+    user's link. Raises ``OSError``."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        found = None
+    if found is not None and stat.S_ISLNK(found.st_mode):
+        raise OSError(
+            errno.ELOOP,
+            f"it is a symbolic link (to {printable(os.readlink(path))}), which an output is never "
+            "written through: name the file itself, or -o - for standard output",
+        )
+    if found is None or stat.S_ISREG(found.st_mode):
+        with replacing(path, OUTPUT_MODE) as file:
+            yield file
+        return
+    # O_NOFOLLOW: a link swapped in meanwhile is refused too; O_NOCTTY: a terminal
+    # opened here never becomes the controlling one of a process that has none.
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
+    with os.fdopen(fd, "wb") as file:
+        yield file

@@ -31,7 +31,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from sampler import catalogue
 from sampler.analysis.stretches import PAUSE, Stretch
@@ -510,16 +510,22 @@ def render(
     output: str | Path,
     shade: Sequence[Stretch] = (),
 ) -> Path:
-    """Draw ``runs`` (see :func:`figure`) into the PNG ``output`` (atomically, never
-    through a link: ``sampler.util.atomicfile``); returns its path. Raises what
+    """Draw ``runs`` (see :func:`figure`) into the PNG ``output`` (as :func:`save`
+    writes it); returns its path. Raises what
     :func:`figure` raises, and ``OSError`` if the file cannot be written."""
     return save(figure(reader, runs, pattern=pattern, x=x, shade=shade), output)
 
 
 def save(fig: Figure, output: str | Path) -> Path:
-    """Write ``fig`` to the PNG ``output`` atomically, never through a link
-    (``sampler.util.atomicfile``); returns its path; ``OSError`` if it cannot be written."""
+    """Write ``fig`` to the PNG ``output`` as ``atomicfile.output`` writes an output
+    (atomically, or into the terminal or FIFO there; never through a link);
+    returns its path; ``OSError`` if it cannot be written."""
     path = Path(output)
-    with atomicfile.replacing(path, atomicfile.OUTPUT_MODE) as file:
-        fig.savefig(file, format="png", dpi=DPI)
+    with atomicfile.output(path) as file:
+        write_png(fig, file)
     return path
+
+
+def write_png(fig: Figure, file: BinaryIO) -> None:
+    """``fig`` as a PNG, into the open binary ``file``."""
+    fig.savefig(file, format="png", dpi=DPI)
