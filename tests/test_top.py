@@ -455,13 +455,19 @@ def test_top_in_a_terminal_follows_a_live_backend_and_quits_on_q(
             "run 1 |", "| running |", "loss", "utilization", "gpu/1", "health: ok", "memory (RSS)"
         )
         assert "no sample for" not in first
-        time.sleep(1.0)
-        second = tmux.wait_screen("run 1 |", "loss")
-        for label in ("loss", "memory (RSS)"):
-            assert line_with(first, label) and line_with(second, label), second
-        assert line_with(first, "loss") != line_with(second, "loss")  # its value and sparkline moved
-        steps = [re.search(r"step (\d+)", s) for s in (first, second)]
-        assert steps[0] and steps[1] and int(steps[1][1]) > int(steps[0][1])
+        first_step = re.search(r"step (\d+)", first)
+        assert first_step, first
+
+        def moved_on() -> str | None:
+            """The screen once its step went further and the loss's value and sparkline moved."""
+            screen = tmux.screen()
+            step = re.search(r"step (\d+)", screen)
+            if step is None or int(step[1]) <= int(first_step[1]):
+                return None
+            return screen if line_with(screen, "loss") not in ("", line_with(first, "loss")) else None
+
+        second = wait_for(moved_on, what="top following the run")
+        assert line_with(first, "memory (RSS)") and line_with(second, "memory (RSS)"), second
         assert all(len(line) <= 120 for line in second.splitlines())
 
         stop(backend)  # SIGKILL: no end time is written, the store just goes quiet
