@@ -15,12 +15,15 @@ import dataclasses
 import logging
 import math
 import os
+import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import ENV_VARS
 
 import sampler
 from sampler import settings
@@ -2132,3 +2135,58 @@ def test_a_monitor_built_explicitly_takes_what_it_is_not_given_from_the_configur
         == f"{tmp_path / 'resource_monitoring.yaml'}: resource_monitoring.inner_rate_hz"
     )
     assert sampler.ResourceMonitor(store=None).store is None
+
+
+# --------------------------------------------------------------------------- the inner rate's ceiling
+
+CEILING_WARNING = ("is outside [1, 50] Hz", "using inner_rate_hz=50.0 instead")
+"""What the one warning about an inner rate above the ceiling says (the ceiling: 50 Hz)."""
+
+
+def test_an_inner_rate_of_1e9_hz_from_the_env_var_is_clamped_with_one_warning(
+    tree: Tree, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert settings.MAX_INNER_RATE_HZ == 50.0
+    assert tree.load({ENV["inner_rate_hz"]: "1e9"})["inner_rate_hz"] == 50.0
+    assert_one_warning(caplog, "WL_RESOURCE_MONITOR_INNER_RATE_HZ='1e9'", *CEILING_WARNING)
+
+
+@pytest.mark.parametrize(
+    "value", ["1e9", "1.0e+9", "1000000000"]
+)  # YAML reads 1e9 as text, the others as numbers
+def test_an_inner_rate_of_1e9_hz_from_the_file_is_clamped_with_one_warning(
+    tree: Tree, caplog: pytest.LogCaptureFixture, value: str
+) -> None:
+    path = write(tree.work / FILE_NAME, section(f"inner_rate_hz: {value}"))
+    assert tree.load()["inner_rate_hz"] == 50.0
+    assert_one_warning(caplog, f"{path}: resource_monitoring.inner_rate_hz=", *CEILING_WARNING)
+
+
+def test_an_inner_rate_of_1e9_hz_given_to_the_monitor_is_clamped_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="sampler")
+    monitor = sampler.ResourceMonitor(inner_rate_hz=1e9)
+    assert monitor.inner_rate_hz == monitor.settings.inner_rate_hz == 50.0
+    assert_one_warning(caplog, "ResourceMonitor: inner_rate_hz=1000000000.0", *CEILING_WARNING)
+
+
+def test_an_inner_rate_of_1e9_hz_given_to_run_is_clamped_with_one_warning(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sampler", "run", "--inner-rate", "1e9", "--duration", "1", "--no-store"],
+        cwd=tmp_path,
+        env={key: value for key, value in os.environ.items() if key not in ENV_VARS},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    warned = [line for line in lines if line.startswith("resource monitor:") and "inner" in line]
+    assert len(warned) == 1 and "--inner-rate='1e9'" in warned[0], done.stderr
+    assert all(fragment in warned[0] for fragment in CEILING_WARNING)
+    (shown,) = [
+        line.split() for line in lines if line.strip().startswith("inner_rate_hz")
+    ]  # the settings used
+    assert shown == ["inner_rate_hz", "50.0", "--inner-rate"]
