@@ -14,13 +14,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from signal import SIGKILL
 
 import fake_driver
 import fake_nvml
 import psutil
 import pynvml
 import pytest
-from conftest import FAST, Recorder, backend_script, run_monitor, wait_for
+from conftest import FAST, Recorder, backend_script, free_ports, run_monitor, scrape, wait_for
 
 import sampler
 from sampler import catalogue
@@ -62,9 +63,9 @@ THREE_NAMED = [{"uuid": UUID_A1}, {"uuid": UUID_A2, "mig": [MIG_C, MIG_D]}, {"uu
 """Device 1 is a GPU split into two MIG devices; two UUIDs share the prefix ``GPU-aaaa``."""
 READ_CALLS_PER_SAMPLE = 11
 """NVML calls ``sample()`` makes on a healthy device with no process on it."""
-OPENING_CALLS = 4
-"""NVML calls on each device as the collector opens: its handle, its MIG mode, whether it has GPM,
-and its XID events registered."""
+OPENING_CALLS = 5
+"""NVML calls on each device as the collector opens: its handle, its MIG mode, its UUID, whether it
+has GPM, and its XID events registered."""
 COUNTING_THROTTLE = {getattr(pynvml, field): 2.5e8 for _, field in gpu_module.THROTTLE_FIELDS}
 """A device's fields: each reason held the clocks down a quarter of the time (ns per s)."""
 
@@ -361,6 +362,120 @@ def test_a_backend_in_its_own_pid_namespace_gets_no_gpu_memory_rather_than_zero(
     assert result["before"] and set(result["before"]) == {0}  # no process on the GPU yet: it holds 0
     assert len(result["after"]) <= 1 and set(result["after"]) <= {0}  # at most a record in flight
     assert err.count("cannot be attributed") == 1, err
+
+
+# --- an NVML error that stops a device's readings ----------------------------------------------
+
+STOPPED = "stopped reading"
+RESUMED = "reading again"
+TEMPERATURE = "resource/gpu/{}/temperature_celsius"
+
+
+def said(err: str, words: str) -> list[str]:
+    """The lines of ``err`` holding ``words``."""
+    return [line for line in err.splitlines() if words in line]
+
+
+def own_metrics(port: int) -> dict[str, float]:
+    """The monitor's GPU error metrics on its endpoint now, by name."""
+    parser = pytest.importorskip("prometheus_client.parser")
+    wanted = ("wl_resource_monitor_gpus_not_reading", "wl_resource_monitor_gpu_errors_total")
+    return {
+        sample.name: sample.value
+        for family in parser.text_string_to_metric_families(scrape(port))
+        for sample in family.samples
+        if sample.name in wanted
+    }
+
+
+@pytest.mark.parametrize(
+    ("code", "name"), [(18, "NVML_ERROR_LIB_RM_VERSION_MISMATCH"), (999, "NVML_ERROR_UNKNOWN")]
+)
+def test_an_error_stopping_one_gpu_is_said_once_counted_and_its_recovery_said(
+    nvml: fake_driver.Driver, capfd: pytest.CaptureFixture[str], code: int, name: str
+) -> None:
+    """Every call on GPU 1 fails mid-run (18: the driver was upgraded under the running job):
+    GPU 0 reads on; GPU 1's stop is said once, naming the error and the device, counted in
+    stats() and on the endpoint; when it answers again that is said once too."""
+    zero, one = TEMPERATURE.format(0), TEMPERATURE.format(1)
+    port = free_ports()
+    nvml.configure(devices=[{}, {}])
+    sink = Recorder()
+    with sampler.ResourceMonitor(
+        sink=sink, categories=["gpu"], step_source="seconds", prometheus_port=port, **FAST
+    ) as monitor:
+        wait_for(lambda: len(sink.values(one)) >= 2, what="GPU 1's readings")
+        nvml.configure(devices=[{}, {"lost_after": 0, "lost_code": code}])
+        wait_for(lambda: monitor.stats().get("gpus_not_reading") == 1, what="stats() to count GPU 1 stopped")
+        read, flowing = len(sink.values(one)), len(sink.values(zero))
+        wait_for(lambda: len(sink.values(zero)) >= flowing + 5, what="GPU 0's readings to go on")
+        assert len(sink.values(one)) == read
+        assert monitor.stats()["gpu_errors"] == 1
+        assert own_metrics(port) == {
+            "wl_resource_monitor_gpus_not_reading": 1,
+            "wl_resource_monitor_gpu_errors_total": 1,
+        }
+        nvml.configure(devices=[{}, {}])
+        wait_for(lambda: len(sink.values(one)) > read, what="GPU 1's readings to resume")
+        wait_for(lambda: monitor.stats()["gpus_not_reading"] == 0, what="stats() to see it read again")
+        assert monitor.stats()["gpu_errors"] == 1
+    err = capfd.readouterr().err
+    (stopped,) = said(err, STOPPED)
+    assert f"{name} ({code})" in stopped and "GPU 1" in stopped and fake_driver.default_uuid(1) in stopped
+    (resumed,) = said(err, RESUMED)
+    assert "GPU 1" in resumed
+    assert "GPU 0" not in err
+
+
+def test_nvml_failing_to_start_in_a_restarted_child_is_said_counted_and_so_is_its_return(
+    nvml: fake_driver.Driver, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A restarted child whose nvmlInit fails (the driver upgraded under the job) says which
+    GPUs an earlier child read are read no more, once; the other categories flow; a later
+    child that opens them again says they read again."""
+    cpu, zero = "resource/cpu/utilization_percent", TEMPERATURE.format(0)
+    nvml.configure(devices=[{}, {}])
+    sink = Recorder()
+    with sampler.ResourceMonitor(
+        sink=sink, categories=["cpu", "gpu"], step_source="seconds", _restart_backoff=(0.05, 0.2), **FAST
+    ) as monitor:
+        wait_for(lambda: sink.gpus() == {"0", "1"}, what="both GPUs' readings")
+        nvml.configure(devices=[{}, {}], init_error=18)
+        os.kill(monitor.child_pid, SIGKILL)
+        wait_for(lambda: monitor.stats().get("gpus_not_reading") == 2, what="stats() to count both GPUs")
+        assert monitor.stats()["gpu_errors"] == 2
+        logged, read = len(sink.values(cpu)), len(sink.values(zero))
+        wait_for(lambda: len(sink.values(cpu)) >= logged + 3, what="the CPU's readings to go on")
+        assert len(sink.values(zero)) == read
+        nvml.configure(devices=[{}, {}])
+        os.kill(monitor.child_pid, SIGKILL)
+        wait_for(lambda: len(sink.values(zero)) > read, what="a later child to read the GPUs again")
+        wait_for(lambda: monitor.stats()["gpus_not_reading"] == 0, what="stats() to see them read again")
+        assert monitor.stats()["gpu_errors"] == 2
+    err = capfd.readouterr().err
+    (failed,) = said(err, "NVML_ERROR_LIB_RM_VERSION_MISMATCH (18)")
+    assert "nvmlInit" in failed and "GPU 0" in failed and "GPU 1" in failed
+    (resumed,) = said(err, RESUMED)
+    assert "GPU 0" in resumed and "GPU 1" in resumed
+
+
+def test_an_error_stopping_a_gpu_in_the_backend_thread_is_said_and_counted(
+    nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sampling in the backend thread (no child): the same words, the same counts."""
+    one = TEMPERATURE.format(1)
+    fake_driver.load()  # into this process, which samples
+    nvml.configure(devices=[{}, {}])
+    sink = Recorder()
+    with sampler.ResourceMonitor(
+        sink=sink, categories=["gpu"], step_source="seconds", isolation="thread", **FAST
+    ) as monitor:
+        wait_for(lambda: len(sink.values(one)) >= 2, what="GPU 1's readings")
+        nvml.configure(devices=[{}, {"lost_after": 0, "lost_code": 999}])
+        wait_for(lambda: monitor.stats().get("gpus_not_reading") == 1, what="stats() to count GPU 1 stopped")
+        assert monitor.stats()["gpu_errors"] == 1
+    (stopped,) = [r.getMessage() for r in caplog.records if STOPPED in r.getMessage()]
+    assert "NVML_ERROR_UNKNOWN (999)" in stopped and "GPU 1" in stopped
 
 
 # --- the collector, in this process ------------------------------------------------------------
@@ -762,8 +877,80 @@ def test_a_lost_device_is_nan_the_others_flow_and_it_is_probed_with_backoff(
     # One call per probe (the first reading fails, the rest are skipped), at samples
     # 1, 3, 6, 11, 20, 37 and 70 as the backoff doubles: 7 calls where 1,300 would be made.
     assert device_calls(1) - at_loss == 7
-    (warning,) = [r for r in caplog.records if "stopped answering" in r.getMessage()]
-    assert "GPU 1" in warning.getMessage()
+    (warning,) = [r.getMessage() for r in caplog.records if STOPPED in r.getMessage()]
+    assert "GPU 1" in warning and f"({code})" in warning
+
+
+def test_a_flapping_gpu_is_said_at_most_once_a_minute_with_how_often_it_stopped(
+    opened: Opener,
+    nvml: fake_driver.Driver,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GPU 1 fails and answers by turns, ten times: its first stop and its first recovery are
+    said at once, the flaps after are held back and counted, and the next line, a minute on,
+    says how many times it stopped meanwhile. Every stop is counted."""
+    one = TEMPERATURE.format(1)
+    gpu = opened(devices=[{}, {}])
+    assert gpu is not None
+    for _ in range(10):
+        nvml.configure(devices=[{}, {"lost_after": 0, "lost_code": fake_nvml.NVML_ERROR_UNKNOWN}])
+        assert math.isnan(readings(gpu)[one])
+        nvml.configure(devices=[{}, {}])
+        assert readings(gpu)[one] == fake_nvml.DEFAULT_DEVICE["temp"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and STOPPED in lines[0] and RESUMED in lines[1]
+    assert gpu.health.stops == 10 and gpu.health.not_reading == 0
+    monkeypatch.setattr("sampler.collectors.gpu_errors.FLAP_SECONDS", 0.0)  # a minute later
+    readings(gpu)
+    (latest,) = [r.getMessage() for r in caplog.records][2:]
+    assert "GPU 1" in latest and "9 times" in latest
+
+
+def test_every_call_failing_on_every_gpu_says_each_once_and_costs_one_call_a_sample(
+    opened: Opener, nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every NVML call on every device fails (999): one line for them all, NaN everywhere, and
+    each stopped device is probed with one call per sample, not asked for its tracked readings
+    or the driver's samples between records."""
+    gpu = opened(pid=os.getpid(), devices=[{}, {}, {}])
+    assert gpu is not None
+    readings(gpu)
+    broken = {"lost_after": 0, "lost_code": fake_nvml.NVML_ERROR_UNKNOWN}
+    nvml.configure(devices=[broken] * 3)
+    readings(gpu)  # finds every reading failing
+    found = [device_calls(i) for i in range(3)]
+    for _ in range(20):
+        values = readings(gpu)
+        between = tracked(gpu)
+        assert all(math.isnan(v) for v in gpu.marks())
+    assert all(math.isnan(v) for v in values.values()) and all(math.isnan(v) for v in between.values())
+    assert [device_calls(i) - found[i] for i in range(3)] == [20] * 3
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert STOPPED in line and all(f"GPU {i}" in line for i in range(3))
+    assert gpu.health.not_reading == 3 and gpu.health.stops == 3
+
+
+@pytest.mark.parametrize(
+    ("code", "name"), [(3, "NVML_ERROR_NOT_SUPPORTED"), (13, "NVML_ERROR_FUNCTION_NOT_FOUND")]
+)
+def test_readings_that_answered_are_not_given_up_when_every_call_fails_with_a_code_that_would(
+    opened: Opener, nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture, code: int, name: str
+) -> None:
+    """Every call on GPU 0 answers NOT_SUPPORTED, or FUNCTION_NOT_FOUND, mid-run: readings that
+    answered before are neither abandoned as unsupported nor moved to an older call for ever;
+    the device's stop is said, and it reads again after."""
+    zero = TEMPERATURE.format(0)
+    gpu = opened(devices=[{}])
+    assert gpu is not None
+    readings(gpu)
+    nvml.configure(devices=[{"lost_after": 0, "lost_code": code}])
+    assert math.isnan(readings(gpu)[zero])
+    nvml.configure(devices=[{}])
+    assert readings(gpu)[zero] == fake_nvml.DEFAULT_DEVICE["temp"]
+    assert calls("nvmlDeviceGetTemperatureV", 0) == 1  # not the older call
+    (stopped, resumed) = [r.getMessage() for r in caplog.records]
+    assert f"{name} ({code})" in stopped and RESUMED in resumed
 
 
 def test_a_lost_device_that_answers_again_resumes(
@@ -777,7 +964,9 @@ def test_a_lost_device_that_answers_again_resumes(
     values = [readings(gpu)["resource/gpu/0/temperature_celsius"] for _ in range(3)]
     assert math.isnan(values[0]) and values[1:] == [45, 45]  # one sample skipped, then the probe answers
     assert tracked(gpu)["resource/gpu/0/memory_allocated_bytes"] == fake_nvml.DEFAULT_DEVICE["used"]
-    assert any("GPU 0 answers again" in r.getMessage() for r in caplog.records)
+    assert any(
+        f"GPU 0 ({fake_driver.default_uuid(0)}) is {RESUMED}" in r.getMessage() for r in caplog.records
+    )
 
 
 # --- choosing devices ---------------------------------------------------------------------------

@@ -96,6 +96,8 @@ class Child:
         """Guards ``ring`` between the postmortem's copy and the main thread's close."""
         self.exposed: RecordCollector | None = None
         """What the metrics endpoint serves, when there is one."""
+        self.gpu: GpuCollector | None = None
+        """The GPU collector, whose devices' health the status block carries to the backend."""
         self.endpoint: Endpoint | None = None
 
     def watch(self, backend: BackendWatch) -> None:
@@ -146,6 +148,9 @@ class Child:
                 return EXIT_CLEAN  # the process it describes died while the child was starting
             if collector is not None:
                 self.collectors.append(collector)
+            if isinstance(collector, GpuCollector):
+                self.gpu = collector
+                self.status.set_gpus(*collector.health.words())
         self.status.enter(PHASE_IDLE)
         peaks = PeakTracker(self.collectors, p.capacity)
         fields = [name for c in self.collectors for name in c.names] + list(peaks.names)
@@ -173,10 +178,7 @@ class Child:
         backend finds in the status block whether it serves."""
         p = self.params
         assert p.prometheus is not None
-        uuids: dict[str, str] = {}
-        for collector in self.collectors:
-            if isinstance(collector, GpuCollector):
-                uuids = collector.uuids
+        uuids = {} if self.gpu is None else self.gpu.uuids
         self.exposed = RecordCollector(fields, p.prometheus, self.status, p.categories, uuids)
         self.endpoint, state = open_endpoint(p.prometheus, self.exposed)
         self.status.set_endpoint(state)
@@ -225,6 +227,8 @@ class Child:
                 values += collector.sample()
                 marks += collector.marks()
             self.status.enter(PHASE_IDLE)
+            if self.gpu is not None:
+                self.status.set_gpus(*self.gpu.health.words())
             starved, why = starvation.take()
             if starved:
                 self.status.count_starved(starved)

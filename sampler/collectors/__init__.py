@@ -36,6 +36,11 @@ class Sources:
     gpu_share: tuple[int, int] | None = None
     """(local rank, local world size) when local rank 0 samples the GPUs no
     rank owns and each rank its own; None: every chosen GPU."""
+    gpus_read: tuple[str, ...] = ()
+    """Labels of the GPU devices earlier sampling children of this monitor read, in their order:
+    one this child cannot open is said to have stopped reading (``gpu_errors``)."""
+    gpus_stopped: tuple[str, ...] = ()
+    """Those of them an NVML error had stopped when the latest child ended (said already)."""
 
 
 def build_collector(category: str, sources: Sources) -> Collector | None:
@@ -55,7 +60,9 @@ def build_collector(category: str, sources: Sources) -> Collector | None:
     if category == "process":
         return ProcessCollector(pid)
     if category == "gpu":
-        return GpuCollector.open(nvml_module, sources.gpu_devices, pid, sources.gpu_share)
+        return GpuCollector.open(
+            nvml_module, sources.gpu_devices, pid, sources.gpu_share, sources.gpus_read, sources.gpus_stopped
+        )
     if category == "process_tree":
         return ProcessTreeCollector(pid)
     if category == "container":

@@ -21,8 +21,10 @@ import psutil
 from sampler import catalogue
 from sampler.collectors.base import MISSING, Collector, Rates, attempt
 from sampler.collectors.gpu_devices import choose, mig_devices, nvml_errors, owned, uuid_of
+from sampler.collectors.gpu_errors import GpuHealth, error_name
 from sampler.collectors.gpu_events import XidWatch
 from sampler.collectors.gpu_gpm import GPM_METRICS, GpmPair
+from sampler.util.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
 
@@ -104,13 +106,10 @@ NS_PER_S = 1e9
 MJ_PER_J = 1000.0
 _FIELD_VALUE_TYPES = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 """``nvmlValue_t``'s member for each ``NVML_VALUE_TYPE_*`` (nvml.h's order)."""
-LOST_CODES = {
-    NVML_ERROR_NOT_FOUND: "Not Found",
-    NVML_ERROR_GPU_IS_LOST: "GPU is lost",
-    NVML_ERROR_RESET_REQUIRED: "GPU requires restart",
-}
-"""Codes (and NVML's words for them) that mean the device itself is gone:
-off the bus, or needing a reset."""
+LOST_CODES = frozenset({NVML_ERROR_NOT_FOUND, NVML_ERROR_GPU_IS_LOST, NVML_ERROR_RESET_REQUIRED})
+"""Codes that mean the device itself is gone: off the bus, or needing a reset. A device whose
+readings stopped with one is probed with backoff (``MAX_LOST_BACKOFF_SAMPLES``); after any
+other, at every sample."""
 
 FOREIGN_SAMPLES = 3
 """Samples in a row in which NVML listed a GPU process this pid namespace has no such pid
@@ -145,8 +144,8 @@ NO_SAMPLES_YET = frozenset({NVML_ERROR_NOT_FOUND})
 nothing is lost."""
 
 
-class _DeviceLost(Exception):
-    """A reading found the device gone; the rest of its readings are skipped."""
+class _Stopped(Exception):
+    """A reading found the device gone, or still failing; the rest of its readings are skipped."""
 
 
 @dataclass
@@ -155,8 +154,16 @@ class _Device:
     """Its NVML index, or ``<index>-mig<slot>`` for a MIG device (``catalogue.DEVICE_LABEL``)."""
     handle: Any
     unsupported: set[str] = field(default_factory=set)
-    """Readings the device answered NOT_SUPPORTED: never asked again."""
-    lost: bool = False
+    """Readings the device answered NOT_SUPPORTED before they ever answered: never asked again."""
+    answered: set[str] = field(default_factory=set)
+    """Readings that answered once: NOT_SUPPORTED or FUNCTION_NOT_FOUND from one of them later is
+    a failure like any other, not a reason to give it up or to fall back to an older call."""
+    stopped: int | None = None
+    """The NVML error that failed every reading of the latest sample, None while it reads."""
+    read: bool = False
+    """Some reading answered in the current sample."""
+    failed: int | None = None
+    """The first NVML error a reading met in the current sample."""
     backoff: int = 0
     """Samples skipped after the latest failed probe of a lost device."""
     skip: int = 0
@@ -206,18 +213,27 @@ class GpuCollector(Collector):
     averaged); the peaks of utilization, ``power_watts`` and ``sm_clock_mhz``
     also come from the driver's own samples since the previous record, where it
     keeps them (``marks``). A reading the device does not support is NaN and not asked
-    again; a device that is lost (off the bus) reads NaN while the others keep
-    flowing, and is probed again after 1, 2, 4 ... up to
+    again. A device whose every reading fails with an NVML error reads NaN while the others
+    keep flowing, said and counted by ``health`` (``gpu_errors``), and is probed with one call a
+    sample, or, when it is lost (off the bus), after 1, 2, 4 ... up to
     ``MAX_LOST_BACKOFF_SAMPLES`` samples.
     """
 
     category = "gpu"
 
-    def __init__(self, nvml: ModuleType, handles: dict[str, Any], pid: int = 0) -> None:
-        """``handles``: device label -> NVML handle, in sampling order."""
+    def __init__(
+        self, nvml: ModuleType, handles: dict[str, Any], pid: int = 0, health: GpuHealth | None = None
+    ) -> None:
+        """``handles``: device label -> NVML handle, in sampling order. ``health``: what earlier
+        children left, and what this one found as it opened (a fresh one by default)."""
         self._nvml = nvml
         self._errors = nvml_errors(nvml)
         self._devices = [_Device(label, handle) for label, handle in handles.items()]
+        self.uuids = {dev.label: uuid_of(nvml, dev.handle, self._errors) or "" for dev in self._devices}
+        """Device label -> its UUID ("" where NVML does not tell), read as the collector opens."""
+        self.health = health if health is not None else GpuHealth(nvml)
+        for label, uuid in self.uuids.items():
+            self.health.add(label, uuid)
         self._mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
         self._functions = {
             reading: [getattr(nvml, name) for name in names if hasattr(nvml, name)]
@@ -243,7 +259,7 @@ class GpuCollector(Collector):
             gpu = None if dev.label.isdigit() else handles.get(dev.label.split("-", 1)[0])
             dev.gpm = GpmPair.open(nvml, dev.handle, self._errors, gpu)
         gpus = {label: handle for label, handle in handles.items() if label.isdigit()}
-        self._xids = XidWatch.open(nvml, gpus, self._errors)
+        self._xids = XidWatch.open(nvml, gpus, self._errors) if gpus else None
         self._xid_latest: dict[str, int] | None = None
         """The latest critical XID of each watched device in the window the current ``sample()`` closes."""
         self._process = attempt(functools.partial(psutil.Process, pid)) if pid > 0 else None
@@ -261,6 +277,8 @@ class GpuCollector(Collector):
         devices: str | tuple[str, ...] = "all",
         pid: int = 0,
         share: tuple[int, int] | None = None,
+        read_before: tuple[str, ...] = (),
+        stopped_before: tuple[str, ...] = (),
     ) -> GpuCollector | None:
         """Import the binding, initialise NVML and choose the devices: ``all``,
         ``visible`` (``CUDA_VISIBLE_DEVICES``, read as CUDA reads it) or those
@@ -268,58 +286,99 @@ class GpuCollector(Collector):
         and whose tree's GPU memory is read (0: none). ``share`` (local rank,
         local world size): keep only this rank's part of them (``owned``). None
         when NVML is unavailable (no driver, no GPU, no ``pynvml``: gpu is then
-        a no-op) or no device is chosen."""
+        a no-op) or no device is chosen. ``read_before`` and ``stopped_before``:
+        the devices earlier children read, and those of them stopped
+        (``Sources``): one of them this child cannot open is said to have stopped
+        reading, and then a collector of no devices keeps them counted."""
         try:
             nvml = importlib.import_module(module_name)
-            nvml.nvmlInit()
         except Exception as exc:
             log.debug("resource monitor: no NVML via %r: %s", module_name, exc)
             return None
+        health = GpuHealth(nvml, read_before, stopped_before)
+        try:
+            nvml.nvmlInit()
+        except Exception as exc:
+            if not read_before:
+                log.debug("resource monitor: no NVML via %r: %s", module_name, exc)
+                return None
+            code = getattr(exc, "value", None)
+            if not isinstance(code, int):
+                code = None
+            cause = bounded_repr(exc) if code is None else error_name(nvml, code)
+            health.unopened(read_before, "nvmlInit", code, cause)
+            return cls(nvml, {}, 0, health)
         handles: dict[int, Any] = {}
         errors = nvml_errors(nvml)
-        count = attempt(nvml.nvmlDeviceGetCount, errors) or 0
-        for index in range(count):
-            handle = attempt(functools.partial(nvml.nvmlDeviceGetHandleByIndex, index), errors)
+        counted = attempt(functools.partial(_outcome, nvml.nvmlDeviceGetCount, (), errors))
+        count, code = counted or (0, None)
+        refused: dict[int | None, tuple[str, int]] = {}
+        """Device index (None: all of them) -> the call that failed to open it and its NVML error."""
+        if code is not None:
+            refused[None] = ("nvmlDeviceGetCount", code)
+        for index in range(count or 0):
+            outcome = attempt(functools.partial(_outcome, nvml.nvmlDeviceGetHandleByIndex, (index,), errors))
+            handle, code = outcome or (None, None)
             if handle is not None:
                 handles[index] = handle
+            elif code is not None:
+                refused[index] = ("nvmlDeviceGetHandleByIndex", code)
         chosen, only = choose(nvml, handles, devices, errors) if handles else ([], {})
         if share is not None:
             # A launcher that gives each rank its own device makes it the only one visible.
             one_each = devices == "visible" and "CUDA_VISIBLE_DEVICES" in os.environ and len(chosen) == 1
             chosen = owned(chosen, *share, one_each=one_each)
         chosen = sorted(chosen)
-        if not chosen:
-            attempt(nvml.nvmlShutdown, errors)
-            return None
         labelled: dict[str, Any] = {}
         for index in chosen:
             labelled[str(index)] = handles[index]
             for slot, mig in mig_devices(nvml, handles[index], errors).items():
                 if index not in only or slot in only[index]:
                     labelled[f"{index}-mig{slot}"] = mig
-        return cls(nvml, labelled, pid)
-
-    @functools.cached_property
-    def uuids(self) -> dict[str, str]:
-        """Device label -> its UUID ("" where NVML does not tell), read once when first asked."""
-        return {dev.label: uuid_of(self._nvml, dev.handle, self._errors) or "" for dev in self._devices}
+        unopened: dict[tuple[str, int], list[str]] = {}
+        for label in read_before:
+            if label not in labelled:
+                index = int(label.split("-", 1)[0])
+                failed = refused.get(index) or refused.get(None) or ("finding it", NVML_ERROR_NOT_FOUND)
+                unopened.setdefault(failed, []).append(label)
+        for (call, code), labels in unopened.items():
+            health.unopened(labels, call, code, error_name(nvml, code))
+        if not labelled:
+            attempt(nvml.nvmlShutdown, errors)
+            return cls(nvml, {}, 0, health) if read_before else None
+        return cls(nvml, labelled, pid, health)
 
     def sample(self) -> list[float]:
         self._tree = self._scan_tree()
         self._xid_latest = None if self._xids is None else self._xids.take()
         self._attributable = True
         values: list[float] = []
+        verdicts: dict[str, int | None] = {}
         for dev in self._devices:
-            if dev.lost and dev.skip:
+            if dev.skip:  # a lost device between probes
                 dev.skip -= 1
                 values += [MISSING] * len(GPU_SIGNALS)
                 continue
+            dev.read, dev.failed = False, None
             try:
                 values += self._readings(dev)
-            except _DeviceLost:
+            except _Stopped:
                 values += [MISSING] * len(GPU_SIGNALS)
+            verdicts[dev.label] = self._judge(dev)
+        self.health.judge(verdicts)
         self._check_pid_namespace()
         return values
+
+    def _judge(self, dev: _Device) -> int | None:
+        """The NVML error that failed every reading of ``dev`` in this sample (None: some
+        answered, or none failed: all unsupported); a lost device's next probe is scheduled."""
+        dev.stopped = None if dev.read else dev.failed
+        if dev.stopped in LOST_CODES:
+            dev.backoff = min(max(1, 2 * dev.backoff), MAX_LOST_BACKOFF_SAMPLES)
+            dev.skip = dev.backoff
+        else:
+            dev.backoff = 0
+        return dev.stopped
 
     def _check_pid_namespace(self) -> None:
         """Whether NVML's pids are this namespace's: a sample whose lists hold none of the
@@ -348,12 +407,12 @@ class GpuCollector(Collector):
         values: list[float] = []
         for dev in self._devices:
             try:
-                if dev.lost:  # probed by sample() only, on its backoff
-                    raise _DeviceLost
+                if dev.stopped is not None:  # probed by sample() only
+                    raise _Stopped
                 memory = self._read(dev, "memory")
                 utilization = self._read(dev, "utilization")
                 compute = self._read(dev, "compute")
-            except _DeviceLost:
+            except _Stopped:
                 values += [MISSING] * len(TRACKED_SIGNALS)
                 continue
             polled = {
@@ -369,10 +428,10 @@ class GpuCollector(Collector):
     def marks(self) -> list[float]:
         """The highest of the driver's own samples (``nvmlDeviceGetSamples``) since the
         previous record, for the tracked readings it samples (``BUFFERED``); NaN elsewhere,
-        for a device lost, or with no sample since."""
+        for a device not reading, or with no sample since."""
         values: list[float] = []
         for dev in self._devices:
-            highs = {} if dev.lost else self._buffered_highs(dev)
+            highs = {} if dev.stopped is not None else self._buffered_highs(dev)
             values += [highs.get(suffix, MISSING) for suffix in TRACKED_SIGNALS]
         return values
 
@@ -383,7 +442,7 @@ class GpuCollector(Collector):
                 found = self._read(
                     dev, f"samples of {suffix}", kind, dev.seen_us[suffix], none=NO_SAMPLES_YET
                 )
-            except _DeviceLost:
+            except _Stopped:
                 return highs
             if not found:
                 continue
@@ -397,7 +456,7 @@ class GpuCollector(Collector):
 
     def _readings(self, dev: _Device) -> list[float]:
         nvml = self._nvml
-        memory = self._read(dev, "memory")  # first: a lost device costs one call, not ten
+        memory = self._read(dev, "memory")  # first: a device not reading costs one call, not ten
         mem_clock = self._read(dev, "mem_clock", nvml.NVML_CLOCK_MEM)
         sm_clock = self._read(dev, "sm_clock", nvml.NVML_CLOCK_SM)
         temperature = self._read(dev, "temperature", nvml.NVML_TEMPERATURE_GPU)
@@ -474,60 +533,38 @@ class GpuCollector(Collector):
 
     def _read(self, dev: _Device, reading: str, *args: Any, none: frozenset[int] = frozenset()) -> Any:
         """One reading of ``dev``, or None when it failed (or answered one of the codes
-        ``none``, which mean there is nothing to read). Raises ``_DeviceLost`` when the
-        device is gone (and schedules its next probe)."""
+        ``none``, which mean there is nothing to read). Notes in ``dev`` whether it answered
+        or the NVML error it met; raises ``_Stopped`` when the device is gone, or when it was
+        not reading and still fails (the rest of this sample's readings are not asked)."""
         if reading in dev.unsupported:
             return None
         functions = self._functions[reading]
         while functions:
-            outcome = attempt(functools.partial(self._call, functions[0], dev.handle, args))
+            outcome = attempt(
+                functools.partial(_outcome, functions[0], (dev.handle, *args), self._errors, self._mismatch)
+            )
             if outcome is None:  # not an NVML error: a bug, reported once by attempt()
                 return None
             value, code = outcome
             if code is None:
-                if dev.lost:
-                    self._found(dev)
+                dev.read = True
+                dev.answered.add(reading)
                 return value
-            if code in OLDER_CALL_CODES:
-                functions.pop(0)
-                continue
             if code in none:
                 return None
-            if code == NVML_ERROR_NOT_SUPPORTED:
-                dev.unsupported.add(reading)
-            elif code in LOST_CODES:
-                self._lose(dev, code)
-                raise _DeviceLost
+            if reading not in dev.answered:  # a call that never answered here: the driver's answer holds
+                if code in OLDER_CALL_CODES:
+                    functions.pop(0)
+                    continue
+                if code == NVML_ERROR_NOT_SUPPORTED:
+                    dev.unsupported.add(reading)
+                    return None
+            if dev.failed is None:
+                dev.failed = code
+            if code in LOST_CODES or (dev.stopped is not None and not dev.read):
+                raise _Stopped
             return None
         return None
-
-    def _call(self, function: Callable[..., Any], handle: Any, args: Sequence[Any]) -> tuple[Any, int | None]:
-        """``function(handle, *args)`` and None, or None and the NVML error code it failed with."""
-        try:
-            return function(handle, *args), None
-        except self._errors as exc:
-            if self._mismatch is not None and isinstance(exc, self._mismatch):
-                return None, NVML_ERROR_FUNCTION_NOT_FOUND
-            code = getattr(exc, "value", None)
-            return None, code if isinstance(code, int) else NVML_ERROR_UNKNOWN
-
-    def _lose(self, dev: _Device, code: int) -> None:
-        if not dev.lost:
-            dev.lost = True
-            log.warning(
-                "resource monitor: GPU %s stopped answering (NVML error %d: %s); its readings are "
-                "skipped, the other GPUs' go on, and it is probed again after 1, 2, 4 ... %d samples",
-                dev.label,
-                code,
-                LOST_CODES[code],
-                MAX_LOST_BACKOFF_SAMPLES,
-            )
-        dev.backoff = min(max(1, 2 * dev.backoff), MAX_LOST_BACKOFF_SAMPLES)
-        dev.skip = dev.backoff
-
-    def _found(self, dev: _Device) -> None:
-        dev.lost, dev.backoff, dev.skip = False, 0, 0
-        log.warning("resource monitor: GPU %s answers again; its readings resume", dev.label)
 
     def _scan_tree(self) -> frozenset[int] | None:
         """The backend and its descendants now (processes come and go), None if unreadable
@@ -549,6 +586,23 @@ class GpuCollector(Collector):
         if self._devices:
             self._devices = []
             attempt(self._nvml.nvmlShutdown, self._errors)
+
+
+def _outcome(
+    function: Callable[..., Any],
+    args: Sequence[Any],
+    errors: tuple[type[BaseException], ...],
+    mismatch: type[BaseException] | None = None,
+) -> tuple[Any, int | None]:
+    """``function(*args)`` and None, or None and the NVML error code it failed with (a
+    ``mismatch``, the binding's NVMLLibraryMismatchError: FUNCTION_NOT_FOUND)."""
+    try:
+        return function(*args), None
+    except errors as exc:
+        if mismatch is not None and isinstance(exc, mismatch):
+            return None, NVML_ERROR_FUNCTION_NOT_FOUND
+        code = getattr(exc, "value", None)
+        return None, code if isinstance(code, int) else NVML_ERROR_UNKNOWN
 
 
 def _per_device(handles: Iterable[str], suffixes: tuple[str, ...]) -> tuple[str, ...]:

@@ -112,6 +112,8 @@ class ChildParams:
             sources["gpu_devices"] = tuple(sources["gpu_devices"])
         if sources["gpu_share"] is not None:
             sources["gpu_share"] = tuple(sources["gpu_share"])
+        for key in ("gpus_read", "gpus_stopped"):
+            sources[key] = tuple(sources[key])
         fields["sources"] = Sources(**sources)
         if fields["postmortem"] is not None:
             fields["postmortem"] = PostmortemTarget(**fields["postmortem"])

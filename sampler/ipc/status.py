@@ -46,7 +46,15 @@ the child to export: once before the child starts, and as records are lost:
 The child writes:
 
 12. readings that failed because the child ran out of descriptors or memory
-    (``EMFILE``, ``ENFILE``, ``ENOMEM``), so far.
+    (``EMFILE``, ``ENFILE``, ``ENOMEM``), so far;
+13. GPU devices whose readings an NVML error has stopped, now;
+14. which: bit k for the k-th of ``Sources.gpus_read`` followed by the child's other
+    devices (``sampler.collectors.gpu_errors``), so the next child knows them;
+15. times a GPU device's readings stopped in this child.
+
+The backend writes, with the health:
+
+16. times a GPU device's readings stopped in earlier children.
 """
 
 from __future__ import annotations
@@ -88,13 +96,14 @@ ENDPOINT_NO_CLIENT = ENDPOINT_UNAVAILABLE - 2
 RESTART_CAUSES: tuple[str, ...] = ("crash", "hang", "start")
 
 _PHASE_BIAS = 16
-_WORDS = 13
+_WORDS = 17
 _CHILD_WORDS = 4
 _SIZE = _WORDS * 8
 _READ = struct.Struct(f"@{_CHILD_WORDS}q")
 _LOGGED = struct.Struct("@2q")
 _HEALTH = struct.Struct("@5q")
-_STARVED = struct.Struct("@q")
+_WORD = struct.Struct("@q")
+_GPUS = struct.Struct("@3q")
 """The reader's side: numpy would be cheaper to write with, but the backend reads
 once per wake-up, cache-cold, and struct touches far less code than numpy."""
 
@@ -134,6 +143,8 @@ class Health(NamedTuple):
     """Children restarted so far, by cause."""
     records_lost: int
     quarantined: tuple[str, ...]
+    gpu_errors: int = 0
+    """Times a GPU device's readings stopped in earlier children."""
 
 
 class ChildStatus:
@@ -195,10 +206,13 @@ class ChildStatus:
         """Backend side: the endpoint word (``ENDPOINT_NONE`` until the child set it)."""
         return int(self._words[6])
 
-    def publish_health(self, restarts: dict[str, int], records_lost: int, quarantined: list[str]) -> None:
+    def publish_health(
+        self, restarts: dict[str, int], records_lost: int, quarantined: list[str], gpu_errors: int = 0
+    ) -> None:
         """Backend side: the monitor's health, for the child's metrics."""
         mask = sum(1 << DEFAULT_CATEGORIES.index(name) for name in quarantined)
         self._words[7:12] = (*(restarts.get(cause, 0) for cause in RESTART_CAUSES), records_lost, mask)
+        self._words[16] = gpu_errors
 
     def publish_lost(self, records_lost: int) -> None:
         """Backend side: the records lost so far."""
@@ -210,14 +224,25 @@ class ChildStatus:
 
     def starved(self) -> int:
         """Backend side: readings the child has lost to starvation so far (one load)."""
-        (count,) = _STARVED.unpack_from(self._seg.buf, 96)
+        (count,) = _WORD.unpack_from(self._seg.buf, 96)
         return int(count)
+
+    def set_gpus(self, not_reading: int, mask: int, stops: int) -> None:
+        """Child side: its GPU devices not reading now, which (a mask), and the stops counted."""
+        self._words[13:16] = (not_reading, mask, stops)
+
+    def gpus(self) -> tuple[int, int, int]:
+        """Either side: (GPU devices not reading, which, stops in this child), as the child last said."""
+        not_reading, mask, stops = _GPUS.unpack_from(self._seg.buf, 104)
+        return int(not_reading), int(mask), int(stops)
 
     def health(self) -> Health:
         """Child side: the monitor's health as last published."""
         crash, hang, start, lost, mask = _HEALTH.unpack_from(self._seg.buf, 56)
+        (gpu_errors,) = _WORD.unpack_from(self._seg.buf, 128)
         quarantined = tuple(name for k, name in enumerate(DEFAULT_CATEGORIES) if mask >> k & 1)
-        return Health(dict(zip(RESTART_CAUSES, (crash, hang, start), strict=True)), lost, quarantined)
+        restarts = dict(zip(RESTART_CAUSES, (crash, hang, start), strict=True))
+        return Health(restarts, lost, quarantined, gpu_errors)
 
     def read(self) -> Snapshot:
         packed, samples, cpu_ns, exit_declared = _READ.unpack_from(self._seg.buf, 0)

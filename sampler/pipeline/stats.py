@@ -72,6 +72,10 @@ class MonitorStats:
     readings_starved: int = 0
     """Readings the child skipped because it ran out of file descriptors or memory
     (``EMFILE``, ``ENFILE``, ``ENOMEM``): the monitor's trouble, not the machine's."""
+    gpus_not_reading: int = 0
+    """GPU devices whose readings an NVML error has stopped, now (each said once, with the error)."""
+    gpu_errors: int = 0
+    """Times an NVML error stopped a GPU device's readings (a flapping device counts each stop)."""
     restarts: int = 0
     restarts_by_cause: dict[str, int] = field(default_factory=lambda: {"crash": 0, "hang": 0, "start": 0})
     deaths: list[Death] = field(default_factory=list)

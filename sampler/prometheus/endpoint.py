@@ -128,6 +128,13 @@ class RecordCollector:
         for category in dict.fromkeys((*self._categories, *health.quarantined)):
             quarantined.add_metric((*values, category), 1 if category in health.quarantined else 0)
         yield quarantined
+        not_reading, _, stops = status.gpus()
+        gpus = family(metrics.GPUS_NOT_READING, names)
+        gpus.add_metric(values, not_reading)
+        yield gpus
+        errors = family(metrics.GPU_ERRORS, names)
+        errors.add_metric(values, health.gpu_errors + stops)
+        yield errors
         per_sample = status.read().cpu_seconds_per_sample
         if per_sample is not None:
             cpu = family(metrics.CHILD_CPU, names)

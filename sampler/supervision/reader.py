@@ -99,6 +99,8 @@ class ChildReader:
         self.exposition = exposition
         self.base_starved = stats.readings_starved
         """Readings earlier children lost to starvation (this child's block counts from 0)."""
+        self.base_gpu_errors = stats.gpu_errors
+        """GPU stops in earlier children (likewise)."""
         self._wake_buffers = [bytearray(WAKE_BYTES)]
         """Where the wake-up bytes are read into (``os.readv``): nothing allocated per record."""
 
@@ -255,6 +257,7 @@ class ChildReader:
         starved = status.starved()  # the word sits on the status page the records just touched
         if self.base_starved + starved != stats.readings_starved:
             self._note_starved(starved)
+        self._note_gpus()
         if self.records % CPU_STAT_EVERY == 0:
             stats.child_cpu_seconds_per_sample = status.read().cpu_seconds_per_sample
         self.records += count
@@ -275,8 +278,15 @@ class ChildReader:
             )
         stats.readings_starved = self.base_starved + starved
 
+    def _note_gpus(self) -> None:
+        """Take the child's count of GPU devices not reading and of stops (it says them itself)."""
+        stats = self.stats
+        stats.gpus_not_reading, _, stops = self.status.gpus()
+        stats.gpu_errors = self.base_gpu_errors + stops
+
     def close(self) -> None:
         self._note_starved(self.status.starved())  # a child left for starvation wrote no record saying so
-        if self.ring is not None:
+        if self.ring is not None:  # a child that handed over no ring may have said nothing of its GPUs
+            self._note_gpus()
             self.ring.close()
             self.ring = None

@@ -15,10 +15,12 @@ import os
 import select
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sampler.child.cadence import Cadence
 from sampler.collectors import Sources, build_collectors
+from sampler.collectors.gpu import GpuCollector
+from sampler.collectors.gpu_errors import carry
 from sampler.ipc.channel import ChildParams, PostmortemTarget, PrometheusTarget
 from sampler.ipc.status import (
     EXIT_NO_SHARED_MEMORY,
@@ -89,6 +91,8 @@ class Supervisor:
         """Called last on the way out, whatever happened (releases the stop pipe)."""
         self.child: SamplingChild | None = None
         self._strikes: dict[str, int] = {}
+        self._sources = plan.sources
+        """The plan's sources, and the GPU devices earlier children read and left stopped."""
 
     def run(self) -> None:
         """The thread's body. Nothing escapes it: an unexpected error is reported
@@ -184,11 +188,13 @@ class Supervisor:
         except OSError as exc:
             return _Fallback(f"shared memory is unusable ({exc})")
         stats = self.stats
-        status.publish_health(stats.restarts_by_cause, stats.records_lost, stats.quarantined)
+        status.publish_health(
+            stats.restarts_by_cause, stats.records_lost, stats.quarantined, stats.gpu_errors
+        )
         params = ChildParams(
             categories=tuple(self._categories()),
             settings=s.settings,
-            sources=s.sources,
+            sources=self._sources,
             backend_pid=os.getpid(),
             capacity=s.ring_capacity,
             postmortem=s.postmortem,
@@ -222,6 +228,7 @@ class Supervisor:
             child.stop()
             self.child = None
             snap = status.read()
+            self._carry_gpus(reader, status)
             reader.close()
             status.close()
         # The exit status alone cannot be trusted: with SIGCHLD ignored it is
@@ -237,6 +244,13 @@ class Supervisor:
         phase = reader.hung_phase if reader.hung_phase is not None else snap.phase
         cause = "start" if phase == PHASE_STARTING else "hang" if outcome is Outcome.HUNG else "crash"
         return Death(cause, category_of(phase), code, time.monotonic() - started, killed=declared is None)
+
+    def _carry_gpus(self, reader: ChildReader, status: ChildStatus) -> None:
+        """Tell the next child which GPU devices this one read and which it left stopped."""
+        not_reading, mask, _ = status.gpus()
+        carried = carry(self._sources.gpus_read, reader.ring.fields if reader.ring else (), not_reading, mask)
+        if carried is not None:
+            self._sources = replace(self._sources, gpus_read=carried[0], gpus_stopped=carried[1])
 
     def _attribute(self, death: Death) -> None:
         self.stats.record_death(death)
@@ -257,16 +271,21 @@ class Supervisor:
             )
 
     def _sample_in_thread(self) -> None:
-        s = self.plan
-        collectors = build_collectors(self._categories(), s.sources)
+        s, stats = self.plan, self.stats
+        collectors = build_collectors(self._categories(), self._sources)
         fields = [name for c in collectors for name in c.names]
         cadence = Cadence(s.settings.interval_seconds)
+        gpus = next((c.health for c in collectors if isinstance(c, GpuCollector)), None)
+        earlier_gpu_errors = stats.gpu_errors
         try:
             while not self._wait_for_stop(cadence.seconds_left(), sample=True):
                 timestamp_ns = time.monotonic_ns()
                 values: list[float] = []
                 for collector in collectors:
                     values += collector.sample()
+                if gpus is not None:
+                    stats.gpus_not_reading, _, stops = gpus.words()
+                    stats.gpu_errors = earlier_gpu_errors + stops
                 self.stats.records_read += 1
                 self.emitter.emit(fields, values, timestamp_ns)
                 cadence.advance()
