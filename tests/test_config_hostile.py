@@ -513,3 +513,60 @@ def test_the_config_command_shows_the_skip(tmp_path: Path) -> None:
         check=True,
     ).stdout
     assert "skipped: another user's" in text and "owned by nobody" in text
+
+
+@needs_root
+@pytest.mark.parametrize(("owner", "used"), [(NOBODY, True), (0, True), (NOBODY - 1, False)])
+def test_a_backend_run_by_another_user_trusts_its_own_files_and_root_s(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, owner: int, used: bool
+) -> None:
+    # The effective user is all the rule asks about; the suite runs as root, so it plays nobody.
+    monkeypatch.setattr(os, "geteuid", lambda: NOBODY)
+    work = tmp_path / "work"
+    work.mkdir()
+    path = work / FILE_NAME
+    path.write_text(section("interval_seconds: 5"), encoding="utf-8")
+    os.chown(path, owner, owner)
+    cfg = settings.load_resource_monitoring_config(environ=dict(ENV), cwd=work, package_dir=tmp_path / "pkg")
+    assert cfg["interval_seconds"] == (5.0 if used else 30.0)
+    if used:
+        assert not caplog.records
+    else:
+        one_warning(caplog, path, f"owned by uid {NOBODY - 1}, not by you (nobody) or root")
+
+
+@needs_root
+def test_a_file_swapped_in_between_the_look_and_the_read_is_judged_as_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    path = work / FILE_NAME
+    path.write_text(section("interval_seconds: 5"), encoding="utf-8")  # root's: passes every look
+    planted = tmp_path / "planted.yaml"
+    planted.write_text(section("interval_seconds: 7"), encoding="utf-8")
+    theirs(planted)
+    real_open = os.open
+
+    def swap_then_open(name: str, *args: Any, **kwargs: Any) -> int:
+        if os.fspath(name) == str(path):
+            os.replace(planted, path)  # another user, quicker than the lookup
+        return real_open(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", swap_then_open)
+    cfg = settings.load_resource_monitoring_config(environ=dict(ENV), cwd=work, package_dir=tmp_path / "pkg")
+    assert (cfg["interval_seconds"], cfg["config_file"]) == (30.0, None)
+    one_warning(caplog, path, "owned by nobody")
+
+
+@needs_root
+def test_a_fifo_planted_as_the_config_file_is_never_opened(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    os.mkfifo(work / FILE_NAME)  # opened for reading, it would block the backend until a writer came
+    theirs(work / FILE_NAME)
+    cfg = settings.load_resource_monitoring_config(environ=dict(ENV), cwd=work, package_dir=tmp_path / "pkg")
+    assert (cfg["interval_seconds"], cfg["config_file"]) == (30.0, None)
+    assert not caplog.records
