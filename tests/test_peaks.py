@@ -152,10 +152,13 @@ def _spin(seconds: float) -> None:
 
 
 def test_tracked_cpu_has_its_own_window() -> None:
+    began = time.monotonic()
     collector = ProcessCollector(psutil.Process().pid)
     _spin(0.3)
     tracked = collector.sample_tracked()[0]
-    time.sleep(0.3)
+    # An idle half as long as the busy one, however long the machine took to give the spin its
+    # CPU: then the idle reading (a clock tick at most) is far under the busy one's.
+    time.sleep(time.monotonic() - began)
     idle = collector.sample_tracked()[0]
     whole = collector.sample()[0]
     # The record's CPU % covers both halves, undisturbed by the tracked reads.

@@ -282,12 +282,12 @@ def test_cpu_rises_with_a_busy_worker_in_both_readings(backend: Backend) -> None
 
 
 def test_tracked_reads_do_not_shorten_the_records_cpu_window(backend: Backend) -> None:
-    collector = ProcessTreeCollector(backend.pid)
     began = time.monotonic()
+    collector = ProcessTreeCollector(backend.pid)
     collector.sample()
     backend.ask("spin", 0.3)  # 0.3 s of CPU, however long the machine takes to give it
     busy = collector.sample_tracked()[0]
-    time.sleep(0.3)
+    time.sleep(time.monotonic() - began)  # an idle half as long as the busy one, however long that took
     idle = collector.sample_tracked()[0]
     recorded = collector.sample()[1]
     window = time.monotonic() - began  # at least the record's window
@@ -439,9 +439,9 @@ def test_pss_is_read_again_when_the_last_reads_cost_allows(backend: Backend, tmp
     frugal = ProcessTreeCollector(backend.pid, procfs=str(tmp_path), pss_cpu_share=NEVER)
     cheap = ProcessTreeCollector(backend.pid, procfs=str(tmp_path))  # a read of microseconds
     rollup.write_text("Pss: 20480 kB\n")
-    time.sleep(0.1)  # far more than 50 times what reading that file cost
     assert frugal.sample()[2] == pytest.approx(10, abs=2)  # the reading at start, RSS unchanged since
-    assert cheap.sample()[2] == 20
+    # Read again once the time since allows for what the last read cost (microseconds of CPU).
+    wait_for(lambda: cheap.sample()[2] == 20, what="PSS read again")
 
 
 def test_the_sampling_child_is_not_part_of_the_tree() -> None:
