@@ -26,6 +26,7 @@ from conftest import FAST, Recorder, backend_script, free_ports, run_monitor, sc
 import sampler
 from sampler import catalogue
 from sampler.collectors import gpu as gpu_module
+from sampler.collectors import gpu_errors
 from sampler.collectors import gpu_gpm as gpm_module
 from sampler.collectors.gpu import GpuCollector
 from sampler.store.reader import StoreReader
@@ -76,14 +77,21 @@ Opener = Callable[..., GpuCollector | None]
 @pytest.fixture
 def opened(nvml: fake_driver.Driver) -> Iterator[Opener]:
     """Open a collector in this process through the real binding, choosing ``choose``
-    for ``pid``, on the fake driver configured by the other keyword arguments;
-    closed at the end of the test."""
+    for ``pid``, as a child after others that read ``read_before`` and left ``stopped_before``
+    stopped, on the fake driver configured by the other keyword arguments; closed at the end
+    of the test."""
     fake_driver.load()
     collectors: list[GpuCollector] = []
 
-    def open_(choose: str | tuple[str, ...] = "all", pid: int = 0, **config: object) -> GpuCollector | None:
+    def open_(
+        choose: str | tuple[str, ...] = "all",
+        pid: int = 0,
+        read_before: tuple[str, ...] = (),
+        stopped_before: tuple[str, ...] = (),
+        **config: object,
+    ) -> GpuCollector | None:
         nvml.configure(**config)
-        gpu = GpuCollector.open("pynvml", choose, pid)
+        gpu = GpuCollector.open("pynvml", choose, pid, None, read_before, stopped_before)
         if gpu is not None:
             collectors.append(gpu)
         return gpu
@@ -431,8 +439,8 @@ def test_nvml_failing_to_start_in_a_restarted_child_is_said_counted_and_so_is_it
     nvml: fake_driver.Driver, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """A restarted child whose nvmlInit fails (the driver upgraded under the job) says which
-    GPUs an earlier child read are read no more, once; the other categories flow; a later
-    child that opens them again says they read again."""
+    GPUs an earlier child read are read no more, once; the other categories flow; once NVML
+    initialises again the child opens them and says they read again."""
     cpu, zero = "resource/cpu/utilization_percent", TEMPERATURE.format(0)
     nvml.configure(devices=[{}, {}])
     sink = Recorder()
@@ -448,10 +456,9 @@ def test_nvml_failing_to_start_in_a_restarted_child_is_said_counted_and_so_is_it
         wait_for(lambda: len(sink.values(cpu)) >= logged + 3, what="the CPU's readings to go on")
         assert len(sink.values(zero)) == read
         nvml.configure(devices=[{}, {}])
-        os.kill(monitor.child_pid, SIGKILL)
-        wait_for(lambda: len(sink.values(zero)) > read, what="a later child to read the GPUs again")
+        wait_for(lambda: len(sink.values(zero)) > read, what="the child to read the GPUs again")
         wait_for(lambda: monitor.stats()["gpus_not_reading"] == 0, what="stats() to see them read again")
-        assert monitor.stats()["gpu_errors"] == 2
+        assert monitor.stats()["gpu_errors"] == 2 and monitor.stats()["restarts"] == 1
     err = capfd.readouterr().err
     (failed,) = said(err, "NVML_ERROR_LIB_RM_VERSION_MISMATCH (18)")
     assert "nvmlInit" in failed and "GPU 0" in failed and "GPU 1" in failed
@@ -901,7 +908,7 @@ def test_a_flapping_gpu_is_said_at_most_once_a_minute_with_how_often_it_stopped(
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and STOPPED in lines[0] and RESUMED in lines[1]
     assert gpu.health.stops == 10 and gpu.health.not_reading == 0
-    monkeypatch.setattr("sampler.collectors.gpu_errors.FLAP_SECONDS", 0.0)  # a minute later
+    monkeypatch.setattr(gpu_errors, "FLAP_SECONDS", 0.0)  # a minute later
     readings(gpu)
     (latest,) = [r.getMessage() for r in caplog.records][2:]
     assert "GPU 1" in latest and "9 times" in latest
@@ -951,6 +958,79 @@ def test_readings_that_answered_are_not_given_up_when_every_call_fails_with_a_co
     assert calls("nvmlDeviceGetTemperatureV", 0) == 1  # not the older call
     (stopped, resumed) = [r.getMessage() for r in caplog.records]
     assert f"{name} ({code})" in stopped and RESUMED in resumed
+
+
+def test_a_device_an_earlier_child_read_that_this_one_cannot_open_is_said_and_counted(
+    opened: Opener, nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a restart, GPU 1's handle fails (18): said once, naming it and the call; GPU 0 reads;
+    the status block's mask names GPU 1 (position 1) for the next child. GPU 1 is tried again
+    with backoff, and once it opens it reads, which is said."""
+    refused = {
+        "fail": {"nvmlDeviceGetHandleByIndex_v2": [1]},
+        "fail_code": {"nvmlDeviceGetHandleByIndex_v2": 18},
+    }
+    gpu = opened(read_before=("0", "1"), devices=[{}, {}], **refused)
+    assert gpu is not None and device_indices(gpu) == [0, 1]
+    for _ in range(3):
+        values = readings(gpu)
+        assert all(math.isnan(values[f"resource/gpu/1/{suffix}"]) for suffix in gpu_module.GPU_SIGNALS)
+        assert values[TEMPERATURE.format(0)] == fake_nvml.DEFAULT_DEVICE["temp"]
+    assert calls("nvmlDeviceGetHandleByIndex_v2", 1) == 3  # opening, then samples 1 and 3 (backoff)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert STOPPED in line and "GPU 1" in line and "GPU 0" not in line
+    assert "nvmlDeviceGetHandleByIndex failed with NVML_ERROR_LIB_RM_VERSION_MISMATCH (18)" in line
+    assert gpu.health.words() == (1, 0b10, 1)
+    nvml.configure(devices=[{}, {}])
+    temperatures = [readings(gpu)[TEMPERATURE.format(1)] for _ in range(5)]
+    assert temperatures[-1] == fake_nvml.DEFAULT_DEVICE["temp"]
+    (resumed,) = [r.getMessage() for r in caplog.records][1:]
+    assert f"GPU 1 ({fake_driver.default_uuid(1)}) is {RESUMED}" in resumed
+    assert gpu.health.words() == (0, 0, 1)
+
+
+def test_a_device_an_earlier_child_left_stopped_is_not_said_again_and_its_recovery_is(
+    opened: Opener, nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = {"lost_after": 0, "lost_code": 18}
+    gpu = opened(read_before=("0", "1"), stopped_before=("1",), devices=[{}, {}], fail={})
+    assert gpu is not None
+    nvml.configure(devices=[{}, broken])  # still failing once opened: nothing new to say
+    for _ in range(3):
+        readings(gpu)
+    assert caplog.records == [] and gpu.health.words() == (1, 0b10, 0)
+    nvml.configure(devices=[{}, {}])
+    assert readings(gpu)[TEMPERATURE.format(1)] == fake_nvml.DEFAULT_DEVICE["temp"]
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert f"GPU 1 ({fake_driver.default_uuid(1)}) is {RESUMED}" in line
+    assert gpu.health.words() == (0, 0, 0)
+
+
+def test_what_a_child_leaves_stopped_reaches_the_next_through_the_status_block_words(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A child told of ``0`` and ``1`` that also opened ``2-mig0`` and ``3``, with ``1`` and
+    ``3`` stopped: its words, and its ring's fields, tell the next child just that. Past
+    ``MASK_BITS`` devices a stop is counted but not carried."""
+    health = gpu_errors.GpuHealth(pynvml, ("0", "1"), ())
+    for label in ("0", "2-mig0", "3"):
+        health.add(label, "")
+    health.judge({"0": None, "1": 18, "2-mig0": None, "3": 999})
+    not_reading, mask, stops = health.words()
+    assert (not_reading, stops) == (2, 2)
+    fields = [TEMPERATURE.format(label) for label in ("0", "2-mig0", "3")] + [
+        "resource/cpu/utilization_percent"
+    ]
+    assert gpu_errors.carry(("0", "1"), fields, not_reading, mask) == (("0", "1", "2-mig0", "3"), ("1", "3"))
+    assert gpu_errors.carry(("0", "1"), ["resource/cpu/utilization_percent"], 0, 0) is None  # said nothing
+    labels = tuple(str(i) for i in range(70))
+    many = gpu_errors.GpuHealth(pynvml, labels, ())
+    many.judge(dict.fromkeys(labels, 18))
+    not_reading, mask, _ = many.words()
+    assert not_reading == 70
+    assert gpu_errors.carry(labels, [], not_reading, mask) == (labels, labels[: gpu_errors.MASK_BITS])
+    named = caplog.records[-1].getMessage()
+    assert named.count("GPU ") == gpu_errors.NAMED and "GPU 7 and 62 more GPUs stopped reading" in named
 
 
 def test_a_lost_device_that_answers_again_resumes(

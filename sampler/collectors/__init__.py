@@ -40,7 +40,7 @@ class Sources:
     """Labels of the GPU devices earlier sampling children of this monitor read, in their order:
     one this child cannot open is said to have stopped reading (``gpu_errors``)."""
     gpus_stopped: tuple[str, ...] = ()
-    """Those of them an NVML error had stopped when the latest child ended (said already)."""
+    """Those of them the latest child had last said an NVML error stopped (not to be said again)."""
 
 
 def build_collector(category: str, sources: Sources) -> Collector | None:

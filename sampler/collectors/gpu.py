@@ -222,18 +222,27 @@ class GpuCollector(Collector):
     category = "gpu"
 
     def __init__(
-        self, nvml: ModuleType, handles: dict[str, Any], pid: int = 0, health: GpuHealth | None = None
+        self,
+        nvml: ModuleType,
+        handles: dict[str, Any],
+        pid: int = 0,
+        health: GpuHealth | None = None,
+        initialised: bool = True,
     ) -> None:
-        """``handles``: device label -> NVML handle, in sampling order. ``health``: what earlier
-        children left, and what this one found as it opened (a fresh one by default)."""
+        """``handles``: device label -> NVML handle, in sampling order; None for a device an
+        earlier child read that this one could not open yet (``health`` said so), opened with
+        backoff. ``health``: what earlier children left, and what this one found as it opened
+        (a fresh one by default). ``initialised``: nvmlInit succeeded (else it is tried again
+        before such a device is)."""
         self._nvml = nvml
         self._errors = nvml_errors(nvml)
+        self._initialised = initialised
+        self._init_failed: int | None = None
+        """The error nvmlInit, tried again, met in the current ``sample()``."""
         self._devices = [_Device(label, handle) for label, handle in handles.items()]
-        self.uuids = {dev.label: uuid_of(nvml, dev.handle, self._errors) or "" for dev in self._devices}
-        """Device label -> its UUID ("" where NVML does not tell), read as the collector opens."""
+        self.uuids: dict[str, str] = {}
+        """Device label -> its UUID ("" where NVML does not tell), read as each device opens."""
         self.health = health if health is not None else GpuHealth(nvml)
-        for label, uuid in self.uuids.items():
-            self.health.add(label, uuid)
         self._mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
         self._functions = {
             reading: [getattr(nvml, name) for name in names if hasattr(nvml, name)]
@@ -248,17 +257,17 @@ class GpuCollector(Collector):
             if isinstance(kind := getattr(nvml, name, None), int)
         }
         """Buffered suffix -> (the binding's sampling type, scale), for the types it knows."""
-        opened_us = time.time_ns() // 1000
         ids = {name: getattr(nvml, name, None) for name in (ENERGY_FIELD, *(n for _, n in THROTTLE_FIELDS))}
         self._energy_id = ids[ENERGY_FIELD]
         self._throttle_ids = [ids[name] for _, name in THROTTLE_FIELDS]
         self._field_ids = [i for i in ids.values() if isinstance(i, int)]
         """The fields asked for in one nvmlDeviceGetFieldValues call: those the binding knows."""
         for dev in self._devices:
-            dev.seen_us = dict.fromkeys(self._sampling, opened_us)  # buffer peaks start now, not before
-            gpu = None if dev.label.isdigit() else handles.get(dev.label.split("-", 1)[0])
-            dev.gpm = GpmPair.open(nvml, dev.handle, self._errors, gpu)
-        gpus = {label: handle for label, handle in handles.items() if label.isdigit()}
+            if dev.handle is None:
+                dev.stopped = NVML_ERROR_UNKNOWN  # until a probe opens it: its readings are not asked
+            else:
+                self._attach(dev, None if dev.label.isdigit() else handles.get(dev.label.split("-", 1)[0]))
+        gpus = {label: handle for label, handle in handles.items() if label.isdigit() and handle is not None}
         self._xids = XidWatch.open(nvml, gpus, self._errors) if gpus else None
         self._xid_latest: dict[str, int] | None = None
         """The latest critical XID of each watched device in the window the current ``sample()`` closes."""
@@ -306,14 +315,14 @@ class GpuCollector(Collector):
             if not isinstance(code, int):
                 code = None
             cause = bounded_repr(exc) if code is None else error_name(nvml, code)
-            health.unopened(read_before, "nvmlInit", code, cause)
-            return cls(nvml, {}, 0, health)
+            health.unopened(read_before, f"nvmlInit failed with {cause}", code)
+            return cls(nvml, dict.fromkeys(read_before), pid, health, initialised=False)
         handles: dict[int, Any] = {}
         errors = nvml_errors(nvml)
         counted = attempt(functools.partial(_outcome, nvml.nvmlDeviceGetCount, (), errors))
         count, code = counted or (0, None)
         refused: dict[int | None, tuple[str, int]] = {}
-        """Device index (None: all of them) -> the call that failed to open it and its NVML error."""
+        """Device index (None: every one) -> the call that failed to open it, and its NVML error."""
         if code is not None:
             refused[None] = ("nvmlDeviceGetCount", code)
         for index in range(count or 0):
@@ -335,18 +344,24 @@ class GpuCollector(Collector):
             for slot, mig in mig_devices(nvml, handles[index], errors).items():
                 if index not in only or slot in only[index]:
                     labelled[f"{index}-mig{slot}"] = mig
-        unopened: dict[tuple[str, int], list[str]] = {}
+        unopened: dict[tuple[str, int] | None, list[str]] = {}
         for label in read_before:
             if label not in labelled:
                 index = int(label.split("-", 1)[0])
-                failed = refused.get(index) or refused.get(None) or ("finding it", NVML_ERROR_NOT_FOUND)
-                unopened.setdefault(failed, []).append(label)
-        for (call, code), labels in unopened.items():
-            health.unopened(labels, call, code, error_name(nvml, code))
+                unopened.setdefault(refused.get(index) or refused.get(None), []).append(label)
+                labelled[label] = None
+        for failed, labels in unopened.items():
+            if failed is None:
+                health.unopened(labels, "NVML no longer lists it", None)
+            else:
+                call, code = failed
+                health.unopened(labels, f"{call} failed with {error_name(nvml, code)}", code)
         if not labelled:
             attempt(nvml.nvmlShutdown, errors)
-            return cls(nvml, {}, 0, health) if read_before else None
-        return cls(nvml, labelled, pid, health)
+            return None
+        return cls(
+            nvml, dict(sorted(labelled.items(), key=lambda kv: catalogue.device_order(kv[0]))), pid, health
+        )
 
     def sample(self) -> list[float]:
         self._tree = self._scan_tree()
@@ -354,6 +369,7 @@ class GpuCollector(Collector):
         self._attributable = True
         values: list[float] = []
         verdicts: dict[str, int | None] = {}
+        self._init_failed = None
         for dev in self._devices:
             if dev.skip:  # a lost device between probes
                 dev.skip -= 1
@@ -361,6 +377,8 @@ class GpuCollector(Collector):
                 continue
             dev.read, dev.failed = False, None
             try:
+                if dev.handle is None:
+                    self._open_late(dev)
                 values += self._readings(dev)
             except _Stopped:
                 values += [MISSING] * len(GPU_SIGNALS)
@@ -373,12 +391,44 @@ class GpuCollector(Collector):
         """The NVML error that failed every reading of ``dev`` in this sample (None: some
         answered, or none failed: all unsupported); a lost device's next probe is scheduled."""
         dev.stopped = None if dev.read else dev.failed
-        if dev.stopped in LOST_CODES:
+        if dev.stopped in LOST_CODES or dev.handle is None:
             dev.backoff = min(max(1, 2 * dev.backoff), MAX_LOST_BACKOFF_SAMPLES)
             dev.skip = dev.backoff
         else:
             dev.backoff = 0
         return dev.stopped
+
+    def _open_late(self, dev: _Device) -> None:
+        """Open a device an earlier child read that this one could not open yet (NVML
+        initialised first, where it was not); raises ``_Stopped`` when it still cannot."""
+        nvml, errors = self._nvml, self._errors
+        if not self._initialised:
+            if self._init_failed is None:  # once a sample, whichever device is due first
+                outcome = attempt(functools.partial(_outcome, nvml.nvmlInit, (), errors))
+                self._init_failed = NVML_ERROR_UNKNOWN if outcome is None else outcome[1]
+                self._initialised = self._init_failed is None
+            if not self._initialised:
+                dev.failed = self._init_failed
+                raise _Stopped
+        index, _, slot = dev.label.partition("-mig")
+        outcome = attempt(functools.partial(_outcome, nvml.nvmlDeviceGetHandleByIndex, (int(index),), errors))
+        gpu, code = outcome or (None, NVML_ERROR_UNKNOWN)
+        handle = gpu
+        if slot and gpu is not None:
+            handle = mig_devices(nvml, gpu, errors).get(int(slot))
+        if handle is None:
+            dev.failed = NVML_ERROR_NOT_FOUND if code is None else code
+            raise _Stopped
+        dev.handle = handle
+        self._attach(dev, gpu if slot else None)
+
+    def _attach(self, dev: _Device, gpu: Any) -> None:
+        """Start on a device just opened (``gpu``: a MIG device's GPU): its UUID, the start of
+        its driver-sample peaks (now, not before), its GPM samples."""
+        self.uuids[dev.label] = uuid = uuid_of(self._nvml, dev.handle, self._errors) or ""
+        self.health.add(dev.label, uuid)
+        dev.seen_us = dict.fromkeys(self._sampling, time.time_ns() // 1000)
+        dev.gpm = GpmPair.open(self._nvml, dev.handle, self._errors, gpu)
 
     def _check_pid_namespace(self) -> None:
         """Whether NVML's pids are this namespace's: a sample whose lists hold none of the
@@ -583,8 +633,9 @@ class GpuCollector(Collector):
         if self._xids is not None:
             self._xids.close()
             self._xids = None
-        if self._devices:
-            self._devices = []
+        self._devices = []
+        if self._initialised:
+            self._initialised = False
             attempt(self._nvml.nvmlShutdown, self._errors)
 
 

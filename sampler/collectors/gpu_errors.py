@@ -19,6 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
+from sampler import catalogue
+
 log = logging.getLogger("sampler")
 
 FLAP_SECONDS = 60.0
@@ -27,6 +29,8 @@ seconds."""
 MASK_BITS = 63
 """Devices the status block's mask names, by position: a stopped device after them is counted but
 not carried, and the next child says it again if it still fails."""
+NAMED = 8
+"""Devices a line names; it counts the others (a host full of MIG devices stays one readable line)."""
 HINTS = {
     18: "the NVIDIA kernel driver and its NVML library differ in version, as after a driver upgrade "
     "under a running job; it lasts until the driver is reloaded or the machine rebooted",
@@ -46,7 +50,8 @@ def error_name(nvml: ModuleType | None, code: int) -> str:
 
 def gpu_labels(fields: Sequence[str]) -> tuple[str, ...]:
     """The device labels of ``resource/gpu/<label>/...`` among ``fields``, in their order."""
-    return tuple(dict.fromkeys(name.split("/")[2] for name in fields if name.startswith("resource/gpu/")))
+    found = (name.split("/")[2] for name in fields if name.startswith("resource/gpu/"))
+    return tuple(dict.fromkeys(label for label in found if catalogue.DEVICE_LABEL.fullmatch(label)))
 
 
 def carry(
@@ -54,8 +59,8 @@ def carry(
 ) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """What the next child is told after one whose ring had ``fields`` and whose status block said
     ``not_reading`` and ``mask``: the devices read so far (``read`` and the ring's new ones, the
-    order ``GpuHealth`` gives the mask) and those of them stopped; None when the child told nothing
-    of GPUs (it died first, or has none), which leaves what was known."""
+    order ``GpuHealth`` gives the mask) and those of them last said to have stopped; None when the
+    child told nothing of GPUs (it died first, or has none), which leaves what was known."""
     labels = gpu_labels(fields)
     if not labels and not not_reading:
         return None
@@ -80,7 +85,8 @@ class _Device:
 class GpuHealth:
     """The devices of one sampling child (or of the backend thread), whether each reads, what was
     said of it, and the stops counted. ``read_before`` and ``stopped_before``: ``Sources.gpus_read``
-    and ``Sources.gpus_stopped``, what earlier children left."""
+    and ``Sources.gpus_stopped``, what earlier children left (those last said to have stopped
+    start stopped, and are not said again unless they read in between)."""
 
     def __init__(
         self, nvml: ModuleType | None, read_before: Sequence[str] = (), stopped_before: Iterable[str] = ()
@@ -102,36 +108,37 @@ class GpuHealth:
         return sum(device.stopped for device in self._devices.values())
 
     def words(self) -> tuple[int, int, int]:
-        """For the status block: devices not reading, which (bit k: the k-th of ``read_before``
-        then of those added), and the stops counted."""
-        mask = sum(1 << k for k, d in enumerate(list(self._devices.values())[:MASK_BITS]) if d.stopped)
+        """For the status block: devices not reading, those last said to have stopped (bit k:
+        the k-th of ``read_before`` then of those added; what the next child must not say again,
+        a flap held back included), and the stops counted."""
+        devices = list(self._devices.values())[:MASK_BITS]
+        mask = sum(1 << k for k, device in enumerate(devices) if device.said_stopped)
         return self.not_reading, mask, self.stops
 
-    def unopened(self, labels: Sequence[str], call: str, code: int | None, cause: str) -> None:
-        """``labels``, read by an earlier child, cannot be opened here: ``call`` failed with
-        ``cause`` (``code``, when an NVML error). Said once for them all; those stopped already
-        (said by an earlier child) are not said again."""
+    def unopened(self, labels: Sequence[str], why: str, code: int | None) -> None:
+        """``labels``, read by an earlier child, cannot be opened here, ``why`` (``code``: the
+        NVML error, where one). Said once for them all, but for those an earlier child said
+        had stopped."""
         now = time.monotonic()
-        fresh = [label for label in labels if not self._devices[label].stopped]
+        unsaid = [label for label in labels if not self._devices[label].said_stopped]
         for label in labels:
             device = self._devices[label]
-            device.code = code
             if not device.stopped:
                 self.stops += 1
-                device.stopped = device.said_stopped = True
-                device.said_at, device.lines = now, device.lines + 1
-        if fresh:
-            it = "it" if len(fresh) == 1 else "them"
+            device.stopped, device.code = True, code
+        for label in unsaid:
+            device = self._devices[label]
+            device.said_stopped, device.said_at, device.lines = True, now, device.lines + 1
+        if unsaid:
+            it, they = ("it", "it is") if len(unsaid) == 1 else ("them", "they are")
             log.warning(
-                "resource monitor: %s failed with %s in this sampling child%s, so %s, which an earlier child "
-                "read, stopped reading; a later child that can open %s reads %s again "
-                "(stats()['gpus_not_reading'] counts %s)",
-                call,
-                cause,
+                "resource monitor: %s, which an earlier sampling child read, stopped reading: this child "
+                "cannot open %s (%s%s); %s tried again, and stats()['gpus_not_reading'] counts %s",
+                self._names(unsaid),
+                it,
+                why,
                 _hint(code),
-                self._names(fresh),
-                it,
-                it,
+                they,
                 it,
             )
 
@@ -168,15 +175,15 @@ class GpuHealth:
         names = self._names(labels)
         if stopped:
             error = "an NVML error" if code is None else error_name(self._nvml, code)
-            it = "it" if len(labels) == 1 else "them"
+            it, they = ("it", "it is") if len(labels) == 1 else ("them", "they are")
             log.warning(
                 "resource monitor: %s stopped reading: every reading of %s fails with %s%s; the other "
-                "readings go on, %s is probed again, and stats()['gpus_not_reading'] counts %s%s",
+                "readings go on, %s probed again, and stats()['gpus_not_reading'] counts %s%s",
                 names,
                 it,
                 error,
                 _hint(code),
-                it,
+                they,
                 it,
                 since,
             )
@@ -189,11 +196,14 @@ class GpuHealth:
             device.said_stopped, device.said_at, device.lines, device.held = stopped, now, device.lines + 1, 0
 
     def _names(self, labels: Sequence[str]) -> str:
-        """``GPU 0 (GPU-...)``, ``GPU 0 and GPU 1``, ``GPU 0, GPU 1 and GPU 2``."""
-        uuids = [self._devices[label].uuid for label in labels]
+        """``GPU 0 (GPU-...)``, ``GPU 0 and GPU 1``, ``GPU 0, GPU 1 and GPU 2``; past
+        ``NAMED`` devices, ``..., GPU 7 and 5 more GPUs``."""
         named = [
-            f"GPU {label}" + (f" ({uuid})" if uuid else "") for label, uuid in zip(labels, uuids, strict=True)
+            f"GPU {label}" + (f" ({uuid})" if (uuid := self._devices[label].uuid) else "")
+            for label in labels[:NAMED]
         ]
+        if len(labels) > NAMED:
+            named.append(f"{len(labels) - NAMED} more GPUs")
         return named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
 
 

@@ -48,8 +48,8 @@ The child writes:
 12. readings that failed because the child ran out of descriptors or memory
     (``EMFILE``, ``ENFILE``, ``ENOMEM``), so far;
 13. GPU devices whose readings an NVML error has stopped, now;
-14. which: bit k for the k-th of ``Sources.gpus_read`` followed by the child's other
-    devices (``sampler.collectors.gpu_errors``), so the next child knows them;
+14. those it last said had stopped: bit k for the k-th of ``Sources.gpus_read`` followed
+    by the child's other devices (``sampler.collectors.gpu_errors``), for the next child;
 15. times a GPU device's readings stopped in this child.
 
 The backend writes, with the health:
@@ -228,11 +228,12 @@ class ChildStatus:
         return int(count)
 
     def set_gpus(self, not_reading: int, mask: int, stops: int) -> None:
-        """Child side: its GPU devices not reading now, which (a mask), and the stops counted."""
+        """Child side: its GPU devices not reading now, those it said had stopped (a mask), and
+        the stops counted."""
         self._words[13:16] = (not_reading, mask, stops)
 
     def gpus(self) -> tuple[int, int, int]:
-        """Either side: (GPU devices not reading, which, stops in this child), as the child last said."""
+        """Either side: (GPU devices not reading, said to have stopped, stops in this child)."""
         not_reading, mask, stops = _GPUS.unpack_from(self._seg.buf, 104)
         return int(not_reading), int(mask), int(stops)
 
