@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import socket
 from collections.abc import Iterator
 
@@ -56,6 +57,7 @@ def test_the_launcher_variables_are_these() -> None:
         "WORLD_SIZE",
         "LOCAL_WORLD_SIZE",
         "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_ERROR_FILE",
     )
     assert placement.HOST_WIDE_CATEGORIES == ("cpu", "memory", "disk", "network", "container")
     assert placement.HOST_SAMPLING_MODES == ("local_rank_0", "every_rank")
@@ -171,6 +173,60 @@ def test_the_rendezvous_address_only_names_a_job_of_several_ranks() -> None:
     master = {"MASTER_ADDR": "node-a", "MASTER_PORT": "29500"}
     assert from_environment({**torchrun(0, 0, 2, 1), **master}).run_id == "node-a:29500"
     assert from_environment({**torchrun(0, 0, 1, 1), **master}).run_id == f"{HOST}-{os.getpid()}"
+
+
+def error_file(log_dir: str, local_rank: int, attempt: int = 0) -> str:
+    """``TORCHELASTIC_ERROR_FILE`` as torchrun's agent sets it for a rank."""
+    return f"{log_dir}/attempt_{attempt}/{local_rank}/error.json"
+
+
+def static(rank: int, local_rank: int, world: int, local_world: int, **more: str) -> dict[str, str]:
+    """A rank of torchrun with the static rendezvous (``--master-port``, no ``--rdzv-id``)."""
+    master = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "none"}
+    return {**torchrun(rank, local_rank, world, local_world), **master, **more}
+
+
+def test_one_agent_s_launches_at_one_address_get_their_own_run_id() -> None:
+    """One agent runs every rank: its log directory, new at each launch, tells its launches apart."""
+    launch = "/tmp/torchelastic_ilc0xrip/none_y4f71_j1"
+    ids = {
+        from_environment(static(r, r, 2, 2, TORCHELASTIC_ERROR_FILE=error_file(launch, r, attempt))).run_id
+        for r in range(2)
+        for attempt in range(3)  # a restart is the same launch
+    }
+    (run_id,) = ids
+    assert re.fullmatch(r"127\.0\.0\.1:29500-[0-9a-f]{8}", run_id), run_id
+    later = error_file("/tmp/torchelastic_q8xv1k2m/none_0d9a7c3b", 0)
+    assert from_environment(static(0, 0, 2, 2, TORCHELASTIC_ERROR_FILE=later)).run_id not in (ids | {""})
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "",
+        "/tmp/errors.json",  # set by hand, not torchrun's layout
+        "/tmp/l/attempt_0/1/error.json",  # another local rank's
+        "/tmp/l/attempt_x/0/error.json",
+        "/tmp/l/attempt_0/0/errors.json",
+        "l/attempt_0/0/error.json",  # relative: names no one directory
+    ],
+)
+def test_an_error_file_not_laid_out_as_torchrun_s_leaves_the_address(error: str) -> None:
+    environ = static(0, 0, 2, 2, TORCHELASTIC_ERROR_FILE=error)
+    assert from_environment(environ).run_id == "127.0.0.1:29500"
+
+
+def test_agents_on_several_hosts_share_the_address_alone() -> None:
+    """Ranks under several agents (hosts) share nothing else: the store's reader tells their
+    launches apart."""
+    ids = {
+        from_environment(
+            static(2 * node + r, r, 4, 2, TORCHELASTIC_ERROR_FILE=error_file(f"/l{node}", r))
+        ).run_id
+        for node in range(2)
+        for r in range(2)
+    }
+    assert ids == {"127.0.0.1:29500"}
 
 
 @pytest.mark.parametrize(

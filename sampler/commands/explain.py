@@ -25,7 +25,7 @@ from sampler.analysis import ranks, stretches
 from sampler.analysis.explain import Explanation, explain
 from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, argument, open_store
 from sampler.settings.parsers import Invalid
-from sampler.store.reader import StoreReader
+from sampler.store.reader import Launch, StoreReader, launches
 from sampler.util.quoting import printable
 from sampler.views.formatting import format_duration
 
@@ -111,12 +111,12 @@ def _explain(
         return None, ranks.compare(ranks.gather(reader, launch), args.slow)
     run = reader.run(args.run)
     explanation = explain(reader, run, args.slow)
-    if run.world_size == 1 or run.launch_id is None:
+    its_launch = next(
+        (item for item in launches(reader.runs()) if isinstance(item, Launch) and run in item.runs), None
+    )
+    if its_launch is None or its_launch.ranks < 2:  # a run alone, or the store holds no other rank
         return explanation, None
-    launch = reader.launch(run.launch_id)
-    if launch.ranks < 2:
-        return explanation, None
-    return explanation, ranks.compare(ranks.gather(reader, launch), args.slow)
+    return explanation, ranks.compare(ranks.gather(reader, its_launch), args.slow)
 
 
 def _duration(seconds: float) -> str:

@@ -13,8 +13,10 @@ fleet view sums each host once (``host_sampling``).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,7 +36,18 @@ ENV_WORLD_SIZE = "WORLD_SIZE"
 ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 ENV_ELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
 """torchrun's rendezvous id: the same in every rank of a launch (``none`` when not given)."""
-LAUNCHER_VARS = (ENV_RANK, ENV_LOCAL_RANK, ENV_WORLD_SIZE, ENV_LOCAL_WORLD_SIZE, ENV_ELASTIC_RUN_ID)
+ENV_ELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+"""Where torchrun's agent has a rank write its error: ``<log dir>/attempt_<restart>/<local rank>/error.json``,
+under a log directory the agent makes afresh (``mkdtemp``) for each launch, shared by the ranks it
+starts, all their restarts included."""
+LAUNCHER_VARS = (
+    ENV_RANK,
+    ENV_LOCAL_RANK,
+    ENV_WORLD_SIZE,
+    ENV_LOCAL_WORLD_SIZE,
+    ENV_ELASTIC_RUN_ID,
+    ENV_ELASTIC_ERROR_FILE,
+)
 MAX_DIGITS = 30
 """The most significant digits a whole number read from text may have: no count, index, port or
 pid comes near, and ``int()`` refuses strings past 4,300 digits."""
@@ -76,9 +89,10 @@ def host_name() -> str:
 def from_environment(environ: Mapping[str, str] | None = None, run_id: str | None = None) -> Placement:
     """The placement the launcher's variables describe; ``run_id`` None: the
     launcher's (``TORCHELASTIC_RUN_ID``), else one made from the rendezvous
-    address (``MASTER_ADDR:MASTER_PORT``) for a multi-rank job, else
-    ``<host>-<pid>``. A variable that is not a usable number gets one warning
-    and this backend counts as a world of one."""
+    address (``MASTER_ADDR:MASTER_PORT``) for a multi-rank job (``<address>-<launch>``
+    where torchrun's agent runs every rank on this host: the address is the same at
+    every launch), else ``<host>-<pid>``. A variable that is not a usable number gets
+    one warning and this backend counts as a world of one."""
     env = os.environ if environ is None else environ
     host = host_name()
     try:
@@ -95,7 +109,7 @@ def from_environment(environ: Mapping[str, str] | None = None, run_id: str | Non
         log.warning("resource monitor: %s; monitoring this backend as rank 0 of a world of one", exc)
         rank, local_rank, world_size, local_world_size = 0, 0, 1, 1
     if run_id is None:
-        run_id = _launcher_run_id(env, host, world_size)
+        run_id = _launcher_run_id(env, host, local_rank, world_size, local_world_size)
     return Placement(host, rank, local_rank, world_size, local_world_size, run_id)
 
 
@@ -123,11 +137,37 @@ def _number(env: Mapping[str, str], name: str, default: int, *, minimum: int) ->
     return value
 
 
-def _launcher_run_id(env: Mapping[str, str], host: str, world_size: int) -> str:
+def _launcher_run_id(
+    env: Mapping[str, str], host: str, local_rank: int, world_size: int, local_world_size: int
+) -> str:
     elastic = env.get(ENV_ELASTIC_RUN_ID, "").strip()
     if elastic and elastic.lower() != "none":
         return elastic
     master = env.get("MASTER_ADDR", "").strip(), env.get("MASTER_PORT", "").strip()
     if world_size > 1 and all(master):
-        return f"{master[0]}:{master[1]}"
+        address = f"{master[0]}:{master[1]}"
+        # One agent with every rank can tell its launches apart; agents on several hosts share
+        # nothing but the address (the store's reader then tells launches apart by their ranks).
+        log_dir = _elastic_log_dir(env, local_rank) if world_size == local_world_size else None
+        if log_dir is None:
+            return address
+        return f"{address}-{hashlib.sha256(f'{host}/{log_dir}'.encode()).hexdigest()[:LAUNCH_DIGITS]}"
     return f"{host}-{os.getpid()}"
+
+
+LAUNCH_DIGITS = 8
+"""Hex digits of the part that tells one agent's launches at one address apart."""
+
+
+def _elastic_log_dir(env: Mapping[str, str], local_rank: int) -> str | None:
+    """The log directory torchrun's agent made for this launch, from this rank's
+    ``TORCHELASTIC_ERROR_FILE``; None where that is not set, or not laid out as torchrun's."""
+    rest, name = os.path.split(env.get(ENV_ELASTIC_ERROR_FILE, "").strip())
+    rest, rank = os.path.split(rest)
+    log_dir, attempt = os.path.split(rest)
+    if name != "error.json" or rank != str(local_rank) or _ATTEMPT.fullmatch(attempt) is None:
+        return None
+    return log_dir if os.path.isabs(log_dir) else None
+
+
+_ATTEMPT = re.compile(r"attempt_[0-9]+")

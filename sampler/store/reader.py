@@ -92,9 +92,11 @@ class Run:
 @dataclass(frozen=True)
 class Launch:
     """The runs of one multi-rank launch in a store: rows sharing a ``launch_id``, one per rank
-    (or more where a rank was restarted)."""
+    (or more where a rank's process started its monitor again)."""
 
     id: str
+    """The ``launch_id``; ``<launch_id>@run<N>`` where the id names several launches (see
+    ``launches``), N the first run's id."""
     runs: list[Run]
     """By rank, then run id."""
 
@@ -117,20 +119,34 @@ class Launch:
 
 def launches(runs: list[Run]) -> list[Launch | Run]:
     """``runs`` (in id order) with the ranks of each multi-rank launch (``world_size`` over 1)
-    gathered into one ``Launch`` where its first run was; single-rank runs stay as they are."""
-    grouped: dict[str, Launch] = {}
-    items: list[Launch | Run] = []
+    gathered into one ``Launch`` where its first run was; single-rank runs stay as they are.
+
+    Runs sharing a ``launch_id`` are one launch until a rank comes back in another process:
+    a launcher may give every launch one id (torchrun's static rendezvous names each by its
+    ``MASTER_ADDR:MASTER_PORT``), so that run begins the id's next launch (as does each
+    attempt of a launch whose ranks torchrun restarted)."""
+    items: list[Run | list[Run]] = []
+    current: dict[str, list[Run]] = {}
+    count: dict[str, int] = {}
     for run in runs:
         if run.world_size == 1 or run.launch_id is None:
             items.append(run)
-        elif run.launch_id in grouped:
-            grouped[run.launch_id].runs.append(run)
-        else:
-            grouped[run.launch_id] = Launch(run.launch_id, [run])
-            items.append(grouped[run.launch_id])
-    for launch in grouped.values():
-        launch.runs.sort(key=lambda run: (run.rank, run.id))
-    return items
+            continue
+        group = current.get(run.launch_id)
+        if group is None or any(r.rank == run.rank and (r.host, r.pid) != (run.host, run.pid) for r in group):
+            group = current[run.launch_id] = []
+            items.append(group)
+            count[run.launch_id] = count.get(run.launch_id, 0) + 1
+        group.append(run)
+    return [item if isinstance(item, Run) else _launch(item, count) for item in items]
+
+
+def _launch(runs: list[Run], count: dict[str, int]) -> Launch:
+    """The launch of ``runs`` (by id), named ``<launch_id>@run<N>`` where its id names several."""
+    first = runs[0]
+    assert first.launch_id is not None
+    name = first.launch_id if count[first.launch_id] == 1 else f"{first.launch_id}@run{first.id}"
+    return Launch(name, sorted(runs, key=lambda run: (run.rank, run.id)))
 
 
 @dataclass(frozen=True)
