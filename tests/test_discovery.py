@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import signal
 import socket
@@ -255,3 +256,40 @@ def test_a_launcher_s_long_run_id_still_gets_an_entry(tmp_path: Path) -> None:
     path = discovery.entry_path(str(sd_dir), placement, os.getpid())
     discovery.write_entry(path, "127.0.0.1:9", placement.labels())
     assert json.loads(Path(path).read_text())[0]["labels"]["run_id"] == "r" * 300
+
+
+NOBODY = 65534
+"""The uid and gid of ``nobody``: another local user."""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to sweep as another user")
+def test_another_user_s_sweep_judges_a_process_it_may_not_signal_by_its_start_time(tmp_path: Path) -> None:
+    """``kill(pid, 0)`` on another user's process says only that it exists (EPERM): the entry
+    stays while the pid is still its owner's, and goes once the pid is another process's."""
+    sd_dir = tmp_path / "sd"
+    here = discovery.this_process()
+    assert here is not None
+    kept = plant(sd_dir, "root-s", here)
+    gone = plant(sd_dir, "reused", dataclasses.replace(here, started=here.started + 1))
+    sd_dir.chmod(0o777)
+    # A forked copy of this interpreter becomes nobody (no interpreter of this machine may
+    # be one of theirs to start) and sweeps the directory it was in.
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the copy: never returns into pytest
+        status = 1
+        try:
+            os.chdir(sd_dir)
+            os.setgroups([])
+            os.setresgid(NOBODY, NOBODY, NOBODY)
+            os.setresuid(NOBODY, NOBODY, NOBODY)
+            logging.getLogger("sampler").disabled = True  # a lock another thread held at the fork
+            os.write(write, str(len(discovery.remove_stale_entries(".", HOST))).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        swept = answer.read()
+    assert os.waitpid(pid, 0)[1] == 0 and swept == "1"
+    assert kept.exists() and not gone.exists()
