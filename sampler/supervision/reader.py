@@ -127,6 +127,7 @@ class ChildReader:
                 poller.register(fd, select.POLLIN)
         started_ns = time.monotonic_ns()
         warn_at: int | None = started_ns + self.no_record_ns
+        silent = True  # no record from this child yet (said or not: ``warn_at`` None once said)
         grace_until = 0
         due_at = self._deadline_ns(self.status.read())
         next_record: float | None = None  # when the child's next record is expected (monotonic s)
@@ -164,7 +165,8 @@ class ChildReader:
                     now = time.monotonic_ns()
                     due_at = now + self.interval_ns + self.hang_deadline_ns
                     next_record = now / 1e9 + self.interval
-                    if warn_at is not None:
+                    if silent:
+                        silent = False
                         warn_at = None
                         self.stats.waiting_for = None
                 else:  # the ring handed over, or an exit: what is the child doing now?
