@@ -1018,17 +1018,18 @@ def test_what_a_child_leaves_stopped_reaches_the_next_through_the_status_block_w
     health.judge({"0": None, "1": 18, "2-mig0": None, "3": 999})
     not_reading, mask, stops = health.words()
     assert (not_reading, stops) == (2, 2)
-    fields = [TEMPERATURE.format(label) for label in ("0", "2-mig0", "3")] + [
+    fields = [TEMPERATURE.format(label) for label in ("0", "1", "2-mig0", "3")] + [
         "resource/cpu/utilization_percent"
     ]
-    assert gpu_errors.carry(("0", "1"), fields, not_reading, mask) == (("0", "1", "2-mig0", "3"), ("1", "3"))
-    assert gpu_errors.carry(("0", "1"), ["resource/cpu/utilization_percent"], 0, 0) is None  # said nothing
+    assert gpu_errors.carry(("0", "1"), fields, mask) == (("0", "1", "2-mig0", "3"), ("1", "3"))
+    assert gpu_errors.carry(("0", "1"), ["resource/cpu/utilization_percent"], 0) is None  # said nothing
     labels = tuple(str(i) for i in range(70))
     many = gpu_errors.GpuHealth(pynvml, labels, ())
     many.judge(dict.fromkeys(labels, 18))
     not_reading, mask, _ = many.words()
     assert not_reading == 70
-    assert gpu_errors.carry(labels, [], not_reading, mask) == (labels, labels[: gpu_errors.MASK_BITS])
+    fields = [TEMPERATURE.format(label) for label in labels]
+    assert gpu_errors.carry(labels, fields, mask) == (labels, labels[: gpu_errors.MASK_BITS])
     named = caplog.records[-1].getMessage()
     assert named.count("GPU ") == gpu_errors.NAMED and "GPU 7 and 62 more GPUs stopped reading" in named
 

@@ -55,14 +55,15 @@ def gpu_labels(fields: Sequence[str]) -> tuple[str, ...]:
 
 
 def carry(
-    read: tuple[str, ...], fields: Sequence[str], not_reading: int, mask: int
+    read: tuple[str, ...], fields: Sequence[str], mask: int
 ) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
-    """What the next child is told after one whose ring had ``fields`` and whose status block said
-    ``not_reading`` and ``mask``: the devices read so far (``read`` and the ring's new ones, the
-    order ``GpuHealth`` gives the mask) and those of them last said to have stopped; None when the
-    child told nothing of GPUs (it died first, or has none), which leaves what was known."""
+    """What the next child is told after one whose ring had ``fields`` (every device it was told
+    of among them) and whose status block's mask was ``mask``: the devices read so far (``read``
+    and the ring's new ones, the order ``GpuHealth`` gives the mask) and those of them last said
+    to have stopped; None when the ring had no GPU (the child died first, or has none), which
+    leaves what was known."""
     labels = gpu_labels(fields)
-    if not labels and not not_reading:
+    if not labels:
         return None
     read = (*read, *(label for label in labels if label not in read))
     return read, tuple(label for k, label in enumerate(read[:MASK_BITS]) if mask >> k & 1)

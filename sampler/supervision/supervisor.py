@@ -247,8 +247,8 @@ class Supervisor:
 
     def _carry_gpus(self, reader: ChildReader, status: ChildStatus) -> None:
         """Tell the next child which GPU devices this one read and which it left stopped."""
-        not_reading, mask, _ = status.gpus()
-        carried = carry(self._sources.gpus_read, reader.ring.fields if reader.ring else (), not_reading, mask)
+        _, mask, _ = status.gpus()
+        carried = carry(self._sources.gpus_read, reader.ring.fields if reader.ring else (), mask)
         if carried is not None:
             self._sources = replace(self._sources, gpus_read=carried[0], gpus_stopped=carried[1])
 
