@@ -21,12 +21,13 @@ import csv
 import io
 import itertools
 import json
+import sqlite3
 import sys
 from collections.abc import Generator
 from typing import Any, TextIO
 
 from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, open_store, output_problem
-from sampler.store.reader import StoreReader
+from sampler.store.reader import NAME, POINT_IS_VALID, StoreReader
 from sampler.util import atomicfile
 
 LONG_COLUMNS = ("run_id", "name", "step", "wall_time", "value")
@@ -60,7 +61,11 @@ def main(args: argparse.Namespace) -> int:
         if problem is not None:
             print(f"error: {problem}", file=sys.stderr)
             return EXIT_USAGE
-        known = {run.id for run in reader.runs()}
+        try:
+            known = {run.id for run in reader.runs()}
+        except sqlite3.Error as exc:
+            print(f"error: {args.store} cannot be read as a run store: {exc}", file=sys.stderr)
+            return EXIT_USAGE
         runs = args.run or sorted(known)
         missing = sorted(set(runs) - known)
         if missing:
@@ -101,13 +106,17 @@ def _export(reader: StoreReader, runs: list[int], fmt: str, wide: bool, out: Tex
                 out.write(json.dumps(record) + "\n")
 
 
+_POINTS = (
+    f"SELECT p.run_id, {NAME}, p.step, p.wall_time, p.value FROM points AS p"
+    f" JOIN signal_names AS n ON n.id = p.name_id WHERE p.run_id = ? AND {POINT_IS_VALID}"
+)
+"""A run's points, malformed ones left out (``check_points`` says so)."""
+
+
 def _long_rows(reader: StoreReader, runs: list[int]) -> Generator[tuple[Any, ...], None, None]:
     for run in runs:
-        yield from reader.db.execute(
-            "SELECT run_id, name, step, wall_time, value FROM signals WHERE run_id = ?"
-            " ORDER BY name, step, wall_time",
-            (run,),
-        )
+        reader.check_points(run)
+        yield from reader.db.execute(_POINTS + " ORDER BY 2, p.step, p.wall_time", (run,))
 
 
 def _wide_rows(
@@ -115,14 +124,11 @@ def _wide_rows(
 ) -> Generator[tuple[Any, ...], None, None]:
     column = {name: i for i, name in enumerate(names)}
     for run in runs:
-        points = reader.db.execute(
-            "SELECT step, wall_time, name, value FROM signals WHERE run_id = ? ORDER BY step, wall_time",
-            (run,),
-        )
-        for step, group in itertools.groupby(points, key=lambda point: point[0]):
+        points = reader.db.execute(_POINTS + " ORDER BY p.step, p.wall_time", (run,))
+        for step, group in itertools.groupby(points, key=lambda point: point[2]):
             values: list[float | None] = [None] * len(names)
             latest = None
-            for _, wall, name, value in group:
+            for _, name, _, wall, value in group:
                 values[column[name]] = value
                 latest = wall
             yield (run, step, latest, *values)

@@ -136,9 +136,9 @@ def _row(number: int, found: Found) -> tuple[str, ...]:
     return (
         str(number),
         local_time(found.vanished_at),
-        str(found.backend_pid),
+        found.pid,
         printable(found.host or "?"),
-        "unreadable" if found.records is None else str(found.records),
+        str(found.records) if found.records is not None else "?" if found.store_id else "unreadable",
         "-" if found.run_id is None else str(found.run_id),
         "yes" if found.read else "no",
         printable(found.where),
@@ -243,11 +243,11 @@ def _signals(header: dict[str, Any], records: list[dict[str, Any]], last: int, o
         f for f in fields for s in (PEAK_SUFFIX, MEAN_SUFFIX) if f.endswith(s) and f[: -len(s)] in fields
     }
     tail = records[-last:]
-    columns = [f"{r['wall_time'] - header['vanished_at']:.2f}s" for r in tail]
+    columns = [_before(r["wall_time"], header["vanished_at"]) for r in tail]
     rows: list[tuple[str, ...]] = [("signal", *columns, "peak")]
     for name in (f for f in fields if f not in derived):
         readings = [r["values"].get(n) for r in records for n in (name, name + PEAK_SUFFIX)]
-        numbers = [v for v in readings if isinstance(v, (int, float))]
+        numbers = [v for v in readings if isinstance(v, (int, float)) and v == v]
         rows.append(
             (
                 printable(name),
@@ -259,9 +259,17 @@ def _signals(header: dict[str, Any], records: list[dict[str, Any]], last: int, o
     _table(rows, out)
 
 
+def _before(wall: float, vanished: float) -> str:
+    """A record's column heading: s before the death (``?`` where either time is unknown, NaN)."""
+    before = wall - vanished
+    return f"{before:.2f}s" if before == before else "?"
+
+
 def _number(value: object) -> str:
     if not isinstance(value, (int, float)):
         return "-"
+    if value != value:  # NaN: unknown (a number no float held)
+        return "?"
     if float(value).is_integer() and abs(value) < 1e15:
         return str(int(value))
     return f"{value:.1f}" if abs(value) >= 1 else f"{value:.3g}"

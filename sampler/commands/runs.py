@@ -25,6 +25,7 @@ from sampler import settings
 from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, argument, open_store
 from sampler.settings.placement import whole_number
 from sampler.store import prune, schema
+from sampler.store.decoding import decode_text
 from sampler.store.reader import Launch, Run, StoreReader, launches
 from sampler.util.quoting import printable
 from sampler.views.formatting import format_in
@@ -102,17 +103,14 @@ def main(args: argparse.Namespace) -> int:
     with reader:
         if args.prune:
             return _prune(reader, cutoff, args.dry_run, out)
-        runs = reader.runs()
-        if not runs:
+        try:
+            rows = _rows(reader)
+        except sqlite3.Error as exc:
+            print(f"error: {args.store} cannot be read as a run store: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        if not rows:
             print(f"{args.store} has no runs yet", file=out)
             return 0
-        rows: list[tuple[str, ...] | str] = []
-        for item in launches(runs):
-            if isinstance(item, Launch):
-                rows.append(f"launch {printable(item.id)}: {item.held}")
-                rows += [_row(reader, run, MEMBER_INDENT) for run in item.runs]
-            else:
-                rows.append(_row(reader, item))
     table = [HEADER, *(row for row in rows if isinstance(row, tuple))]
     widths = [max(len(row[i]) for row in table) for i in range(len(HEADER))]
     for row in [HEADER, *rows]:
@@ -128,6 +126,18 @@ def main(args: argparse.Namespace) -> int:
 HEADER = ("id", "started", "duration", "host", "pid", "samples", "last step", "GPU energy", "status")
 
 
+def _rows(reader: StoreReader) -> list[tuple[str, ...] | str]:
+    """A row per run, and a line before the ranks of each launch (none without runs)."""
+    rows: list[tuple[str, ...] | str] = []
+    for item in launches(reader.runs()):
+        if isinstance(item, Launch):
+            rows.append(f"launch {printable(item.id)}: {item.held}")
+            rows += [_row(reader, run, MEMBER_INDENT) for run in item.runs]
+        else:
+            rows.append(_row(reader, item))
+    return rows
+
+
 MEMBER_INDENT = "  "
 """Before the id of a rank listed under its launch."""
 
@@ -140,7 +150,7 @@ def _row(reader: StoreReader, run: Run, indent: str = "") -> tuple[str, ...]:
         _local(run.started_at),
         _duration(run.duration),
         printable(run.where),  # written by whoever can write the store
-        str(run.pid),
+        "?" if run.pid is None else str(run.pid),
         str(samples),
         "-" if last_step is None else str(last_step),
         "-" if energy is None else format_in("J", energy),
@@ -149,10 +159,15 @@ def _row(reader: StoreReader, run: Run, indent: str = "") -> tuple[str, ...]:
 
 
 def _local(wall: float) -> str:
+    """A time as people read it here; ``?`` for an unknown one (NaN: a malformed row)."""
+    if wall != wall:
+        return "?"
     return datetime.datetime.fromtimestamp(wall).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _duration(seconds: float) -> str:
+    if seconds != seconds:  # a time unknown (a malformed row)
+        return "?"
     seconds = max(0, int(seconds))
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
@@ -171,6 +186,7 @@ def _prune(reader: StoreReader, cutoff: float, dry_run: bool, out: TextIO) -> in
     except (sqlite3.Error, OSError) as exc:
         print(f"error: cannot open {reader.path} for writing: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    db.text_factory = decode_text  # a row's text that is not UTF-8 must not fail the whole prune
     try:
         gone = prune.remove(db, cutoff)
         _report(gone, cutoff, "removed", out)
@@ -190,8 +206,9 @@ def _report(gone: list[prune.Prunable], cutoff: float, verb: str, out: TextIO) -
         print(f"nothing to prune: no run that ended or was lost last wrote before {_local(cutoff)}", file=out)
         return
     for run, status, points, _ in gone:
+        pid = "?" if run.pid is None else run.pid
         print(
-            f"{verb} run {run.id}: {printable(run.where)} pid {run.pid}, {status}, last written"
+            f"{verb} run {run.id}: {printable(run.where)} pid {pid}, {status}, last written"
             f" {_local(run.updated_at)}, {points} points",
             file=out,
         )

@@ -9,6 +9,7 @@ import contextlib
 import datetime
 import json
 import logging
+import math
 import os
 import shlex
 import signal
@@ -21,6 +22,7 @@ from typing import Any
 
 from sampler.postmortems.files import FORMAT, READ_MARK, CgroupAtDeath, Exit, parse_file_name
 from sampler.store import schema
+from sampler.store.decoding import finite, malformed
 from sampler.store.reader import StoreReader
 from sampler.util.quoting import bounded_repr, printable
 
@@ -39,7 +41,8 @@ class Found:
 
     path: str
     store_id: int | None
-    backend_pid: int
+    backend_pid: int | None
+    """None where a store row's is no pid."""
     vanished_at: float
     """When the backend died, s since the epoch."""
     read: bool
@@ -52,10 +55,17 @@ class Found:
     def where(self) -> str:
         return self.path if self.store_id is None else f"{self.path} (postmortem {self.store_id})"
 
+    @property
+    def pid(self) -> str:
+        """The backend's pid as shown: ``?`` for none."""
+        return "?" if self.backend_pid is None else str(self.backend_pid)
+
 
 def by_death(found: Found) -> tuple[float, str, int]:
-    """Sort key: oldest death first (the order postmortems are numbered in)."""
-    return found.vanished_at, found.path, found.store_id or 0
+    """Sort key: oldest death first (the order postmortems are numbered in); an unknown
+    death time (a malformed store row) before all."""
+    known = found.vanished_at == found.vanished_at
+    return found.vanished_at if known else -math.inf, found.path, found.store_id or 0
 
 
 def in_directory(directory: str) -> list[Found]:
@@ -91,9 +101,10 @@ def with_header(found: Found) -> Found:
         return found
     try:
         with open(found.path, encoding="utf-8") as f:
-            header = _header(f.readline(1 << 20))
+            header, floatless = _header(f.readline(1 << 20))
     except (OSError, ValueError):
         return found
+    _say_floatless(found.where, floatless)
     return replace(found, records=header["records"], host=header["host"])
 
 
@@ -115,15 +126,49 @@ def _json(line: str) -> Any:
         raise ValueError("JSON nested too deep") from None
 
 
-def _header(line: str) -> dict[str, Any]:
-    """A postmortem's first line, checked; ``ValueError`` if it is not one."""
+def _floatless(value: Any) -> list[tuple[str, int]]:
+    """Replace each integer in ``value`` (parsed JSON) that no float holds (hundreds of digits:
+    the arithmetic of showing it would fail) with NaN, unknown; returns each one's path
+    (``values.name``, ``gpu_xids.0.xid``) and what it was."""
+    found = []
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:  # not recursive: a value nested as deep as JSON allows must not overflow the stack
+        item, path = stack.pop()
+        if isinstance(item, dict):
+            entries = list(item.items())
+        else:
+            entries = list(enumerate(item)) if isinstance(item, list) else []
+        for key, child in entries:
+            where = f"{path}.{key}" if path else str(key)
+            if type(child) is int and not finite(child):
+                item[key] = math.nan
+                found.append((where, child))
+            elif isinstance(child, (dict, list)):
+                stack.append((child, where))
+    return found
+
+
+def _say_floatless(source: str, found: list[tuple[str, str, int]]) -> None:
+    """Say once that the postmortem at ``source`` holds numbers no float holds (``found``: each
+    one's line, path and value), naming the first."""
+    if found:
+        line, path, number = found[0]
+        more = f" (and {len(found) - 1} more in it)" if len(found) > 1 else ""
+        problem = f"a number no float holds{more}"
+        malformed(source, f"{line}: {path}", number, problem, "read as unknown")
+
+
+def _header(line: str) -> tuple[dict[str, Any], list[tuple[str, str, int]]]:
+    """A postmortem's first line, checked, and its numbers no float holds (for
+    ``_say_floatless``; read as NaN); ``ValueError`` if it is not one."""
     header = _json(line)
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ValueError("not a postmortem (no header)")
+    floatless = [("header", path, number) for path, number in _floatless(header)]
     for key, kind in _HEADER_TYPES.items():
         if not isinstance(header.get(key), kind):
             raise ValueError(f"a postmortem header without {key}")
-    return header
+    return header, floatless
 
 
 def load(found: Found) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -136,15 +181,22 @@ def load(found: Found) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         with StoreReader(found.path) as reader:
             text = reader.postmortem_body(found.store_id)
     first, *rest = text.splitlines() or [""]
-    records = [_json(line) for line in rest if line]
-    for record in records:
+    header, floatless = _header(first)
+    records = []
+    for line_number, line in enumerate(rest, 2):
+        if not line:
+            continue
+        record = _json(line)
         if not (
             isinstance(record, dict)
             and isinstance(record.get("values"), dict)
             and isinstance(record.get("wall_time"), (int, float))
         ):
             raise ValueError("a postmortem record without its values or wall time")
-    return _header(first), records
+        floatless += [(f"line {line_number}", path, number) for path, number in _floatless(record)]
+        records.append(record)
+    _say_floatless(found.where, floatless)
+    return header, records
 
 
 _GIB = 1024**3
@@ -161,7 +213,8 @@ def _signal_name(number: int) -> str:
 def _memory(cgroup: CgroupAtDeath) -> str:
     """The sentence's memory part, ", memory 61.8 of 64.0 GiB" (MiB below a GiB); "" unknown."""
     used, limit = cgroup.memory_used_bytes, cgroup.memory_limit_bytes
-    if used is None:
+    limit = limit if limit == limit else None  # NaN: unknown (a number no float held)
+    if used is None or used != used:
         return ""
     unit, size = ("GiB", _GIB) if max(used, limit or 0) >= _GIB else ("MiB", _MIB)
     of = "" if limit is None else f" of {limit / size:.1f}"
@@ -288,12 +341,12 @@ def _announcement(flag: str, place: str) -> str | None:
     died = f"died at {local_time(latest.vanished_at)}, {latest.records} record{plural}"
     if len(waiting) == 1:
         return (
-            f"resource monitor: a postmortem of pid {latest.backend_pid} ({died}) is waiting in "
+            f"resource monitor: a postmortem of pid {latest.pid} ({died}) is waiting in "
             f"{latest.where}; read it with `{command} --show {number}`"
         )
-    pids = ", ".join(str(f.backend_pid) for _, f in waiting[-_PIDS_NAMED:])
+    pids = ", ".join(f.pid for _, f in waiting[-_PIDS_NAMED:])
     more = "..., " if len(waiting) > _PIDS_NAMED else ""
     return (
         f"resource monitor: {len(waiting)} postmortems (pids {more}{pids}) are waiting in {place}; the "
-        f"latest, of pid {latest.backend_pid}, {died}; list them with `{command}`"
+        f"latest, of pid {latest.pid}, {died}; list them with `{command}`"
     )

@@ -1,10 +1,11 @@
 """Reading a run store, for the commands people run (``runs``, ``plot``,
 ``top``, ``export``, ``postmortem``); safe while a backend writes it (WAL readers never block
-the writer and see whole transactions only)."""
+the writer and see whole transactions only). Every column is checked as it is read
+(``sampler.store.decoding``): a malformed value is said once and read as a fallback, and a
+malformed point is left out (``POINT_IS_VALID``), so one bad row never hides the rest."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sqlite3
@@ -17,6 +18,7 @@ import psutil
 from sampler import catalogue
 from sampler.settings.parsers import DEFAULT_INTERVAL_SECONDS
 from sampler.store import schema
+from sampler.store.decoding import MAX_TIME, PIDS, WHOLE, Row, checked, decode_text, finite, malformed
 from sampler.util.quoting import printable
 
 ENERGY_GLOB = catalogue.PREFIX + catalogue.GPU_KEY_PREFIX.replace(catalogue.DEVICE, "*") + "energy_joules"
@@ -35,7 +37,8 @@ class Run:
     ended_at: float | None
     updated_at: float
     host: str
-    pid: int
+    pid: int | None
+    """The monitored process; None where the row's is no pid."""
     command: list[str]
     config: dict[str, Any]
     version: str
@@ -71,7 +74,7 @@ class Run:
     def process_alive(self) -> bool | None:
         """Whether the monitored process still runs; None when this cannot be
         told from here (the run is another host's)."""
-        if self.host != socket.gethostname():
+        if self.host != socket.gethostname() or self.pid is None:
             return None
         try:
             return psutil.pid_exists(self.pid)
@@ -165,12 +168,12 @@ class PostmortemRow:
 
     id: int
     run_id: int | None
-    backend_pid: int
+    backend_pid: int | None
     host: str
     vanished_at: float
     """When the backend died, s since the epoch."""
     written_at: float
-    records: int
+    records: int | None
     read_at: float | None
     """When it was read; None while it waits."""
 
@@ -184,9 +187,13 @@ class StoreReader:
             raise FileNotFoundError(f"no run store at {path}")
         self.path = path
         self.db = schema.connect(path, readonly=True, timeout=1.0)
+        self.db.text_factory = decode_text
+        self._checked: set[int | None] = set()
+        """The runs whose points were checked (``check_points``); None: the signal names."""
 
     def runs(self) -> list[Run]:
-        return [decode_run(row) for row in self.db.execute(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY id")]
+        rows = self.db.execute(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY id")
+        return [decode_run(row, self.path) for row in rows]
 
     def run(self, run_id: int | None = None) -> Run:
         """Run ``run_id``, or the newest; ``LookupError`` if there is none."""
@@ -198,7 +205,7 @@ class StoreReader:
             raise LookupError(
                 f"{self.path} has no run {run_id}" if run_id is not None else f"{self.path} has no runs"
             )
-        return decode_run(row)
+        return decode_run(row, self.path)
 
     def launch(self, prefix: str) -> Launch:
         """The launch whose id is ``prefix`` or starts with it (a single-rank run's own launch
@@ -216,28 +223,56 @@ class StoreReader:
         what = "several launches start with" if matching else "no launch starts with"
         raise LookupError(f"{self.path}: {what} {printable(prefix)!r}; its multi-rank launches: {listed}")
 
+    def check_points(self, run_id: int) -> None:
+        """Say once (``malformed``) what the run holds that the queries here leave out: for each
+        column, the points whose value is malformed (``POINT_PROBLEMS``), and any signal name
+        that is not UTF-8 text (read as text: ``NAME``)."""
+        if None not in self._checked:
+            self._checked.add(None)
+            for name_id, name in self.db.execute("SELECT id, name FROM signal_names"):
+                Row(self.path, f"signal {name_id}").text("name", name, None)
+        if run_id in self._checked:
+            return
+        self._checked.add(run_id)
+        sums = ", ".join(f"COALESCE(SUM({test}), 0)" for _, test, _ in POINT_PROBLEMS)
+        counts = self.db.execute(f"SELECT {sums} FROM points WHERE run_id = ?", (run_id,)).fetchone()
+        for (column, test, problem), count in zip(POINT_PROBLEMS, counts, strict=True):
+            if count:
+                name, value = self.db.execute(
+                    f"SELECT {NAME}, p.{column} FROM points AS p LEFT JOIN signal_names AS n"
+                    f" ON n.id = p.name_id WHERE p.run_id = ? AND ({test}) LIMIT 1",
+                    (run_id,),
+                ).fetchone()
+                points = f"{count} point{'s' * (count != 1)} whose {column}"
+                first = "it is" if count == 1 else "the first"
+                instead = f"{first} of {name}; left out"
+                malformed(self.path, f"run {run_id}: {points}", value, problem, instead)
+
     def names(self, run_id: int) -> list[str]:
         """Signal names the run logged, sorted."""
+        self.check_points(run_id)
         rows = self.db.execute(
-            "SELECT name FROM signal_names WHERE id IN (SELECT DISTINCT name_id FROM points WHERE run_id = ?)"
-            " ORDER BY name",
+            f"SELECT {NAME} FROM signal_names AS n"
+            " WHERE id IN (SELECT DISTINCT name_id FROM points WHERE run_id = ?) ORDER BY 1",
             (run_id,),
         )
         return [name for (name,) in rows]
 
     def series(self, run_id: int, name: str) -> Series:
+        self.check_points(run_id)
         rows = self.db.execute(
-            "SELECT step, wall_time, value FROM points WHERE run_id = ?"
-            " AND name_id = (SELECT id FROM signal_names WHERE name = ?) ORDER BY step, wall_time",
+            f"SELECT step, wall_time, value FROM points WHERE run_id = ? AND {POINT_IS_VALID}"
+            f" AND name_id = (SELECT id FROM signal_names AS n WHERE {NAME} = ?) ORDER BY step, wall_time",
             (run_id, name),
         ).fetchall()
         return Series(name, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
 
     def resource_points(self, run_id: int) -> list[tuple[str, int, float, float | None]]:
         """Every resource point of a run: (name, step, wall time, value), in no set order."""
+        self.check_points(run_id)
         return self.db.execute(
-            "SELECT n.name, p.step, p.wall_time, p.value FROM points AS p"
-            " JOIN signal_names AS n ON n.id = p.name_id WHERE p.run_id = ? AND n.name LIKE 'resource/%'",
+            f"SELECT {NAME}, p.step, p.wall_time, p.value FROM points AS p JOIN signal_names AS n"
+            f" ON n.id = p.name_id WHERE p.run_id = ? AND n.name LIKE 'resource/%' AND {POINT_IS_VALID}",
             (run_id,),
         ).fetchall()
 
@@ -248,7 +283,9 @@ class StoreReader:
             " AND name_id IN (SELECT id FROM signal_names WHERE name LIKE 'resource/%') GROUP BY name_id)",
             (run_id,),
         ).fetchone()
-        (last,) = self.db.execute("SELECT MAX(step) FROM points WHERE run_id = ?", (run_id,)).fetchone()
+        (last,) = self.db.execute(
+            "SELECT MAX(step) FROM points WHERE run_id = ? AND typeof(step) = 'integer'", (run_id,)
+        ).fetchone()
         return int(samples), last
 
     def energy_joules(self, run_id: int) -> float | None:
@@ -257,7 +294,7 @@ class StoreReader:
         (total,) = self.db.execute(
             "SELECT SUM(used) FROM (SELECT MAX(p.value) - MIN(p.value) AS used FROM points AS p"
             " JOIN signal_names AS n ON n.id = p.name_id"
-            " WHERE p.run_id = ? AND n.name GLOB ? GROUP BY p.name_id)",
+            f" WHERE p.run_id = ? AND n.name GLOB ? AND {POINT_IS_VALID} GROUP BY p.name_id)",
             (run_id, ENERGY_GLOB),
         ).fetchone()
         return None if total is None else float(total)
@@ -269,7 +306,7 @@ class StoreReader:
             + (" WHERE read_at IS NULL" if unread_only else "")
             + " ORDER BY vanished_at, id"
         )
-        return [PostmortemRow(*row) for row in rows]
+        return [decode_postmortem(row, self.path) for row in rows]
 
     def postmortem_body(self, postmortem_id: int) -> str:
         """A postmortem's JSON lines (``sampler.child.postmortem``); ``LookupError`` if none."""
@@ -296,24 +333,79 @@ RUN_COLUMNS = (
 _POSTMORTEM_COLUMNS = "id, run_id, backend_pid, host, vanished_at, written_at, records, read_at"
 
 
-def decode_run(row: sqlite3.Row | tuple[Any, ...]) -> Run:
-    """A ``Run`` from a row of ``SELECT RUN_COLUMNS FROM runs``."""
+def decode_run(row: sqlite3.Row | tuple[Any, ...], store: str = "the run store") -> Run:
+    """A ``Run`` from a row of ``SELECT RUN_COLUMNS FROM runs`` of ``store``, each malformed
+    value said once and read as unknown (the run's placement: alone)."""
     run_id, started, ended, updated, host, pid, command, config, version, stats = row[:10]
     rank, local_rank, world_size, local_world_size, launch_id = row[10:]
+    check = Row(store, f"run {run_id}")
+    argv = check.parsed("command", command, list)
+    if argv is not None and not all(isinstance(arg, str) for arg in argv):
+        check.bad("command", command, "not a list of texts", "read as unknown")
+        argv = None
+    settings = check.parsed("config", config, dict)
+    counters = None if stats is None else check.parsed("stats", stats, dict)
     return Run(
         id=run_id,
-        started_at=started,
-        ended_at=ended,
-        updated_at=updated,
-        host=host,
-        pid=pid,
-        command=json.loads(command),
-        config=json.loads(config),
-        version=version,
-        stats=json.loads(stats) if stats else None,
-        rank=rank,
-        local_rank=local_rank,
-        world_size=world_size,
-        local_world_size=local_world_size,
-        launch_id=launch_id,
+        started_at=check.time("started_at", started),
+        ended_at=None if ended is None else check.time("ended_at", ended),
+        updated_at=check.time("updated_at", updated),
+        host=check.text("host", host, "?"),
+        pid=check.whole("pid", pid, PIDS, "a process id", None),
+        command=[] if argv is None else argv,
+        config={} if settings is None else checked(check, "config", settings, _CONFIG_RULES),
+        version=check.text("version", version, "?"),
+        stats=None if counters is None else checked(check, "stats", counters, _STATS_RULES),
+        rank=check.whole("rank", rank, WHOLE, "a rank", 0),
+        local_rank=check.whole("local_rank", local_rank, WHOLE, "a rank", 0),
+        world_size=check.whole("world_size", world_size, _SIZES, "a number of ranks", 1),
+        local_world_size=check.whole("local_world_size", local_world_size, _SIZES, "a number of ranks", 1),
+        launch_id=None if launch_id is None else check.text("launch_id", launch_id, None),
     )
+
+
+_SIZES = range(1, 2**63)
+_CONFIG_RULES = {
+    "interval_seconds": (lambda v: finite(v) and v > 0, "a number of seconds > 0"),
+    "step_source": (lambda v: isinstance(v, str), "text"),
+}
+"""The settings of ``runs.config`` that readers use."""
+_COUNT = (lambda v: type(v) is int and v >= 0, "a count")
+_LIST = (lambda v: isinstance(v, list), "a JSON list")
+_STATS_RULES = {
+    "restarts": _COUNT,
+    "records_lost": _COUNT,
+    "store_points_dropped": _COUNT,
+    "deaths": _LIST,
+    "quarantined": _LIST,
+}
+"""The counters of ``runs.stats`` that readers use (the monitor's ``stats()``)."""
+
+
+def decode_postmortem(row: tuple[Any, ...], store: str) -> PostmortemRow:
+    """A ``PostmortemRow`` from a row of ``SELECT _POSTMORTEM_COLUMNS FROM postmortems`` of
+    ``store``, each malformed value said once and read as unknown (a read time: read)."""
+    postmortem_id, run_id, backend_pid, host, vanished, written, records, read = row
+    check = Row(store, f"postmortem {postmortem_id}")
+    return PostmortemRow(
+        id=postmortem_id,
+        run_id=None if run_id is None else check.whole("run_id", run_id, WHOLE, "a run id", None),
+        backend_pid=check.whole("backend_pid", backend_pid, PIDS, "a process id", None),
+        host=check.text("host", host, "?"),
+        vanished_at=check.time("vanished_at", vanished),
+        written_at=check.time("written_at", written),
+        records=check.whole("records", records, WHOLE, "a count", None),
+        read_at=None if read is None else check.time("read_at", read),
+    )
+
+
+NAME = "CAST(n.name AS TEXT)"
+"""A signal's name (``signal_names AS n``) as text, whatever a malformed row holds."""
+POINT_PROBLEMS = (
+    ("step", "typeof(step) != 'integer'", "not a whole number"),
+    ("wall_time", f"typeof(wall_time) != 'real' OR wall_time < 0 OR wall_time >= {MAX_TIME}", "not a time"),
+    ("value", "typeof(value) NOT IN ('real', 'null')", "not a number"),
+)
+"""(column of ``points``, the SQL test that its value is malformed, what it is not)."""
+POINT_IS_VALID = " AND ".join(f"NOT ({test})" for _, test, _ in POINT_PROBLEMS)
+"""SQL: the point is none of ``POINT_PROBLEMS``."""

@@ -37,7 +37,10 @@ def sparkline(values: Sequence[float], width: int) -> str:
 
 
 def format_duration(seconds: float) -> str:
-    """``45s``, ``12m05s``, ``3h02m``, ``2d04h``."""
+    """``45s``, ``12m05s``, ``3h02m``, ``2d04h``; ``?`` for an unknown one (NaN: a time a
+    malformed row of a store holds)."""
+    if seconds != seconds:
+        return "?"
     s = max(0, int(seconds))
     if s < 60:
         return f"{s}s"

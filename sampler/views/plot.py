@@ -233,11 +233,14 @@ def _lines(
 
 def describe(run: Run) -> str:
     """``run 3 · 2025-11-30 12:03:21 · 1 min 04 s · host`` (``host rank 1/4`` for a rank of a job)."""
-    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started_at))
+    known = run.started_at == run.started_at  # NaN: a malformed row
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started_at)) if known else "?"
     return f"run {run.id} · {started} · {_duration(run.duration)} · {run.where}"
 
 
 def _duration(seconds: float) -> str:
+    if seconds != seconds:  # a time unknown (a malformed row)
+        return "?"
     seconds = max(seconds, 0.0)
     if seconds < 60:
         return f"{seconds:.0f} s"

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from sampler import catalogue
+from sampler.store.reader import Run
 from sampler.util.quoting import printable
 from sampler.views.formatting import format_duration, format_value, sparkline
 from sampler.views.watch import WINDOW_POINTS, Point, View
@@ -156,12 +157,16 @@ def stale_line(view: View, now: float) -> Line | None:
     if quiet <= max(STALE_INTERVALS * run.interval, STALE_FLOOR_SECONDS):
         return None
     if view.pid_alive is False:
-        why = f"the backend (pid {run.pid}) is gone"
+        why = f"the backend (pid {_pid(run)}) is gone"
     elif view.pid_alive:
-        why = f"the backend (pid {run.pid}) still runs: hung, or its steps paused"
+        why = f"the backend (pid {_pid(run)}) still runs: hung, or its steps paused"
     else:
         why = "the backend stopped or hung"
     return Line(f"!! no sample for {quiet:.0f} s: {why}", "alert")
+
+
+def _pid(run: Run) -> str:
+    return "?" if run.pid is None else str(run.pid)
 
 
 def header_lines(view: View, now: float) -> list[Line]:
@@ -172,7 +177,7 @@ def header_lines(view: View, now: float) -> list[Line]:
     duration = (now - run.started_at) if status == "running" else run.duration
     step = "-" if view.last_step is None else str(view.last_step)
     title = (
-        f"run {run.id} | {run.where} pid {run.pid} | {status} | {format_duration(duration)} | step {step}"
+        f"run {run.id} | {run.where} pid {_pid(run)} | {status} | {format_duration(duration)} | step {step}"
         f" | every {run.interval:g} s | q quits"
     )
     command = " ".join(run.command) or "?"

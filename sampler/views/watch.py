@@ -11,7 +11,7 @@ import sqlite3
 from collections import deque
 from dataclasses import dataclass, field
 
-from sampler.store.reader import Run, StoreReader
+from sampler.store.reader import NAME, POINT_IS_VALID, Run, StoreReader
 
 WINDOW_POINTS = 120
 """Recent points kept per signal: what min/max and the sparkline cover."""
@@ -23,17 +23,21 @@ Point = tuple[float, float]
 """(wall time in s since the epoch, value)."""
 
 LATEST_SQL = (
-    "SELECT step, wall_time, value FROM points WHERE run_id = ? AND name_id = ?"
+    f"SELECT step, wall_time, value FROM points WHERE run_id = ? AND name_id = ? AND {POINT_IS_VALID}"
     " ORDER BY step DESC, rowid DESC LIMIT ?"
 )
 """The latest points of one signal of one run: read backwards along the index
-``points_by_signal`` (run_id, name_id, step; rowid), no sort."""
+``points_by_signal`` (run_id, name_id, step; rowid), no sort. Malformed ones are left out
+(``StoreReader.check_points`` says so), here and below."""
 FOLLOW_SQL = (
-    "SELECT rowid, name_id, step, wall_time, value FROM points WHERE rowid > ? AND +run_id = ? ORDER BY rowid"
+    "SELECT rowid, name_id, step, wall_time, value FROM points WHERE rowid > ? AND +run_id = ?"
+    f" AND {POINT_IS_VALID} ORDER BY rowid"
 )
 """A run's points written after a rowid: a range of the table's rowids. The
 unary ``+`` keeps SQLite off the index on run_id, which would walk every point
 the run ever wrote and sort them, on every refresh."""
+NAMES_SQL = f"SELECT id, {NAME} FROM signal_names AS n"
+"""Each signal's id and its name, as text whatever a malformed row holds."""
 
 
 @dataclass
@@ -133,7 +137,9 @@ class StoreWatch:
         """The latest ``window`` points of each signal of the run (by step, through the index)."""
         (top,) = db.execute("SELECT MAX(rowid) FROM points").fetchone()
         self._last_rowid = top or 0
-        self._names = dict(db.execute("SELECT id, name FROM signal_names"))
+        assert self._reader is not None
+        self._reader.check_points(run_id)
+        self._names = dict(db.execute(NAMES_SQL))
         view = self._view
         for name_id, name in sorted(self._names.items(), key=lambda item: item[1]):
             rows = db.execute(LATEST_SQL, (run_id, name_id, self.window)).fetchall()
@@ -149,7 +155,7 @@ class StoreWatch:
         for rowid, name_id, step, wall, value in rows:
             name = self._names.get(name_id)
             if name is None:
-                self._names = dict(db.execute("SELECT id, name FROM signal_names"))
+                self._names = dict(db.execute(NAMES_SQL))
                 name = self._names.get(name_id, f"#{name_id}")
             kept = points.get(name)
             if kept is None:
