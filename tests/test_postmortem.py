@@ -531,12 +531,8 @@ def test_a_broken_directory_or_store_is_never_announced_and_never_raises(
     )
     db.close()
     postmortems.announce(None, str(odd))
-    *malformed, announcement = announcements(caplog)
+    [announcement] = announcements(caplog)
     assert "of pid 3 (died at ?, 0 records)" in announcement
-    assert [m.split(": ")[2:4] for m in malformed] == [
-        ["postmortem 1", "vanished_at 1e+300 is not a time; read as unknown"],
-        ["postmortem 1", "written_at 1e+300 is not a time; read as unknown"],
-    ]
 
 
 def test_the_command_refuses_what_it_cannot_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -561,7 +557,7 @@ def test_a_version_1_store_opened_for_writing_gets_the_postmortems_table(tmp_pat
         StoreReader(str(path))
     schema.connect(str(path)).close()
     with StoreReader(str(path)) as reader:
-        assert reader.db.execute("PRAGMA user_version").fetchone()[0] == 3 == schema.SCHEMA_VERSION
+        assert reader.db.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION
         assert reader.postmortems() == []
         assert reader.run().pid == 42 and reader.series(1, "train/loss").values == [0.25]
         columns = [row[1] for row in reader.db.execute("PRAGMA table_info(postmortems)")]

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
-from conftest import run_command
+from conftest import old_store, run_command, wait_for
 
 from sampler.commands import runs as runs_command
 from sampler.settings.placement import Placement
-from sampler.store import prune
+from sampler.store import prune, schema
 from sampler.store.reader import StoreReader
 from sampler.store.writer import RunInfo, RunWriter
 
@@ -236,3 +239,276 @@ def test_pruning_a_missing_store_creates_nothing(tmp_path: Path) -> None:
     done = sampler_command("runs", "none.sqlite", "--prune", "--older-than", "7d", cwd=tmp_path)
     assert done.returncode == 2 and "no run store at none.sqlite" in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- a suspended backend
+
+
+SUSPENDABLE_BACKEND = """
+import os, sys, time
+from sampler.store.writer import RunInfo, RunWriter
+writer = RunWriter(sys.argv[1], RunInfo(os.getpid(), ["train.py"], {"interval_seconds": 1.0}, time.time()))
+step = 0
+for line in sys.stdin:
+    for _ in range(int(line)):
+        writer.log("train/loss", 1.0, step)
+        writer.record({"resource/cpu/utilization_percent": 1.0}, step, time.monotonic_ns(), None)
+        step += 1
+    writer.flush()
+    print("written", writer.run_id, flush=True)
+writer.close({})
+print("closed", writer.run_id, writer.points_written, writer.points_dropped, flush=True)
+"""
+"""A backend that writes as many steps as each line of its input says, then says so."""
+
+
+class Backend:
+    """``SUSPENDABLE_BACKEND`` writing ``store``."""
+
+    def __init__(self, store: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SUSPENDABLE_BACKEND, str(store)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def write(self, steps: int) -> int:
+        """Have it write ``steps`` steps; returns the run it says it wrote them into."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{steps}\n")
+        self.proc.stdin.flush()
+        said, run_id = self.proc.stdout.readline().split()
+        assert said == "written"
+        return int(run_id)
+
+    def suspend(self) -> None:
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        wait_for(lambda: psutil.Process(self.proc.pid).status() == psutil.STATUS_STOPPED, what="it suspended")
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def finish(self) -> tuple[str, str]:
+        """Let it stop; returns what it printed and its standard error."""
+        out, err = self.proc.communicate(timeout=60)
+        assert self.proc.returncode == 0, err
+        return out, err
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+def rows(store: Path, query: str, *args: object) -> list[tuple[object, ...]]:
+    db = sqlite3.connect(store)
+    try:
+        return db.execute(query, args).fetchall()
+    finally:
+        db.close()
+
+
+def test_a_suspended_backend_is_never_pruned(tmp_path: Path, backends: list[Backend]) -> None:
+    """SIGSTOPped (Ctrl-Z, scontrol suspend) for longer than a run may go quiet: its run reads
+    lost, but its process lives on this host, the one that started it, so the run stays; on
+    SIGCONT its points go on into it."""
+    store = tmp_path / "runs.sqlite"
+    backend = Backend(store)
+    backends.append(backend)
+    run_id = backend.write(50)
+    backend.suspend()
+    backdate(store, run_id, 10)
+    with StoreReader(str(store)) as reader:
+        assert reader.run(run_id).status == "lost"  # quiet for 10 days
+    dry = sampler_command("runs", str(store), "--prune", "--older-than", "7d", "--dry-run", cwd=tmp_path)
+    done = sampler_command("runs", str(store), "--prune", "--older-than", "7d", cwd=tmp_path)
+    assert dry.returncode == 0 and "nothing to prune" in dry.stdout, dry.stdout + dry.stderr
+    assert done.returncode == 0 and "nothing to prune" in done.stdout, done.stdout + done.stderr
+    assert counts(store) == {run_id: 100}
+    backend.resume()
+    assert backend.write(50) == run_id
+    out, err = backend.finish()
+    assert out.split()[:2] == ["closed", str(run_id)] and "no longer in the store" not in err
+    assert counts(store) == {run_id: 200}
+
+
+def test_a_live_pid_that_another_process_took_keeps_no_run(tmp_path: Path) -> None:
+    """The run's pid lives, but the process holding it started at another time than the one
+    the run recorded: a recycled pid, and the run is pruned as lost."""
+    store = tmp_path / "runs.sqlite"
+    writer = RunWriter(str(store), RunInfo(os.getpid(), ["train.py"], {"interval_seconds": 1.0}, time.time()))
+    record(writer)
+    db = sqlite3.connect(store)
+    db.execute("UPDATE runs SET pid_started_after_boot = pid_started_after_boot - 1")
+    db.commit()
+    db.close()
+    backdate(store, 1, 10)
+    done = sampler_command("runs", str(store), "--prune", "--older-than", "7d", cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.startswith("removed run 1:"), done.stdout + done.stderr
+    assert counts(store) == {}
+    record(writer)  # it was this process all along: it says so, and goes on in a new run
+    writer.close({})
+    assert writer.run_id == 2 and counts(store) == {2: POINTS_PER_RUN}
+
+
+def test_run_ids_are_never_given_again(tmp_path: Path) -> None:
+    """The newest run pruned: the next run takes a new id, not its."""
+    store = tmp_path / "runs.sqlite"
+    for _ in range(2):
+        writer = RunWriter(str(store), RunInfo(os.getpid(), ["train.py"], {}, time.time()))
+        record(writer)
+        writer.close({})
+    backdate(store, 2, 10)
+    done = sampler_command("runs", str(store), "--prune", "--older-than", "7d", cwd=tmp_path)
+    assert done.returncode == 0 and "removed 1 run," in done.stdout, done.stdout + done.stderr
+    writer = RunWriter(str(store), RunInfo(os.getpid(), ["train.py"], {}, time.time()))
+    record(writer)
+    writer.close({})
+    assert writer.run_id == 3 and counts(store) == {1: POINTS_PER_RUN, 3: POINTS_PER_RUN}
+
+
+def test_a_backend_whose_run_was_pruned_while_suspended_goes_on_in_a_new_run(
+    tmp_path: Path, backends: list[Backend]
+) -> None:
+    """A run whose process cannot be seen from here (its row names another host: a store on a
+    shared filesystem) is pruned while its backend is suspended, and another run starts. On
+    SIGCONT the backend says once that its run is gone and goes on in a run of its own: its
+    points land neither in the other run nor under the id that is gone."""
+    store = tmp_path / "runs.sqlite"
+    backend = Backend(store)
+    backends.append(backend)
+    first = backend.write(50)
+    backend.suspend()
+    backdate(store, first, 10)
+    db = sqlite3.connect(store)
+    db.execute("UPDATE runs SET host = 'node-elsewhere' WHERE id = ?", (first,))
+    db.commit()
+    db.close()
+    done = sampler_command("runs", str(store), "--prune", "--older-than", "7d", cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.startswith(f"removed run {first}:"), done.stdout
+    other = RunWriter(str(store), RunInfo(os.getpid(), ["other.py"], {}, time.time()))
+    record(other, 10)
+    backend.resume()
+    again = backend.write(50)
+    record(other, 10)
+    other.close({})
+    out, err = backend.finish()
+    assert len({first, other.run_id, again}) == 3, (first, other.run_id, again)
+    assert out.split()[:2] == ["closed", str(again)]
+    assert err.count(f"run {first} is no longer in the store") == 1, err
+    assert counts(store) == {other.run_id: 40, again: 100}
+    assert rows(store, "SELECT COUNT(*) FROM points WHERE run_id = ?", first) == [(0,)]
+
+
+def test_a_version_3_store_is_read_as_it_is_and_keeps_its_ids_once_migrated(tmp_path: Path) -> None:
+    """A store of the version before: readers take it as it is. Pruning migrates it: no id is
+    given again, not even one whose row is gone but whose points a writer left behind; a run
+    whose row cannot say when its process started (none could) goes by the pid alone."""
+    path = old_store(tmp_path / "old.sqlite", 3)  # run 1: pid 42 on host h, lost long ago
+    db = sqlite3.connect(path)
+    db.execute(
+        "INSERT INTO runs (started_at, updated_at, host, pid, command, config, version)"
+        " VALUES (1.0, 2.0, ?, ?, '[]', '{}', '0.0.3')",
+        (socket.gethostname(), os.getpid()),
+    )  # run 2: quiet for decades, but this process lives
+    db.execute("INSERT INTO points VALUES (5, 1, 0, 1.0, 0.5)")  # points of a run 5 pruned before
+    db.commit()
+    db.close()
+    with StoreReader(str(path)) as reader:
+        assert [(run.id, run.status) for run in reader.runs()] == [(1, "lost"), (2, "lost")]
+        assert reader.db.execute("PRAGMA user_version").fetchone() == (3,)
+    done = sampler_command("runs", str(path), "--prune", "--before", "2999-01-01", cwd=tmp_path)
+    assert done.returncode == 0 and "removed 1 run, 1 points" in done.stdout, done.stdout + done.stderr
+    assert rows(path, "PRAGMA user_version") == [(schema.SCHEMA_VERSION,)]
+    assert rows(path, "SELECT id, pid_started_after_boot FROM runs") == [(2, None)]
+    assert counts(path) == {2: 0} and rows(path, "SELECT COUNT(*) FROM points") == [(0,)]
+    writer = RunWriter(str(path), RunInfo(os.getpid(), ["train.py"], {}, time.time()))
+    record(writer, 1)
+    writer.close({})
+    assert writer.run_id == 6
+
+
+# --------------------------------------------------------------------------- a large prune beside a writer
+
+BIG = 2_000_000
+"""Points of the run a prune removes while another stops: seconds of deleting."""
+
+
+def ended_run_of(store: Path, points: int) -> None:
+    """A store whose run 1 ended 10 days ago with ``points`` points (5 signals)."""
+    db = schema.connect(str(store))
+    old = time.time() - 10 * DAY
+    db.execute(
+        "INSERT INTO runs (started_at, updated_at, ended_at, host, pid, command, config, version)"
+        " VALUES (?, ?, ?, 'node-1', 1, '[]', '{}', 'test')",
+        (old, old, old),
+    )
+    db.executemany("INSERT INTO signal_names (name) VALUES (?)", [(f"train/s{i}",) for i in range(5)])
+    db.execute("BEGIN")
+    db.execute("DROP INDEX points_by_signal")  # made again after: much faster than kept along
+    db.execute(
+        "WITH RECURSIVE n(x) AS (SELECT 0 UNION ALL SELECT x + 1 FROM n WHERE x < ?)"
+        " INSERT INTO points SELECT 1, 1 + x % 5, x / 5, ? + x / 5, 0.5 FROM n",
+        (points - 1, old),
+    )
+    db.execute("CREATE INDEX points_by_signal ON points (run_id, name_id, step)")
+    db.execute("COMMIT")
+    db.close()
+
+
+def writing_held(store: Path) -> bool:
+    """Whether another connection holds the store's write lock now."""
+    db = sqlite3.connect(store, timeout=0, isolation_level=None)
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError:
+        return True
+    finally:
+        db.close()
+
+
+@pytest.mark.timeout(600)  # a minute or two on a loaded machine: the store is made, then pruned
+def test_a_run_that_stops_while_millions_of_points_are_pruned_ends_with_all_its_points(
+    tmp_path: Path,
+) -> None:
+    """The prune deletes in short transactions: the stopping run's last write, which waits for
+    the store up to its final timeout, gets in; its end time and every point are stored."""
+    store = tmp_path / "runs.sqlite"
+    ended_run_of(store, BIG)
+    live = RunWriter(str(store), RunInfo(os.getpid(), ["train.py"], {"interval_seconds": 1.0}, time.time()))
+    record(live)
+    pruning = subprocess.Popen(
+        [sys.executable, "-m", "sampler", "runs", str(store), "--prune", "--older-than", "7d"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        wait_for(
+            lambda: writing_held(store) or rows(store, "SELECT COUNT(*) FROM runs WHERE id = 1") == [(0,)],
+            timeout=60,
+            what="the prune to delete",
+        )
+        for step in range(POINTS_PER_RUN // 2, POINTS_PER_RUN):
+            live.log("train/loss", 1.0, step)
+        live.close({"running": False})
+        out, err = pruning.communicate(timeout=600)
+    finally:
+        if pruning.poll() is None:
+            pruning.kill()
+            pruning.communicate()
+    assert pruning.returncode == 0, err
+    assert f"removed 1 run, {BIG} points" in out, out
+    assert live.error is None and live.points_dropped == 0
+    assert live.points_written == POINTS_PER_RUN + POINTS_PER_RUN // 2
+    with StoreReader(str(store)) as reader:
+        (run,) = reader.runs()
+        assert run.id == live.run_id and run.status == "ended"
+        assert reader.series(run.id, "train/loss").steps == list(range(POINTS_PER_RUN))
+    assert counts(store) == {live.run_id: POINTS_PER_RUN + POINTS_PER_RUN // 2}
+    assert rows(store, "SELECT COUNT(*) FROM points WHERE run_id = 1") == [(0,)]

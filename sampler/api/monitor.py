@@ -85,20 +85,25 @@ class _Run:
 
     def finish(self, stats: MonitorStats) -> None:
         """The thread's last act, however it ends: the discovery entry goes, the
-        run store's last write (all the pipeline queued, the final stats), then the stop pipe."""
+        run store's last write and its wake-up pipe (``end_store``), then the stop pipe."""
         if self.exposition is not None:
             self.exposition.close()
-        if self.writer is not None and self._unsubscribe is not None:
-            self._unsubscribe()
-            final = {**stats.snapshot(), "running": False, "child_pid": None}
-            try:
-                self.writer.close(final)
-            except Exception as exc:
-                log.error(
-                    "resource monitor: the run store failed at stop (%s)", bounded_repr(exc), exc_info=True
-                )
-            stats.note_store(self.writer)
+        self.end_store(stats, close=True)
         self.close_pipe()
+
+    def end_store(self, stats: MonitorStats, close: bool = False) -> None:
+        """The run store's last write (all the pipeline queued, the final stats, the end
+        time), made once: by the thread on its way out (``close``: which also releases the
+        writer's pipe), or by stop() while the thread is busy in a call."""
+        if self.writer is None or self._unsubscribe is None:
+            return
+        self._unsubscribe()
+        final = {**stats.snapshot(), "running": False, "child_pid": None}
+        try:
+            (self.writer.close if close else self.writer.end)(final)
+        except Exception as exc:
+            log.error("resource monitor: the run store failed at stop (%s)", bounded_repr(exc), exc_info=True)
+        stats.note_store(self.writer)
 
     def close_pipe(self) -> None:
         """Release both ends of the stop pipe."""
@@ -333,6 +338,7 @@ class ResourceMonitor:
             if child is not None:
                 child.kill()
             log.warning("resource monitor: the monitor thread is busy in a call; it ends after it returns")
+            run.end_store(self._stats)  # the run ends now all the same: it must not read as lost
 
     def stats(self) -> dict[str, Any]:
         """Counters and health: records read/logged/dropped/lost, signals logged,

@@ -1,19 +1,37 @@
 """Keeping a run store bounded: removing the runs that ended or were lost before a time,
 with their points and postmortems, and giving the space back where nobody is in the way.
 
-Never a live run: a run's status is read inside the transaction that removes it, which no
-writer can enter meanwhile.
+Never a live run: neither one that wrote lately nor one whose process lives on this host
+(the pid the row names, started when the row says: a suspended backend, however long it has
+been quiet). A run's status is read again inside the transaction that removes its row,
+which no writer can enter meanwhile. Its points go after it, in short transactions with a
+pause between (``delete_points``), so that a writer waiting for the store, a run's last
+write at stop above all, gets in within its timeout.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
+import time
 from typing import NamedTuple
 
 from sampler.store.reader import RUN_COLUMNS, Run, decode_run
+from sampler.store.writer import process_started_after_boot
 
 MIB = 1024**2
+BATCH_SECONDS = 0.025
+"""How long one transaction deleting points holds the store, about (its size follows)."""
+PAUSE_SECONDS = (0.01, 0.04)
+"""The range the pause after each is drawn from, s: while SQLite's busy wait polls every 0.1 s
+at most, a drawn pause cannot keep in step with a waiting writer's polls."""
+FIRST_BATCH = 1000
+"""Rowids the first transaction deletes the points of; each next one as many as it takes
+``BATCH_SECONDS`` to."""
+SAME_START_SECONDS = 0.01
+"""Two readings of a process's start closer than this are one process (the kernel counts in
+ticks of 0.01 s)."""
 
 
 class Prunable(NamedTuple):
@@ -26,29 +44,68 @@ class Prunable(NamedTuple):
     postmortems: int
 
 
+def lives_here(run: Run, started_after_boot: float | None) -> bool:
+    """Whether the run's process runs on this host now (the run may have ended all the same):
+    its pid lives, and started when the row says (``runs.pid_started_after_boot``), not a later
+    process given the same pid; a row that does not say (older than schema version 4) goes by
+    the pid alone."""
+    if not run.process_alive():
+        return False
+    if started_after_boot is None:
+        return True
+    now = process_started_after_boot(run.pid) if run.pid is not None else None
+    return now is not None and abs(now - started_after_boot) < SAME_START_SECONDS
+
+
+def _starts(db: sqlite3.Connection) -> dict[int, float | None]:
+    """Run id -> ``pid_started_after_boot``; empty in a store older than the column."""
+    if "pid_started_after_boot" not in {column[1] for column in db.execute("PRAGMA table_info(runs)")}:
+        return {}
+    return dict(db.execute("SELECT id, pid_started_after_boot FROM runs"))
+
+
+def _live(db: sqlite3.Connection, runs: list[Run]) -> list[Run]:
+    """Those of ``runs`` that are live: not ended, and running (``Run.status``: it wrote lately)
+    or ``lives_here``."""
+    starts = _starts(db)
+    return [
+        run
+        for run in runs
+        if run.ended_at is None and (run.status == "running" or lives_here(run, starts.get(run.id)))
+    ]
+
+
+def _ended_or_lost(db: sqlite3.Connection, cutoff: float) -> list[Run]:
+    """The runs last written before ``cutoff`` (s since the epoch) that are not live now."""
+    rows = db.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE updated_at < ? ORDER BY id", (cutoff,))
+    runs = [decode_run(row) for row in rows]
+    live = {run.id for run in _live(db, runs)}
+    return [run for run in runs if run.id not in live]
+
+
 def prunable(db: sqlite3.Connection, cutoff: float) -> list[Prunable]:
     """The runs to prune: each run last written before ``cutoff`` (s since the epoch) that
-    ended or was lost (``Run.status``) now."""
+    ended or was lost (``Run.status``) and whose process does not live here (``lives_here``) now."""
     found = []
-    for row in db.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE updated_at < ? ORDER BY id", (cutoff,)):
-        run = decode_run(row)
-        status = run.status
-        if status != "running":
-            ((points,),) = db.execute("SELECT COUNT(*) FROM points WHERE run_id = ?", (run.id,))
-            ((postmortems,),) = db.execute("SELECT COUNT(*) FROM postmortems WHERE run_id = ?", (run.id,))
-            found.append(Prunable(run, status, points, postmortems))
+    for run in _ended_or_lost(db, cutoff):
+        ((points,),) = db.execute("SELECT COUNT(*) FROM points WHERE run_id = ?", (run.id,))
+        ((postmortems,),) = db.execute("SELECT COUNT(*) FROM postmortems WHERE run_id = ?", (run.id,))
+        found.append(Prunable(run, run.status, points, postmortems))
     return found
 
 
 def remove(db: sqlite3.Connection, cutoff: float) -> list[Prunable]:
-    """Remove the runs of ``prunable`` with their points and postmortems, in one transaction
-    (``BEGIN IMMEDIATE``: no writer may touch a run between its status read and its removal);
-    returns them. Raises ``sqlite3.Error``."""
+    """Remove the runs of ``prunable`` with their postmortems in one short transaction
+    (``BEGIN IMMEDIATE``: no writer may touch a run between the second reading of its status
+    and its removal), then their points (``delete_points``); returns them. Their points are
+    counted before, outside the transaction: that takes a while, and a run that ended or was
+    lost writes no more. Raises ``sqlite3.Error``."""
+    chosen = prunable(db, cutoff)
     db.execute("BEGIN IMMEDIATE")
     try:
-        gone = prunable(db, cutoff)
+        still = {run.id for run in _ended_or_lost(db, cutoff)}
+        gone = [entry for entry in chosen if entry.run.id in still]
         ids = [(entry.run.id,) for entry in gone]
-        db.executemany("DELETE FROM points WHERE run_id = ?", ids)
         db.executemany("DELETE FROM postmortems WHERE run_id = ?", ids)
         db.executemany("DELETE FROM runs WHERE id = ?", ids)
         db.execute("COMMIT")
@@ -56,7 +113,48 @@ def remove(db: sqlite3.Connection, cutoff: float) -> list[Prunable]:
         if db.in_transaction:
             db.execute("ROLLBACK")
         raise
+    delete_points(db)
     return gone
+
+
+def delete_points(db: sqlite3.Connection) -> None:
+    """Delete the points whose run has no row (the runs just removed, or by a prune cut short),
+    in transactions of about ``BATCH_SECONDS``, with a pause between. No run takes such an id
+    again (schema version 4), and a writer whose row is gone goes on in a new run. Raises
+    ``sqlite3.Error``."""
+    run_id = -1
+    while True:
+        # Each run's points are found by the index, one seek a run, not by reading them all.
+        ((run_id,),) = db.execute("SELECT MIN(run_id) FROM points WHERE run_id > ?", (run_id,))
+        if run_id is None:
+            return
+        if db.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
+            _delete_run_points(db, run_id)
+
+
+def _delete_run_points(db: sqlite3.Connection, run_id: int) -> None:
+    """Delete the points of ``run_id`` (see ``delete_points``) by ranges of rowids: the points
+    of one sample lie side by side in the table and in the index, so this touches half the
+    pages that deleting in the index's order (signal by signal) does."""
+    ((low, high),) = db.execute("SELECT MIN(rowid), MAX(rowid) FROM points WHERE run_id = ?", (run_id,))
+    width = FIRST_BATCH
+    while low is not None and low <= high:
+        began = time.monotonic()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute(  # +run_id: by the rowids, not by the index
+                "DELETE FROM points WHERE rowid >= ? AND rowid < ? AND +run_id = ?",
+                (low, low + width, run_id),
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        took = time.monotonic() - began
+        time.sleep(random.uniform(*PAUSE_SECONDS))
+        low += width
+        width = max(FIRST_BATCH // 10, min(2 * width, int(width * BATCH_SECONDS / max(took, 1e-4))))
 
 
 def size(path: str) -> int:
@@ -70,11 +168,7 @@ def reclaim(db: sqlite3.Connection, before: int, timeout: float) -> str:
     its write-ahead log in full waits up to ``timeout`` s for that). Else the space stays in the
     file, for new points. ``before``: the bytes the store took before pruning. Returns what was
     done, as a sentence."""
-    live = [
-        run
-        for run in map(decode_run, db.execute(f"SELECT {RUN_COLUMNS} FROM runs"))
-        if run.status == "running"
-    ]
+    live = _live(db, [decode_run(row) for row in db.execute(f"SELECT {RUN_COLUMNS} FROM runs")])
     ((pages,),) = db.execute("PRAGMA freelist_count")
     ((page_size,),) = db.execute("PRAGMA page_size")
     freed = f"{pages * page_size / MIB:.1f} MiB freed"

@@ -1,9 +1,10 @@
 """The run store's SQLite schema: a public interface, versioned.
 
-Schema version 3 (``PRAGMA user_version``)::
+Schema version 4 (``PRAGMA user_version``)::
 
     runs          one row per monitor run
-      id            INTEGER PRIMARY KEY
+      id            INTEGER PRIMARY KEY AUTOINCREMENT: never given twice, not even after
+                    its run was pruned (version 4)
       started_at    REAL     wall time the run started, s since the epoch
       ended_at      REAL     when it stopped; NULL while running, or if the backend died
       updated_at    REAL     the latest write, s since the epoch (a run that stops
@@ -21,6 +22,10 @@ Schema version 3 (``PRAGMA user_version``)::
       local_world_size INTEGER ranks on its host (version 3)
       launch_id     TEXT     the id every rank of one launch shares: the run_id label
                              of its metrics (version 3; NULL in rows older than it)
+      pid_started_after_boot REAL when the monitored process started, s after its host
+                             booted: with host and pid, what tells it from a later process
+                             given the same pid (version 4; NULL in older rows, or where
+                             it could not be read)
     signal_names  one row per signal name
       id, name (UNIQUE)
     points        one row per logged value
@@ -45,14 +50,17 @@ Schema version 3 (``PRAGMA user_version``)::
       read_at       REAL     when someone read it (``python -m sampler postmortem``);
                              NULL while it waits to be announced and read
 
-Version 2 is version 3 without the five placement columns of ``runs`` (a
+Version 3 is version 4 with ids that a run removed by pruning gave back (the
+next new run took the highest again) and without ``pid_started_after_boot``;
+version 2 is version 3 without the five placement columns of ``runs`` (a
 migrated row reads rank 0 of a world of one); version 1 is version 2 without
 ``postmortems``.
 
 Migrations: a store opened for writing with a lower ``user_version`` is
 migrated in place, one version at a time (``_MIGRATIONS``), inside one
 transaction; a store with a higher version was written by a newer release and
-is refused for writing (read it with that release).
+is refused for writing (read it with that release). Readers take a store of
+``READABLE_FROM`` on (what they read is the same there).
 """
 
 from __future__ import annotations
@@ -62,7 +70,11 @@ import sqlite3
 import time
 from collections.abc import Callable
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+READABLE_FROM = 3
+"""The oldest version readers take as it is (older ones are migrated by opening them for writing)."""
+STEPS = range(-(2**63), 2**63)
+"""The steps a point can have: SQLite's INTEGER, a signed 64-bit word."""
 MODE = 0o600
 """A new store's mode, and so its ``-wal`` and ``-shm`` files' (SQLite gives them
 the database's): it keeps every run's command line and configuration."""
@@ -121,6 +133,43 @@ _V3 = (
 )
 
 
+_V3_COLUMNS = (
+    "id, started_at, ended_at, updated_at, host, pid, command, config, version, stats,"
+    " rank, local_rank, world_size, local_world_size, launch_id"
+)
+
+_V4 = (
+    # AUTOINCREMENT cannot be added to a table: it is made anew, as SQLite's manual says.
+    """CREATE TABLE runs_v4 (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        started_at REAL NOT NULL,
+        ended_at REAL,
+        updated_at REAL NOT NULL,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        command TEXT NOT NULL,
+        config TEXT NOT NULL,
+        version TEXT NOT NULL,
+        stats TEXT,
+        rank INTEGER NOT NULL DEFAULT 0,
+        local_rank INTEGER NOT NULL DEFAULT 0,
+        world_size INTEGER NOT NULL DEFAULT 1,
+        local_world_size INTEGER NOT NULL DEFAULT 1,
+        launch_id TEXT,
+        pid_started_after_boot REAL
+    )""",
+    f"INSERT INTO runs_v4 ({_V3_COLUMNS}) SELECT {_V3_COLUMNS} FROM runs",
+    "DROP TABLE runs",
+    "ALTER TABLE runs_v4 RENAME TO runs",
+    # Nor is an id given again whose row is gone but whose points or postmortems are not.
+    "DELETE FROM sqlite_sequence WHERE name = 'runs'",
+    """INSERT INTO sqlite_sequence (name, seq) SELECT 'runs', MAX(
+        COALESCE((SELECT MAX(id) FROM runs), 0),
+        COALESCE((SELECT MAX(run_id) FROM points), 0),
+        COALESCE((SELECT MAX(run_id) FROM postmortems), 0))""",
+)
+
+
 def _create_v1(db: sqlite3.Connection) -> None:
     # One statement at a time: executescript() would commit the migration's transaction.
     for statement in _V1:
@@ -137,10 +186,16 @@ def _add_placement(db: sqlite3.Connection) -> None:
         db.execute(statement)
 
 
+def _keep_ids(db: sqlite3.Connection) -> None:
+    for statement in _V4:
+        db.execute(statement)
+
+
 _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     0: _create_v1,
     1: _add_postmortems,
     2: _add_placement,
+    3: _keep_ids,
 }
 """``_MIGRATIONS[v]`` takes a store from version v to v + 1 (0: an empty file)."""
 
@@ -189,7 +244,7 @@ def connect(path: str, *, readonly: bool = False, timeout: float = 0.0) -> sqlit
                 f"{SCHEMA_VERSION}"
             )
         if readonly:
-            if version < SCHEMA_VERSION:
+            if version < READABLE_FROM:
                 raise StoreVersionError("not a run store (or an older one: open it for writing once)")
             return db
         _use_wal(db, timeout)

@@ -11,7 +11,14 @@ point from one byte on ``wake_fd``; later points cost nothing but the append.
 What cannot be written now (the store is locked by another writer, the disk is
 full, the directory is read-only) stays queued, up to ``MAX_QUEUED_POINTS``, and
 is written once it can be; the oldest beyond that bound are dropped and counted.
-Each kind of failure is reported once.
+Each kind of failure is reported once. A store another writer holds (its lock) is
+tried again ``FLUSH_SECONDS`` later, whether it was being opened or written, and the
+last write, at stop, always makes one attempt that waits for the lock up to
+``FINAL_TIMEOUT_SECONDS``.
+
+The run's row is inserted with its first write. Should it be gone at a later one (a
+prune that found the run lost), the writer says so once and goes on in a new run,
+never into another's: run ids are never given twice (``schema``).
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
+
 from sampler.settings.placement import Placement, host_name
 from sampler.store import schema
 from sampler.util.quoting import bounded_repr
@@ -39,7 +48,8 @@ RESOURCE_PREFIX = "resource/"
 MAX_QUEUED_POINTS = 200_000
 """Points held while the store cannot be written (about 10 MB)."""
 REOPEN_SECONDS = 10.0
-"""How often a store that could not be opened is tried again."""
+"""How often a store that could not be opened or written for another reason than another
+writer's lock (a full disk, a read-only directory, a corrupt file) is tried again."""
 WRITE_TIMEOUT_SECONDS = 0.05
 """How long a write waits for another writer's lock before trying again later."""
 FINAL_TIMEOUT_SECONDS = 2.0
@@ -72,6 +82,25 @@ class RunInfo:
     """The backend's host and rank (default: alone on this host)."""
 
 
+def process_started_after_boot(pid: int) -> float | None:
+    """When process ``pid`` started, s after its host booted (what a clock step moves not),
+    or None if that cannot be read: the ``runs.pid_started_after_boot`` of its run."""
+    try:
+        boot = psutil.boot_time()  # first: an older psutil adds the boot time it read last
+        return psutil.Process(pid).create_time() - boot
+    except (psutil.Error, OSError):
+        return None
+
+
+def utf8(text: str) -> str:
+    """``text`` as SQLite takes it: UTF-8 only, so a lone surrogate (what ``os.listdir``
+    gives for a file name in another encoding, ``os.environ`` for such a value) is escaped
+    as Python writes it (``\\udce9``)."""
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def package_version() -> str:
     """This package's version, or ``unknown`` when it is not installed."""
     from importlib.metadata import PackageNotFoundError, version
@@ -83,8 +112,8 @@ def package_version() -> str:
 
 
 class RunWriter:
-    """One run's writer. ``log`` may be called from any thread; everything else
-    from the monitor thread only (the connection is its own)."""
+    """One run's writer. ``log`` may be called from any thread; ``end`` from the thread
+    that stops the monitor too; everything else from the monitor thread only."""
 
     def __init__(self, path: str, info: RunInfo) -> None:
         self.path = path
@@ -98,12 +127,20 @@ class RunWriter:
         self._queued: list[Point] = []
         self._db: sqlite3.Connection | None = None
         self._names: dict[str, int] = {}
+        self._write_lock = threading.Lock()
+        """Held by each write: the monitor thread's, or the last one, made by stop() while
+        that thread is busy in a call."""
+        self._ended = False
+        """The last write was made: nothing is written after it."""
         self._next_open = 0.0
+        """When (monotonic s) a store that could not be opened is tried again."""
         self._written_at = 0.0
         self._touched_at = 0.0
         self._retry_at = 0.0
         """After a failure, no timed write before this (monotonic s)."""
         self._reported: set[str] = set()
+        self._row: tuple[object, ...] | None = None
+        """The run's row but ``updated_at`` (``_run_row``)."""
         self._pid = os.getpid()
         self._wake_lock = threading.Lock()
         self.wake_fd, self._wake_w = os.pipe()
@@ -157,42 +194,64 @@ class RunWriter:
         """Write what was logged since the last call and one sample's readings
         (``values`` None: no sample to write, only the queue) at ``step`` in one
         transaction, with the monitor's ``stats`` when given (they changed)."""
-        points = self._take_logged()
-        if values:
-            wall = time.time() - (time.monotonic_ns() - timestamp_ns) / 1e9
-            points += [(name, step, wall, value) for name, value in values.items()]
-        self._queue(points)
-        if stats is not None or time.monotonic() - self._written_at >= WRITE_EVERY_SECONDS:
-            self._write(stats)
+        with self._write_lock:
+            if self._ended:
+                return
+            points = self._take_logged()
+            if values:
+                wall = time.time() - (time.monotonic_ns() - timestamp_ns) / 1e9
+                points += [(name, step, wall, value) for name, value in values.items()]
+            self._queue(points)
+            if stats is not None or time.monotonic() - self._written_at >= WRITE_EVERY_SECONDS:
+                self._write(stats)
 
     def flush(self) -> None:
         """Write what is queued now, without waiting for the next transaction's turn."""
-        self._queue(self._take_logged())
-        self._write(None)
+        with self._write_lock:
+            if not self._ended:
+                self._queue(self._take_logged())
+                self._write(None)
+
+    def end(self, stats: dict[str, Any]) -> None:
+        """The last write: everything queued, the final stats and the end time. It is made
+        whenever the last attempt to open or write was, and waits for another writer's lock
+        up to ``FINAL_TIMEOUT_SECONDS``; what it cannot write is counted dropped and said.
+        Made once: later calls, ``record`` and ``flush`` write nothing. Called by ``stop()``
+        while the monitor thread is busy in a call, should that thread be in a write, it
+        returns, and the thread makes it on its way out (``close``)."""
+        if not self._write_lock.acquire(timeout=FINAL_TIMEOUT_SECONDS):
+            return
+        try:
+            if self._ended:
+                return
+            self._ended = True
+            self._queue(self._take_logged())
+            self._next_open = 0.0  # the last chance: an open is tried whenever the last one was
+            self._write(stats, ended=True)
+            if self._queued:
+                self.points_dropped += len(self._queued)
+                self._report(
+                    "lost",
+                    "resource monitor: %d points could not be written to %s before stop (%s)",
+                    len(self._queued),
+                    self.path,
+                    self.error,
+                )
+                self._queued = []
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+        finally:
+            self._write_lock.release()
 
     def close(self, stats: dict[str, Any]) -> None:
-        """The last write: everything queued, the final stats and the end time."""
+        """``end``, then release the wake-up pipe: the monitor thread's last act."""
+        self.end(stats)
         with self._wake_lock:
             for fd in (self.wake_fd, self._wake_w):
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
             self.wake_fd = self._wake_w = -1
-        self._queue(self._take_logged())
-        if self._db is not None:
-            self._db.execute(f"PRAGMA busy_timeout = {int(FINAL_TIMEOUT_SECONDS * 1000)}")
-        self._write(stats, ended=True)
-        if self._queued:
-            self.points_dropped += len(self._queued)
-            self._report(
-                "lost",
-                "resource monitor: %d points could not be written to %s before stop (%s)",
-                len(self._queued),
-                self.path,
-                self.error,
-            )
-            self._queued = []
-        if self._db is not None:
-            self._db.close()
-            self._db = None
 
     def _take_logged(self) -> list[Point]:
         logged = self._logged
@@ -214,12 +273,16 @@ class RunWriter:
             )
 
     def _clean(self, point: Point) -> Point | None:
-        """The point as SQLite takes it: a str name, an int step, a float value
-        (a numpy or torch scalar converts); None, reported once per name, if not."""
+        """The point as SQLite takes it: a UTF-8 name (``_spelled``), an int step within
+        ``schema.STEPS``, a float value (a numpy or torch scalar converts); None, reported
+        once per name, if not."""
         name, step, wall, value = point
         try:
-            return (name, operator.index(step), wall, float(value))
-        except (TypeError, ValueError, OverflowError) as exc:
+            index = operator.index(step)
+            if index not in schema.STEPS:
+                raise OverflowError("the step is beyond SQLite's 64-bit integers")
+            return (self._spelled(name), index, wall, float(value))
+        except Exception as exc:  # the caller's objects: converting one may raise anything
             self.points_dropped += 1
             self._report(
                 f"value:{name}",
@@ -231,68 +294,102 @@ class RunWriter:
             )
             return None
 
-    def _open(self) -> sqlite3.Connection | None:
-        if self._db is not None or time.monotonic() < self._next_open:
-            return self._db
-        self._next_open = time.monotonic() + REOPEN_SECONDS
-        try:
-            db = schema.connect(self.path, timeout=WRITE_TIMEOUT_SECONDS)
-        except (sqlite3.Error, OSError) as exc:
-            self._fail("open", exc)
-            return None
-        info = self.info
-        try:
-            where = info.placement
-            cursor = db.execute(
-                "INSERT INTO runs (started_at, updated_at, host, pid, command, config, version, rank,"
-                " local_rank, world_size, local_world_size, launch_id)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (info.started_at, time.time(), where.host, info.pid, json.dumps(info.command),
-                 json.dumps(info.config, default=str), package_version(), where.rank, where.local_rank,
-                 where.world_size, where.local_world_size, where.run_id or None),
-            )  # fmt: skip
-        except sqlite3.Error as exc:
-            db.close()
-            self._fail("open", exc)
-            return None
-        self.run_id = cursor.lastrowid
-        self._db = db
-        return db
+    def _spelled(self, name: str) -> str:
+        """``name`` as it is stored: ``utf8``; an escaped one is said once."""
+        stored = utf8(name)
+        if stored != name:
+            self._report(
+                f"name:{name}",
+                "resource monitor: the signal name %s is not valid UTF-8, which SQLite needs; its "
+                "values are stored under %s",
+                bounded_repr(name),
+                bounded_repr(stored),
+            )
+        return stored
+
+    def _open(self, timeout: float) -> sqlite3.Connection | None:
+        """The connection; one is opened (waiting up to ``timeout`` s for a lock) when the
+        last attempt failed and ``_next_open`` has come."""
+        if self._db is None and time.monotonic() >= self._next_open:
+            try:
+                self._db = schema.connect(self.path, timeout=timeout)
+            except (sqlite3.Error, OSError) as exc:
+                self._fail("open", exc)
+        return self._db
 
     def _write(self, stats: dict[str, Any] | None, ended: bool = False) -> None:
         self._written_at = time.monotonic()
-        db = self._open()
+        db = self._open(FINAL_TIMEOUT_SECONDS if ended else WRITE_TIMEOUT_SECONDS)
         now = time.time()
         touch = now - self._touched_at >= TOUCH_EVERY_SECONDS
         if db is None or (not self._queued and stats is None and not ended and not touch):
             return
         try:
+            if self._row is None:  # made before the lock is taken: the version takes a while to find
+                self._row = self._run_values()
+            if ended:
+                db.execute(f"PRAGMA busy_timeout = {int(FINAL_TIMEOUT_SECONDS * 1000)}")
             db.execute("BEGIN IMMEDIATE")
             try:
-                rows = [(self.run_id, self._name_id(db, n), s, w, v) for n, s, w, v in self._queued]
+                run_id = self._run_row(db, now, self._row)
+                rows = [(run_id, self._name_id(db, n), s, w, v) for n, s, w, v in self._queued]
                 db.executemany("INSERT INTO points VALUES (?, ?, ?, ?, ?)", rows)
                 if stats is not None:
                     db.execute(
                         "UPDATE runs SET updated_at = ?, stats = ?, ended_at = ? WHERE id = ?",
-                        (now, json.dumps(stats, default=str), now if ended else None, self.run_id),
+                        (now, json.dumps(stats, default=str), now if ended else None, run_id),
                     )
                 elif touch:
-                    db.execute("UPDATE runs SET updated_at = ? WHERE id = ?", (now, self.run_id))
+                    db.execute("UPDATE runs SET updated_at = ? WHERE id = ?", (now, run_id))
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:  # SQLite rolls back by itself on some errors (a full disk)
                     db.execute("ROLLBACK")
                 self._names = {}  # ids inserted by the rolled-back transaction are gone
                 raise
-        except sqlite3.Error as exc:
+        except Exception as exc:  # sqlite3.Error, or anything unforeseen: said, never the store off
             self._fail("write", exc)
             return
+        if run_id != self.run_id and self.run_id is not None:
+            self._report(
+                "gone",
+                "resource monitor: run %d is no longer in the store %s (pruned, while its backend "
+                "was suspended?); what it logs from here on is stored as run %d",
+                self.run_id,
+                self.path,
+                run_id,
+            )
+        self.run_id = run_id
         self.points_written += len(self._queued)
         self._queued = []
         self.error = None
         self._retry_at = 0.0
         if stats is not None or touch:
             self._touched_at = now
+
+    def _run_values(self) -> tuple[object, ...]:
+        """The run's row but ``updated_at``."""
+        info, where = self.info, self.info.placement
+        return (
+            info.started_at, utf8(where.host), info.pid, json.dumps(info.command),
+            json.dumps(info.config, default=str), package_version(), where.rank, where.local_rank,
+            where.world_size, where.local_world_size, utf8(where.run_id) or None,
+            process_started_after_boot(info.pid),
+        )  # fmt: skip
+
+    def _run_row(self, db: sqlite3.Connection, now: float, row: tuple[object, ...]) -> int:
+        """The id of the run's row, inserted first (``row``, from ``_run_values``) if there
+        is none: at the first write, or when the row is gone."""
+        run_id = self.run_id
+        if run_id is not None and db.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
+            return run_id
+        cursor = db.execute(
+            "INSERT INTO runs (updated_at, started_at, host, pid, command, config, version, rank,"
+            " local_rank, world_size, local_world_size, launch_id, pid_started_after_boot)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (now, *row),
+        )
+        return int(cursor.lastrowid or 0)
 
     def _name_id(self, db: sqlite3.Connection, name: str) -> int:
         known = self._names.get(name)
@@ -306,11 +403,10 @@ class RunWriter:
     def _fail(self, what: str, exc: BaseException) -> None:
         self.error = f"cannot {what} it: {bounded_repr(exc, 200)}"
         busy = isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
-        # Another writer's lock is soon gone, a full disk is not; a store that could not be
-        # opened is tried again at _next_open.
+        # Another writer's lock is soon gone, a full disk is not.
         self._retry_at = time.monotonic() + (FLUSH_SECONDS if busy else REOPEN_SECONDS)
         if self._db is None:
-            self._retry_at = max(self._retry_at, self._next_open)
+            self._next_open = self._retry_at
         if not busy:  # another writer's lock is transient: what is queued goes next time
             self._report(
                 what,
