@@ -531,8 +531,12 @@ def test_a_broken_directory_or_store_is_never_announced_and_never_raises(
     )
     db.close()
     postmortems.announce(None, str(odd))
-    [announcement] = announcements(caplog)
+    *malformed, announcement = announcements(caplog)
     assert "of pid 3 (died at ?, 0 records)" in announcement
+    assert [m.split(": ")[2:4] for m in malformed] == [
+        ["postmortem 1", "vanished_at 1e+300 is not a time; read as unknown"],
+        ["postmortem 1", "written_at 1e+300 is not a time; read as unknown"],
+    ]
 
 
 def test_the_command_refuses_what_it_cannot_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
