@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import inspect
 import logging
-import math
-import operator
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from sampler import signals
 from sampler.pipeline import weightslab as wl_adapter
+from sampler.util.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
 
@@ -109,17 +108,9 @@ def watched_model_age() -> object:
 
 
 def as_step(age: object) -> int | None:
-    """A non-negative integer step from an age (int, numpy/torch integer,
-    integral float), or None if it is not one."""
-    if isinstance(age, bool) or age is None:
-        return None
-    try:
-        step = operator.index(age)  # type: ignore[arg-type]
-    except TypeError:
-        if not isinstance(age, float) or not math.isfinite(age) or not age.is_integer():
-            return None
-        step = int(age)
-    return step if step >= 0 else None
+    """A non-negative step from an age (``signals.valid_step``), or None if it is not one."""
+    step = signals.valid_step(age)
+    return step if step is not None and step >= 0 else None
 
 
 class StepStamper:
@@ -133,14 +124,24 @@ class StepStamper:
         self._unstamped = 0
         """Samples in a row that no source gave a step."""
         self._warned = False
+        self._refused = False
+        """An age that is no step was said."""
 
     def stamp(self, timestamp_ns: int) -> int | None:
         if self.step_source == "seconds":
             return max(0, round((timestamp_ns - self.start_ns) / 1e9))
         try:
-            step = as_step(self.age_source())
+            age = self.age_source()
         except BaseException:  # user code: whatever it raises costs this sample's step, not the monitor
-            step = None
+            age = None
+        step = as_step(age)
+        if step is None and age is not None and not self._refused:
+            self._refused = True
+            log.warning(
+                "resource monitor: the watched model's age %s is not a step (an integer from 0 to "
+                "2**63 - 1, or a whole float); samples land as if it had none",
+                bounded_repr(age),
+            )
         if step is None:
             step = 0  # no model yet, or its age cannot be read
             self._unstamped += 1
