@@ -35,6 +35,8 @@ _training_step: int | None = None
 training's own step axis, which a plain script's loss curve uses."""
 _refused: set[str] = set()
 """The names a value was refused for (a step that is none), each said once."""
+_LOW, _HIGH = STEPS.start, STEPS.stop
+"""``STEPS`` as bounds: two comparisons take a third of the time ``in`` a range does."""
 
 
 def _after_fork_in_child() -> None:
@@ -83,11 +85,12 @@ def log_signal(name: str, value: float, step: int) -> None:
     """Deliver one signal value at ``step``, as an ``int`` (``valid_step``; a value at
     what is no step is refused, said once per name). A subscriber that raises is
     reported (rate-limited) and does not keep the value from the others."""
-    checked = valid_step(step)
-    if checked is None:
-        _refuse(name, step)
-        return
-    step = checked
+    if type(step) is not int or not _LOW <= step < _HIGH:  # a plain int in range costs no call
+        checked = valid_step(step)
+        if checked is None:
+            _refuse(name, step)
+            return
+        step = checked
     if not name.startswith(RESOURCE_PREFIX):
         _note_step(step)
     for fn in _subscribers:
