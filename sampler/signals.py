@@ -13,7 +13,8 @@ import math
 import operator
 import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 
 from sampler.pipeline import weightslab as wl_adapter
 from sampler.store.schema import STEPS
@@ -30,6 +31,8 @@ RESOURCE_PREFIX = "resource/"
 _lock = threading.Lock()
 _subscribers: tuple[Subscriber, ...] = ()
 _failures = RateLimitedWarning()
+_SUBSCRIBER_RAISED = "resource monitor: signal subscriber %r raised %r"
+_FORWARDING_RAISED = "resource monitor: forwarding %s to WeightsLab raised %r"
 _training_step: int | None = None
 """The highest step a signal other than a resource signal was logged at: the
 training's own step axis, which a plain script's loss curve uses."""
@@ -97,11 +100,11 @@ def log_signal(name: str, value: float, step: int) -> None:
         try:
             fn(name, value, step)
         except Exception as exc:
-            _failures.warn("resource monitor: signal subscriber %r raised %r", fn, exc)
+            _failures.warn(_SUBSCRIBER_RAISED, fn, exc)
     try:
         wl_adapter.forward_signal(name, value, step)
     except Exception as exc:
-        _failures.warn("resource monitor: forwarding %s to WeightsLab raised %r", name, exc)
+        _failures.warn(_FORWARDING_RAISED, name, exc)
 
 
 def _refuse(name: str, step: object) -> None:
@@ -115,6 +118,40 @@ def _refuse(name: str, step: object) -> None:
             bounded_repr(name),
             bounded_repr(step),
         )
+
+
+def log_batch(
+    readings: Iterable[tuple[str, float]],
+    step: int,
+    spent: list[tuple[Callable[..., object], float]],
+    stopping: Callable[[], bool],
+) -> bool:
+    """What ``log_signal`` does for each of ``readings``, resource signals from the monitor
+    thread (no step to note), one subscriber at a time, then WeightsLab's logger: appends
+    (receiver, seconds it took) to ``spent`` (``wl_adapter.forward_signal`` for the logger). Once
+    ``stopping()``, the rest is left undelivered and False returned. What a receiver raises,
+    anything at all, is reported (rate-limited) as ``log_signal`` reports it."""
+    forward = wl_adapter.forward_signal
+    receivers = [*_subscribers, forward] if wl_adapter.forwarding() else _subscribers
+    if len(receivers) > 1:
+        readings = tuple(readings)  # gone through once per receiver
+    clock = time.perf_counter
+    for fn in receivers:
+        start = clock()
+        try:
+            for name, value in readings:
+                if stopping():
+                    return False
+                try:
+                    fn(name, value, step)
+                except BaseException as exc:  # CancelledError too: nothing stops the monitor thread
+                    if fn is forward:
+                        _failures.warn(_FORWARDING_RAISED, name, exc)
+                    else:
+                        _failures.warn(_SUBSCRIBER_RAISED, fn, exc)
+        finally:
+            spent.append((fn, clock() - start))
+    return True
 
 
 def _note_step(step: int) -> None:

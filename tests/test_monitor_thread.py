@@ -4,16 +4,21 @@ whoever calls it from wherever."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import logging
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from conftest import FAST, Recorder, backend_script, gone, open_fds, wait_for
 
 import sampler
+from sampler.pipeline.timing import qualified_name
+from sampler.store.reader import StoreReader
 from sampler.supervision import reader
 
 CPU = "resource/cpu/utilization_percent"
@@ -30,6 +35,29 @@ def test_a_sink_raising_a_base_exception_is_counted_and_the_thread_lives_on(
         stats = mon.stats()
         assert mon.running
     assert stats["sink_errors"] >= 3 and stats["error"] is None
+    assert any("CancelledError" in r.getMessage() for r in caplog.records)
+
+
+def test_a_subscriber_raising_a_base_exception_leaves_the_thread_alive(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The same through the pipeline (the default sink): the subscriber's error is reported,
+    the other subscribers still get every signal."""
+    after = Recorder()
+
+    def cancelled(name: str, value: float, step: int) -> None:
+        raise asyncio.CancelledError()
+
+    unsubscribes = [sampler.signals.subscribe(cancelled), sampler.signals.subscribe(after)]
+    try:
+        with sampler.ResourceMonitor(categories=["cpu"], step_source="seconds", **FAST) as mon:
+            wait_for(lambda: mon.stats()["records_logged"] >= 3, what="records despite the subscriber")
+            assert mon.running
+        stats = mon.stats()
+    finally:
+        for unsubscribe in unsubscribes:
+            unsubscribe()
+    assert stats["error"] is None and len(after.calls) >= stats["signals_logged"] > 0
     assert any("CancelledError" in r.getMessage() for r in caplog.records)
 
 
@@ -162,3 +190,202 @@ def test_a_sink_stuck_in_a_call_shows_in_stats() -> None:
         release.set()
         mon.stop()
     wait_for(lambda: mon.stats()["waiting_for"] is None, what="the stuck sink no longer reported")
+
+
+# --- Issue 26, item 13: the time callbacks take in the monitor thread ---------------------------------
+
+
+def slow_sink(name: str, value: float, step: int) -> None:
+    """A sink that costs 20 ms per signal: a per-signal request to a tracking server."""
+    time.sleep(0.02)
+
+
+def slow_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage() for r in caplog.records if "callbacks in the monitor thread took" in r.getMessage()
+    ]
+
+
+def test_a_slow_sink_is_timed_in_stats_and_named_once(caplog: pytest.LogCaptureFixture) -> None:
+    """At 0.1 s a sample, 20 ms per signal is well over the tenth of the interval a sink may take:
+    one warning names it (its qualified name) and the batched form; stats() shows its time."""
+    name = f"{__name__}.slow_sink"
+    with sampler.ResourceMonitor(categories=["cpu"], sink=slow_sink, step_source="seconds", **FAST) as mon:
+        wait_for(lambda: slow_warnings(caplog), what="the slow sink to be named")
+        logged = mon.stats()["records_logged"]
+        wait_for(lambda: mon.stats()["records_logged"] >= logged + 10, what="10 more records")
+    stats = mon.stats()
+    [warning] = slow_warnings(caplog)
+    assert name in warning and "on_sample" in warning and "log_metrics" in warning, warning
+    timed = stats["callbacks"][name]
+    assert timed["records"] == stats["records_logged"] + stats["records_unsent_at_stop"]
+    # time.sleep(0.02) lasts at least 20 ms: these are lower bounds, whatever the machine's load.
+    assert timed["seconds_total"] >= 0.02 * stats["signals_logged"]
+    assert timed["seconds_max"] >= 0.02 and timed["seconds_total"] >= timed["seconds_max"]
+
+
+def test_a_slow_subscriber_and_a_slow_hook_are_each_named(caplog: pytest.LogCaptureFixture) -> None:
+    """With the default sink, the subscriber that is slow is the one named; a slow on_sample hook
+    (already one call per sample) is named with the other way out: a longer interval."""
+    unsubscribe = sampler.signals.subscribe(slow_sink)
+    try:
+        with sampler.ResourceMonitor(categories=["cpu"], step_source="seconds", **FAST) as mon:
+            wait_for(lambda: slow_warnings(caplog), what="the slow subscriber to be named")
+            stats = mon.stats()
+    finally:
+        unsubscribe()
+    [warning] = slow_warnings(caplog)
+    assert f"{__name__}.slow_sink" in warning and "subscriber" in warning, warning
+    assert stats["callbacks"][f"{__name__}.slow_sink"]["seconds_total"] > 0
+    caplog.clear()
+
+    def slow_hook(sample: object) -> None:
+        time.sleep(0.05)
+
+    with sampler.ResourceMonitor(
+        categories=["cpu"], sink=Recorder(), on_sample=slow_hook, step_source="seconds", **FAST
+    ) as mon:
+        wait_for(lambda: slow_warnings(caplog), what="the slow hook to be named")
+        stats = mon.stats()
+    [warning] = slow_warnings(caplog)
+    hook = f"{__name__}.{slow_hook.__qualname__}"
+    assert hook in warning and "interval_seconds" in warning, warning
+    assert stats["callbacks"][hook]["seconds_max"] >= 0.05
+
+
+QUIET = {"interval_seconds": 0.5, "_min_interval_seconds": 0.05}
+"""Half a second a sample: a budget of 50 ms a sample for callbacks, which a fast one keeps
+however loaded the machine is."""
+
+
+def test_a_fast_sink_is_timed_and_not_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    sink = Recorder()
+    with sampler.ResourceMonitor(categories=["cpu"], sink=sink, step_source="seconds", **QUIET) as mon:
+        wait_for(lambda: mon.stats()["records_logged"] >= 8, what="8 records")
+    stats = mon.stats()
+    assert slow_warnings(caplog) == []
+    [(name, timed)] = stats["callbacks"].items()
+    assert name == "conftest.Recorder" and timed["records"] >= 8
+
+
+def test_one_slow_call_is_not_a_slow_sink(caplog: pytest.LogCaptureFixture) -> None:
+    """A sink that is slow once (its first request opening a connection; or a process
+    suspended, a VM paused, while the thread was in a call) is not warned about: what
+    counts is most of the latest samples, not their mean."""
+    calls: list[str] = []
+
+    def first_slow(name: str, value: float, step: int) -> None:
+        calls.append(name)
+        if len(calls) == 1:
+            time.sleep(1.5)  # three intervals: the mean of three samples would be over the share
+
+    with sampler.ResourceMonitor(categories=["cpu"], sink=first_slow, step_source="seconds", **QUIET) as mon:
+        wait_for(lambda: mon.stats()["records_logged"] >= 8, what="8 records")
+    stats = mon.stats()
+    assert slow_warnings(caplog) == []
+    assert stats["callbacks"][f"{__name__}.{first_slow.__qualname__}"]["seconds_max"] >= 1.5
+
+
+@dataclasses.dataclass
+class UnhashableSink:
+    """A dataclass with eq (the default) has no hash: a sink the timing must not use as a key."""
+
+    calls: int = 0
+
+    def __call__(self, name: str, value: float, step: int) -> None:
+        self.calls += 1
+
+
+def test_an_unhashable_sink_and_subscriber_are_timed(caplog: pytest.LogCaptureFixture) -> None:
+    sink, subscriber = UnhashableSink(), UnhashableSink()
+    with sampler.ResourceMonitor(categories=["cpu"], sink=sink, step_source="seconds", **FAST) as mon:
+        wait_for(lambda: mon.stats()["records_logged"] >= 3, what="3 records")
+    unsubscribe = sampler.signals.subscribe(subscriber)
+    try:
+        with sampler.ResourceMonitor(categories=["cpu"], step_source="seconds", **FAST) as piped:
+            wait_for(lambda: piped.stats()["records_logged"] >= 3, what="3 records")
+    finally:
+        unsubscribe()
+    for monitor, called in ((mon, sink), (piped, subscriber)):
+        stats = monitor.stats()
+        assert stats["error"] is None and called.calls >= 3
+        assert stats["callbacks"][f"{__name__}.UnhashableSink"]["records"] >= 3
+
+
+def test_callbacks_are_named_by_their_qualified_name_whatever_they_are() -> None:
+    class Odd:
+        """Asked for any attribute it lacks (``__qualname__``, ``__module__``), it raises."""
+
+        def __call__(self, *args: object) -> None: ...
+
+        def __getattr__(self, name: str) -> object:
+            raise RuntimeError(f"no {name}")
+
+    def log(name: str, value: float, step: int) -> None: ...
+
+    named = lambda name, value, step: None  # noqa: E731
+    assert qualified_name(log) == f"{__name__}.{log.__qualname__}"
+    assert qualified_name(functools.partial(log, "x")) == qualified_name(log)
+    assert qualified_name(Recorder().names) == "conftest.Recorder.names"
+    assert qualified_name(Recorder()) == "conftest.Recorder"
+    line = named.__code__.co_firstlineno
+    assert qualified_name(named) == f"{__name__}.{named.__qualname__} (test_monitor_thread.py:{line})"
+    assert qualified_name(Odd()).endswith(".Odd")  # its class's name
+    log.__qualname__ = "\x1b[2J" + "x" * 1000
+    assert qualified_name(log).startswith(f"{__name__}.\\x1b[2J") and len(qualified_name(log)) == 200
+
+
+def test_stop_leaves_a_sink_that_is_behind_after_its_call_under_way(caplog: pytest.LogCaptureFixture) -> None:
+    """A sample takes the sink seconds (0.3 s a signal); stop() returns after the call under
+    way, not after the rest of the sample, and the sink is not called again."""
+    entered, calls, stopped_at = threading.Event(), [], []
+
+    def behind(name: str, value: float, step: int) -> None:
+        entered.set()
+        calls.append(time.monotonic())
+        time.sleep(0.3)
+
+    mon = sampler.ResourceMonitor(categories=["cpu", "memory", "process"], sink=behind, **FAST).start()
+    assert entered.wait(30)
+    mon.stop()
+    stopped_at.append(time.monotonic())
+    stats = mon.stats()
+    assert not mon.running and "busy in a call" not in caplog.text
+    assert [t for t in calls if t > stopped_at[0]] == []
+    assert stats["records_unsent_at_stop"] == 1 and stats["records_logged"] == 0
+
+
+@pytest.mark.parametrize("call_seconds", [0.4])
+def test_a_run_stopped_while_the_sink_is_busy_reads_ended(tmp_path: Path, call_seconds: float) -> None:
+    """The MLflow recipe of old: every signal a slow request, so a sample takes seconds to log. A
+    backend that stops and exits meanwhile ended normally: its run must read "ended", not "lost",
+    whether the sink is between calls (0.4 s each) or inside one longer than stop() waits (4 s)."""
+    store = tmp_path / "runs.sqlite"
+    script = tmp_path / "backend.py"
+    script.write_text(
+        backend_script(
+            f"""
+            import threading
+            entered = threading.Event()
+            def slow(name, value, step):
+                if name.startswith("resource/"):  # the monitor thread is in the sink
+                    entered.set()
+                time.sleep({call_seconds})
+            sampler.signals.subscribe(slow)
+            mon = sampler.ResourceMonitor(
+                categories=["cpu", "memory", "process"], store={str(store)!r}, interval_seconds=1
+            ).start()
+            sampler.signals.log_signal("train/loss", 1.0, 1)
+            entered.wait(60)
+            mon.stop()
+            print("stopped", flush=True)
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=90, cwd=tmp_path
+    )
+    assert done.returncode == 0 and done.stdout == "stopped\n", done.stderr
+    with StoreReader(str(store)) as reader:
+        [run] = reader.runs()
+    assert run.status == "ended", done.stderr

@@ -281,7 +281,9 @@ class ResourceMonitor:
             info = self._run_info()
             run = _Run(RunWriter(s.store, info) if s.store is not None else None)
             stamper = StepStamper(s.step_source, self._age_source, time.monotonic_ns())
-            emitter = Emitter(stamper, self._sink, stats, self._on_sample, run.writer, self._placement)
+            emitter = Emitter(
+                stamper, self._sink, stats, self._on_sample, run.writer, self._placement, s.interval_seconds
+            )
             plan = self._plan
             if s.store is not None or s.postmortem_dir is not None:
                 target = PostmortemTarget(s.postmortem_dir, s.store, info.started_at)
@@ -325,6 +327,8 @@ class ResourceMonitor:
                 self._run = None
         run.signal_stop()
         supervisor, thread = run.supervisor, run.thread
+        if supervisor is not None:  # a sink behind by seconds of calls must not keep the thread
+            supervisor.emitter.stopping.set()
         child = supervisor.child if supervisor is not None else None
         if child is not None:
             child.request_stop()

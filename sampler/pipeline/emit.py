@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from sampler import catalogue, signals
 from sampler.pipeline import weightslab as wl_adapter
 from sampler.pipeline.stats import MonitorStats
 from sampler.pipeline.steps import StepStamper
+from sampler.pipeline.timing import CallbackTimes
 from sampler.settings.placement import Placement
 from sampler.store.writer import FLUSH_SECONDS, RunWriter
 from sampler.util.quoting import bounded_repr
@@ -73,9 +75,12 @@ class Emitter:
     (``asyncio.CancelledError`` and ``SystemExit`` included: they are user
     code's, not ours to obey) is counted and reported (rate-limited); it never
     stops the reader. With a ``recorder`` (the run store), each record is
-    written with what the pipeline queued since the last, and the reader's
-    waits end for the queue in between (``store_due``, ``serve_store``), so a
-    long interval does not hold it back.
+    written, before the sink and hook get it, with what the pipeline queued
+    since the last, and the reader's waits end for the queue in between
+    (``store_due``, ``serve_store``), so a long interval does not hold it back.
+    The time the sink, the pipeline's subscribers and the hook take is kept per
+    callback and judged against ``interval_seconds`` (``timing``); once
+    ``stopping`` is set, they are called no more.
     """
 
     def __init__(
@@ -86,6 +91,7 @@ class Emitter:
         on_sample: SampleHook | None = None,
         recorder: RunWriter | None = None,
         placement: Placement | None = None,
+        interval_seconds: float | None = None,
     ) -> None:
         self.stamper = stamper
         self.sink = sink
@@ -97,6 +103,12 @@ class Emitter:
         self.store_wake_fd = recorder.wake_fd if recorder is not None else None
         """Readable once the pipeline logs into an empty queue: waits select on it too."""
         self.placement = placement
+        self.stopping = threading.Event()
+        """Set by ``stop()``: no sink or hook call after the one under way (the store still
+        gets each sample)."""
+        self._fan_out = sink is signals.log_signal
+        """The sink is the pipeline, whose receivers are timed one by one (``signals.log_batch``)."""
+        self._times = CallbackTimes(stats, interval_seconds, sink, on_sample)
         self._failures = RateLimitedWarning()
         self._health: tuple[object, ...] = ()
         self._first = True
@@ -153,28 +165,45 @@ class Emitter:
             if hook is not None or self.recorder is not None:  # they take the readings as a dict
                 sample = dict(readings)
                 readings, logged = sample.items(), len(sample)
-            sink = self.sink
-            for name, value in readings:
-                try:
-                    sink(name, value, step)
-                except BaseException as exc:
-                    stats.sink_errors += 1
-                    self._failures.warn(
-                        "resource monitor: sink raised %s while logging %s", bounded_repr(exc), name
-                    )
+            if self.recorder is not None:  # first: a slow sink never holds the store back
+                self._record(sample, step, timestamp_ns)
+            stopping, spent, sink = self.stopping.is_set, self._times.spent, self.sink
+            if self._fan_out:  # the pipeline: its receivers are timed one by one
+                whole = signals.log_batch(readings, step, spent, stopping)
+            else:
+                whole, start = True, time.perf_counter()
+                for name, value in readings:
+                    if stopping():
+                        whole = False
+                        break
+                    try:
+                        sink(name, value, step)
+                    except BaseException as exc:
+                        stats.sink_errors += 1
+                        self._failures.warn(
+                            "resource monitor: sink raised %s while logging %s", bounded_repr(exc), name
+                        )
+                spent.append((sink, time.perf_counter() - start))
+            if hook is not None and sample is not None and whole:
+                if stopping():
+                    whole = False
+                else:
+                    start = time.perf_counter()
+                    try:
+                        hook(Sample(step, timestamp_ns, sample, self.placement))
+                    except BaseException as exc:
+                        stats.sink_errors += 1
+                        self._failures.warn("resource monitor: on_sample hook raised %s", bounded_repr(exc))
+                    spent.append((hook, time.perf_counter() - start))
+            self._times.end_sample(logged)
+            if not whole:  # stop() came meanwhile
+                stats.records_unsent_at_stop += 1
+                return step
             stats.signals_logged += logged
             stats.records_logged += 1
-            if hook is not None and sample is not None:
-                try:
-                    hook(Sample(step, timestamp_ns, sample, self.placement))
-                except BaseException as exc:
-                    stats.sink_errors += 1
-                    self._failures.warn("resource monitor: on_sample hook raised %s", bounded_repr(exc))
             if self._first:
                 self._first = False
                 self._warn_if_unheard()
-            if self.recorder is not None:
-                self._record(sample, step, timestamp_ns)
             return step
         finally:
             stats.in_sink_since = None
@@ -227,7 +256,6 @@ class Emitter:
         except Exception as exc:  # a bug in the store must not stop the monitoring
             self.recorder = None
             why = bounded_repr(exc)
-            self.stats.store_error = f"off after a failure: {why}"
             log.error(
                 "resource monitor: the run store failed (%s); it is off from here on", why, exc_info=True
             )

@@ -53,6 +53,27 @@ class Death:
 
 
 @dataclass
+class CallbackTime:
+    """The time one callback (the sink, a signal subscriber, the ``on_sample`` hook)
+    took in the monitor thread, s."""
+
+    records: int = 0
+    """Samples it was called for."""
+    seconds_total: float = 0.0
+    seconds_last: float = 0.0
+    """In the latest of them (all its calls for that sample: one per signal for a sink)."""
+    seconds_max: float = 0.0
+    """In the slowest of them."""
+
+    def add(self, seconds: float) -> None:
+        """Count one sample's calls, ``seconds`` in all."""
+        self.records += 1
+        self.seconds_total += seconds
+        self.seconds_last = seconds
+        self.seconds_max = max(self.seconds_max, seconds)
+
+
+@dataclass
 class MonitorStats:
     """Written by the monitor thread only; read as a snapshot from any thread."""
 
@@ -66,9 +87,15 @@ class MonitorStats:
     """Samples not logged because their step equals the last logged step."""
     records_lost: int = 0
     """Samples overwritten in the ring before the reader got to them (a slow sink)."""
+    records_unsent_at_stop: int = 0
+    """Samples read after ``stop()`` was called, or during the sink's calls for them: stored,
+    but not (or not wholly) handed to the sink and hooks, which are called no more then."""
     signals_logged: int = 0
     """Readings handed to the sink (``sink_errors`` counts the calls that raised)."""
     sink_errors: int = 0
+    callbacks: dict[str, CallbackTime] = field(default_factory=dict)
+    """The time each callback took, by its qualified name. Replaced, never resized, by
+    the monitor thread: ``snapshot()`` may copy it from another thread meanwhile."""
     readings_starved: int = 0
     """Readings the child skipped because it ran out of file descriptors or memory
     (``EMFILE``, ``ENFILE``, ``ENOMEM``): the monitor's trouble, not the machine's."""
