@@ -355,7 +355,7 @@ def test_stop_leaves_a_sink_that_is_behind_after_its_call_under_way(caplog: pyte
     assert stats["records_unsent_at_stop"] == 1 and stats["records_logged"] == 0
 
 
-@pytest.mark.parametrize("call_seconds", [0.4])
+@pytest.mark.parametrize("call_seconds", [0.4, 4.0])
 def test_a_run_stopped_while_the_sink_is_busy_reads_ended(tmp_path: Path, call_seconds: float) -> None:
     """The MLflow recipe of old: every signal a slow request, so a sample takes seconds to log. A
     backend that stops and exits meanwhile ended normally: its run must read "ended", not "lost",
