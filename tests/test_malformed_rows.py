@@ -207,6 +207,8 @@ RUN_COLUMNS = [
     ("world_size", "0", "0"),
     ("local_world_size", "1.5", "1.5"),
     ("launch_id", "x'ff'", "b'\\xff'"),
+    ("elapsed", "'long'", "'long'"),
+    ("elapsed", "-1.5", "-1.5"),
 ]
 
 

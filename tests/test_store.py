@@ -533,7 +533,8 @@ def test_a_version_2_store_opened_for_writing_gets_the_placement_columns(tmp_pat
         assert run.launch_id is None
         assert reader.series(1, "train/loss").values == [0.25] and reader.postmortems() == []
         columns = [row[1] for row in reader.db.execute("PRAGMA table_info(runs)")]
-    assert columns[-6:-1] == ["rank", "local_rank", "world_size", "local_world_size", "launch_id"]
+    placement = columns[columns.index("rank") :][:5]
+    assert placement == ["rank", "local_rank", "world_size", "local_world_size", "launch_id"]
     schema.connect(str(path)).close()  # opened again: nothing left to migrate
     with StoreReader(str(path)) as reader:
         assert [r.id for r in reader.runs()] == [1]

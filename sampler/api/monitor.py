@@ -21,7 +21,6 @@ import logging
 import os
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -43,6 +42,7 @@ from sampler.supervision import exposition
 from sampler.supervision.exposition import Exposition
 from sampler.supervision.spawn import STOP_TIMEOUT_SECONDS
 from sampler.supervision.supervisor import Plan, Supervisor
+from sampler.util.clock import RunClock
 from sampler.util.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
@@ -280,7 +280,7 @@ class ResourceMonitor:
             stats = self._stats = MonitorStats(isolation=s.isolation, store_path=s.store)
             info = self._run_info()
             run = _Run(RunWriter(s.store, info) if s.store is not None else None)
-            stamper = StepStamper(s.step_source, self._age_source, time.monotonic_ns())
+            stamper = StepStamper(s.step_source, self._age_source, info.started_ns)
             emitter = Emitter(
                 stamper, self._sink, stats, self._on_sample, run.writer, self._placement, s.interval_seconds
             )
@@ -373,7 +373,8 @@ class ResourceMonitor:
                 command = []
         row = self._settings.as_row()
         row.update(categories=list(self._plan.categories), prometheus_port=self._prometheus_port)
-        return RunInfo(pid, command, row, time.time(), self._placement)
+        clock = RunClock.start()  # every time stored of the run, and step_source: seconds
+        return RunInfo(pid, command, row, clock.started_at, self._placement, clock.started_ns)
 
     def _forget_after_fork(self) -> None:
         """In a forked copy: drop the parent's run without touching it."""

@@ -84,10 +84,15 @@ class Row:
 
     def time(self, column: str, value: object) -> float:
         """A time, s since the epoch; NaN (unknown) if it is not one."""
+        return self.seconds(column, value, "a time", math.nan)
+
+    def seconds(self, column: str, value: object, what: str, fallback: T) -> float | T:
+        """A number of seconds from 0 to ``MAX_TIME`` (``what`` names it: a time since the
+        epoch, a duration), else ``fallback``."""
         if finite(value) and 0 <= value < MAX_TIME:
             return float(value)
-        self.bad(column, value, "not a time", "read as unknown")
-        return math.nan
+        self.bad(column, value, f"not {what}", "read as unknown")
+        return fallback
 
     def text(self, column: str, value: object, fallback: T) -> str | T:
         """Text; that of a text that is not UTF-8 with U+FFFD for its bad bytes; else ``fallback``."""

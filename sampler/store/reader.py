@@ -49,6 +49,9 @@ class Run:
     local_world_size: int = 1
     launch_id: str | None = None
     """The id every rank of the launch shares (the metrics' run_id label)."""
+    elapsed: float | None = None
+    """Seconds from the start to the latest write (to the end, once ended), on a monotonic
+    clock; None in rows older than schema version 5."""
 
     @property
     def interval(self) -> float:
@@ -88,8 +91,18 @@ class Run:
 
     @property
     def duration(self) -> float:
-        """Seconds from start to end (or to the latest write)."""
-        return (self.ended_at or self.updated_at) - self.started_at
+        """Seconds from start to end (or to the latest write): ``elapsed``, which no step of
+        the wall clock changes; in a row without it, the difference of its times."""
+        if self.elapsed is not None:
+            return self.elapsed
+        return (self.ended_at if self.ended_at is not None else self.updated_at) - self.started_at
+
+    def clock_at(self, now: float) -> float:
+        """The run's clock, which its points' times are on (``sampler.util.clock``), at wall
+        time ``now``: its start plus its ``duration``, plus, while it has not ended, the time
+        since its latest write (``updated_at``, on the wall clock as ``now`` is)."""
+        since = 0.0 if self.ended_at is not None else max(0.0, now - self.updated_at)
+        return self.started_at + self.duration + since
 
 
 @dataclass(frozen=True)
@@ -188,16 +201,21 @@ class StoreReader:
         self.path = path
         self.db = schema.connect(path, readonly=True, timeout=1.0)
         self.db.text_factory = decode_text
+        # A store older than the column (schema version 4 and before): its rows read NULL.
+        columns = {column[1] for column in self.db.execute("PRAGMA table_info(runs)")}
+        self._run_columns = (
+            RUN_COLUMNS if "elapsed" in columns else RUN_COLUMNS.removesuffix("elapsed") + "NULL"
+        )
         self._checked: set[int | None] = set()
         """The runs whose points were checked (``check_points``); None: the signal names."""
 
     def runs(self) -> list[Run]:
-        rows = self.db.execute(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY id")
+        rows = self.db.execute(f"SELECT {self._run_columns} FROM runs ORDER BY id")
         return [decode_run(row, self.path) for row in rows]
 
     def run(self, run_id: int | None = None) -> Run:
         """Run ``run_id``, or the newest; ``LookupError`` if there is none."""
-        query = f"SELECT {RUN_COLUMNS} FROM runs " + (
+        query = f"SELECT {self._run_columns} FROM runs " + (
             "WHERE id = ?" if run_id is not None else "ORDER BY id DESC LIMIT 1"
         )
         row = self.db.execute(query, () if run_id is None else (run_id,)).fetchone()
@@ -327,7 +345,7 @@ class StoreReader:
 
 RUN_COLUMNS = (
     "id, started_at, ended_at, updated_at, host, pid, command, config, version, stats,"
-    " rank, local_rank, world_size, local_world_size, launch_id"
+    " rank, local_rank, world_size, local_world_size, launch_id, elapsed"
 )
 """The columns of ``runs`` that ``decode_run`` reads, in its order."""
 _POSTMORTEM_COLUMNS = "id, run_id, backend_pid, host, vanished_at, written_at, records, read_at"
@@ -337,7 +355,7 @@ def decode_run(row: sqlite3.Row | tuple[Any, ...], store: str = "the run store")
     """A ``Run`` from a row of ``SELECT RUN_COLUMNS FROM runs`` of ``store``, each malformed
     value said once and read as unknown (the run's placement: alone)."""
     run_id, started, ended, updated, host, pid, command, config, version, stats = row[:10]
-    rank, local_rank, world_size, local_world_size, launch_id = row[10:]
+    rank, local_rank, world_size, local_world_size, launch_id, elapsed = row[10:]
     check = Row(store, f"run {run_id}")
     argv = check.parsed("command", command, list)
     if argv is not None and not all(isinstance(arg, str) for arg in argv):
@@ -361,6 +379,7 @@ def decode_run(row: sqlite3.Row | tuple[Any, ...], store: str = "the run store")
         world_size=check.whole("world_size", world_size, _SIZES, "a number of ranks", 1),
         local_world_size=check.whole("local_world_size", local_world_size, _SIZES, "a number of ranks", 1),
         launch_id=None if launch_id is None else check.text("launch_id", launch_id, None),
+        elapsed=None if elapsed is None else check.seconds("elapsed", elapsed, "a duration", None),
     )
 
 

@@ -1,14 +1,18 @@
 """The run store's SQLite schema: a public interface, versioned.
 
-Schema version 4 (``PRAGMA user_version``)::
+Schema version 5 (``PRAGMA user_version``)::
 
     runs          one row per monitor run
       id            INTEGER PRIMARY KEY AUTOINCREMENT: never given twice, not even after
                     its run was pruned (version 4)
       started_at    REAL     wall time the run started, s since the epoch
-      ended_at      REAL     when it stopped; NULL while running, or if the backend died
-      updated_at    REAL     the latest write, s since the epoch (a run that stops
-                             updating without an ended_at was lost)
+      ended_at      REAL     when it stopped, on the run's clock (below); NULL while
+                             running, or if the backend died
+      updated_at    REAL     the latest write, s since the epoch on the wall clock (a run
+                             that stops updating without an ended_at was lost)
+      elapsed       REAL     seconds from the start to the latest write (to the end, once
+                             ended), on a monotonic clock: the run's duration, which no
+                             step of the wall clock changes (version 5; NULL in older rows)
       host          TEXT     host name
       pid           INTEGER  the monitored process (the backend, or run --pid's target)
       command       TEXT     its command line, a JSON list
@@ -32,7 +36,7 @@ Schema version 4 (``PRAGMA user_version``)::
       run_id      INTEGER  -> runs.id
       name_id     INTEGER  -> signal_names.id
       step        INTEGER  the x axis it was logged at
-      wall_time   REAL     s since the epoch
+      wall_time   REAL     s since the epoch, on the run's clock (below)
       value       REAL     NULL where the value logged was NaN (a diverged loss, say)
       index points_by_signal (run_id, name_id, step): one signal of one run by step
     signals       VIEW of points with the name spelled out: run_id, name, step, wall_time, value
@@ -50,10 +54,16 @@ Schema version 4 (``PRAGMA user_version``)::
       read_at       REAL     when someone read it (``python -m sampler postmortem``);
                              NULL while it waits to be announced and read
 
-Version 3 is version 4 with ids that a run removed by pruning gave back (the
-next new run took the highest again) and without ``pid_started_after_boot``;
-version 2 is version 3 without the five placement columns of ``runs`` (a
-migrated row reads rank 0 of a world of one); version 1 is version 2 without
+The run's clock: started_at, ended_at and the wall_time of its points are its start's
+wall time plus the monotonic time since (``sampler.util.clock``), so differences between
+them are durations even where the wall clock stepped meanwhile (NTP, an administrator),
+and after such a step they differ from the wall clock by it; updated_at alone is the wall
+clock's, for readers to judge how long ago a run last wrote.
+
+Version 4 is version 5 without ``elapsed``; version 3 is version 4 with ids that a
+run removed by pruning gave back (the next new run took the highest again) and without
+``pid_started_after_boot``; version 2 is version 3 without the five placement columns of
+``runs`` (a migrated row reads rank 0 of a world of one); version 1 is version 2 without
 ``postmortems``.
 
 Migrations: a store opened for writing with a lower ``user_version`` is
@@ -70,7 +80,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 READABLE_FROM = 3
 """The oldest version readers take as it is (older ones are migrated by opening them for writing)."""
 STEPS = range(-(2**63), 2**63)
@@ -191,11 +201,16 @@ def _keep_ids(db: sqlite3.Connection) -> None:
         db.execute(statement)
 
 
+def _add_elapsed(db: sqlite3.Connection) -> None:
+    db.execute("ALTER TABLE runs ADD COLUMN elapsed REAL")
+
+
 _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     0: _create_v1,
     1: _add_postmortems,
     2: _add_placement,
     3: _keep_ids,
+    4: _add_elapsed,
 }
 """``_MIGRATIONS[v]`` takes a store from version v to v + 1 (0: an empty file)."""
 

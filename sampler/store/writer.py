@@ -39,6 +39,7 @@ import psutil
 
 from sampler.settings.placement import Placement, host_name
 from sampler.store import schema
+from sampler.util.clock import RunClock
 from sampler.util.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
@@ -80,6 +81,13 @@ class RunInfo:
     """When the monitor started, s since the epoch."""
     placement: Placement = field(default_factory=lambda: Placement(host_name()))
     """The backend's host and rank (default: alone on this host)."""
+    started_ns: int = field(default_factory=time.monotonic_ns)
+    """``time.monotonic_ns()`` at ``started_at``: with it, the run's ``clock``."""
+
+    @property
+    def clock(self) -> RunClock:
+        """The clock of every time stored about the run but ``updated_at``."""
+        return RunClock(self.started_at, self.started_ns)
 
 
 def process_started_after_boot(pid: int) -> float | None:
@@ -118,6 +126,7 @@ class RunWriter:
     def __init__(self, path: str, info: RunInfo) -> None:
         self.path = path
         self.info = info
+        self._clock = info.clock
         self.run_id: int | None = None
         self.points_written = 0
         self.points_dropped = 0
@@ -140,7 +149,7 @@ class RunWriter:
         """After a failure, no timed write before this (monotonic s)."""
         self._reported: set[str] = set()
         self._row: tuple[object, ...] | None = None
-        """The run's row but ``updated_at`` (``_run_row``)."""
+        """The run's row but ``updated_at`` and ``elapsed`` (``_run_row``)."""
         self._pid = os.getpid()
         self._wake_lock = threading.Lock()
         self.wake_fd, self._wake_w = os.pipe()
@@ -154,7 +163,7 @@ class RunWriter:
         """The pipeline subscriber: queue one signal (a deque append, thread-safe;
         into an empty queue, also one byte to ``wake_fd``)."""
         if not name.startswith(RESOURCE_PREFIX):
-            self._logged.append((name, step, time.time(), value))
+            self._logged.append((name, step, self._clock.now(), value))
             if self._wake_wanted:
                 self._wake()
 
@@ -183,10 +192,9 @@ class RunWriter:
             if not logged:  # looked at again: a point logged before the flag went up sent nothing
                 return None
         self._wake_wanted = False
-        now = time.time()
+        now = self._clock.now()
         oldest = min(queued[0][2] if queued else now, logged[0][2] if logged else now)
-        wait = min(FLUSH_SECONDS, oldest + FLUSH_SECONDS - now)  # a wall clock set back: no later
-        return max(time.monotonic() + wait, self._retry_at)
+        return max(time.monotonic() + oldest + FLUSH_SECONDS - now, self._retry_at)
 
     def record(
         self, values: dict[str, float] | None, step: int, timestamp_ns: int, stats: dict[str, Any] | None
@@ -199,7 +207,7 @@ class RunWriter:
                 return
             points = self._take_logged()
             if values:
-                wall = time.time() - (time.monotonic_ns() - timestamp_ns) / 1e9
+                wall = self._clock.at(timestamp_ns)
                 points += [(name, step, wall, value) for name, value in values.items()]
             self._queue(points)
             if stats is not None or time.monotonic() - self._written_at >= WRITE_EVERY_SECONDS:
@@ -320,8 +328,9 @@ class RunWriter:
     def _write(self, stats: dict[str, Any] | None, ended: bool = False) -> None:
         self._written_at = time.monotonic()
         db = self._open(FINAL_TIMEOUT_SECONDS if ended else WRITE_TIMEOUT_SECONDS)
-        now = time.time()
-        touch = now - self._touched_at >= TOUCH_EVERY_SECONDS
+        now = time.time()  # updated_at: what readers anywhere compare with their wall clock
+        elapsed = self._clock.elapsed()
+        touch = time.monotonic() - self._touched_at >= TOUCH_EVERY_SECONDS
         if db is None or (not self._queued and stats is None and not ended and not touch):
             return
         try:
@@ -331,16 +340,19 @@ class RunWriter:
                 db.execute(f"PRAGMA busy_timeout = {int(FINAL_TIMEOUT_SECONDS * 1000)}")
             db.execute("BEGIN IMMEDIATE")
             try:
-                run_id = self._run_row(db, now, self._row)
+                run_id = self._run_row(db, (now, elapsed), self._row)
                 rows = [(run_id, self._name_id(db, n), s, w, v) for n, s, w, v in self._queued]
                 db.executemany("INSERT INTO points VALUES (?, ?, ?, ?, ?)", rows)
                 if stats is not None:
+                    end = self._clock.started_at + elapsed if ended else None
                     db.execute(
-                        "UPDATE runs SET updated_at = ?, stats = ?, ended_at = ? WHERE id = ?",
-                        (now, json.dumps(stats, default=str), now if ended else None, run_id),
+                        "UPDATE runs SET updated_at = ?, elapsed = ?, stats = ?, ended_at = ? WHERE id = ?",
+                        (now, elapsed, json.dumps(stats, default=str), end, run_id),
                     )
                 elif touch:
-                    db.execute("UPDATE runs SET updated_at = ? WHERE id = ?", (now, run_id))
+                    db.execute(
+                        "UPDATE runs SET updated_at = ?, elapsed = ? WHERE id = ?", (now, elapsed, run_id)
+                    )
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:  # SQLite rolls back by itself on some errors (a full disk)
@@ -365,10 +377,10 @@ class RunWriter:
         self.error = None
         self._retry_at = 0.0
         if stats is not None or touch:
-            self._touched_at = now
+            self._touched_at = time.monotonic()
 
     def _run_values(self) -> tuple[object, ...]:
-        """The run's row but ``updated_at``."""
+        """The run's row but ``updated_at`` and ``elapsed``."""
         info, where = self.info, self.info.placement
         return (
             info.started_at, utf8(where.host), info.pid, json.dumps(info.command),
@@ -377,17 +389,18 @@ class RunWriter:
             process_started_after_boot(info.pid),
         )  # fmt: skip
 
-    def _run_row(self, db: sqlite3.Connection, now: float, row: tuple[object, ...]) -> int:
-        """The id of the run's row, inserted first (``row``, from ``_run_values``) if there
-        is none: at the first write, or when the row is gone."""
+    def _run_row(self, db: sqlite3.Connection, now: tuple[float, float], row: tuple[object, ...]) -> int:
+        """The id of the run's row, inserted first (``row``, from ``_run_values``, and ``now``:
+        its ``updated_at`` and ``elapsed``) if there is none: at the first write, or when the
+        row is gone."""
         run_id = self.run_id
         if run_id is not None and db.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
             return run_id
         cursor = db.execute(
-            "INSERT INTO runs (updated_at, started_at, host, pid, command, config, version, rank,"
-            " local_rank, world_size, local_world_size, launch_id, pid_started_after_boot)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (now, *row),
+            "INSERT INTO runs (updated_at, elapsed, started_at, host, pid, command, config, version,"
+            " rank, local_rank, world_size, local_world_size, launch_id, pid_started_after_boot)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (*now, *row),
         )
         return int(cursor.lastrowid or 0)
 

@@ -153,7 +153,7 @@ def stale_line(view: View, now: float) -> Line | None:
     if run is None or run.ended_at is not None:
         return None
     newest = view.newest if view.newest is not None else run.started_at
-    quiet = now - newest
+    quiet = run.clock_at(now) - newest  # both on the run's clock: a step of the wall clock moves neither
     if quiet <= max(STALE_INTERVALS * run.interval, STALE_FLOOR_SECONDS):
         return None
     if view.pid_alive is False:
@@ -174,7 +174,7 @@ def header_lines(view: View, now: float) -> list[Line]:
     if run is None:
         return [Line("wl-resource-monitor top", "title"), Line(view.waiting or "waiting", "alert")]
     status = run.status_at(now, view.pid_alive)
-    duration = (now - run.started_at) if status == "running" else run.duration
+    duration = run.clock_at(now) - run.started_at if status == "running" else run.duration
     step = "-" if view.last_step is None else str(view.last_step)
     title = (
         f"run {run.id} | {run.where} pid {_pid(run)} | {status} | {format_duration(duration)} | step {step}"
