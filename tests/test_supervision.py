@@ -302,23 +302,27 @@ def test_what_a_silent_child_was_waited_for_is_cleared_by_its_first_record(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     """A child slow to start (here: the silence said at once, before it could sample) that
-    then samples: the monitor's health, in stats() and in the store that top reads, is ok again."""
+    then samples: from its first record, the monitor's health is ok again, in stats() and in
+    the store that top reads (records a second apart: the first one's stats stand a while)."""
     monkeypatch.setattr(reader, "NO_RECORD_MIN_SECONDS", 0.0)
     monkeypatch.setattr(reader, "NO_RECORD_INTERVALS", 0)
     store = tmp_path / "runs.sqlite"
+    options = {**FAST, "interval_seconds": 1.0}
     with sampler.ResourceMonitor(
-        categories=["cpu"], sink=Recorder(), store=store, step_source="seconds", **FAST
+        categories=["cpu"], sink=Recorder(), store=store, step_source="seconds", **options
     ) as monitor:
         wait_for(lambda: monitor.stats()["records_logged"] >= 1, what="a record")
         assert "no sample 0 s after the sampling child started" in caplog.text
-        wait_for(lambda: monitor.stats()["waiting_for"] is None, what="the waiting cleared")
+        assert monitor.stats()["waiting_for"] is None
 
-        def stored_ok() -> bool:
+        def stored() -> dict[str, Any] | None:
+            """The run's stats in the store once they count a record."""
             with StoreReader(str(store)) as store_reader:
                 stats = store_reader.run().stats
-            return stats is not None and stats["records_logged"] >= 1 and stats["waiting_for"] is None
+            return stats if stats is not None and stats["records_read"] >= 1 else None
 
-        wait_for(stored_ok, what="the store's health cleared")
+        first = wait_for(stored, what="the stats of the first record in the store")
+        assert first["waiting_for"] is None, first
 
 
 def test_no_record_for_a_few_intervals_is_said_once_and_shown_in_stats(

@@ -268,7 +268,7 @@ def test_once_prints_a_frame_of_a_run_a_real_monitor_is_writing(
     headers = [re.sub(r"\| [0-9hms]+ \|", "| |", t.splitlines()[0]) for t in (text, text_run)]
     assert status == 0 and status_run == 0 and headers[0] == headers[1]
     assert re.match(r"run 1 \| \S+ pid \d+ \| running \| \d+s \| step \d+ \| every 0.1 s", text)
-    assert "health: ok" in text and "no sample for" not in text
+    assert "health: ok" in text and "no sample for" not in text, text
     loss = row(text, "loss").split()
     assert 0 < float(loss[1]) < 1 and loss[3] == "1"  # now, and the window's max: the first loss
     assert row(text, "train") and row(text, "cpu") and row(text, "process")

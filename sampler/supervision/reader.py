@@ -127,7 +127,6 @@ class ChildReader:
                 poller.register(fd, select.POLLIN)
         started_ns = time.monotonic_ns()
         warn_at: int | None = started_ns + self.no_record_ns
-        silent = True  # no record from this child yet (said or not: ``warn_at`` None once said)
         grace_until = 0
         due_at = self._deadline_ns(self.status.read())
         next_record: float | None = None  # when the child's next record is expected (monotonic s)
@@ -165,10 +164,7 @@ class ChildReader:
                     now = time.monotonic_ns()
                     due_at = now + self.interval_ns + self.hang_deadline_ns
                     next_record = now / 1e9 + self.interval
-                    if silent:
-                        silent = False
-                        warn_at = None
-                        self.stats.waiting_for = None
+                    warn_at = None
                 else:  # the ring handed over, or an exit: what is the child doing now?
                     due_at = self._deadline_ns(self.status.read())
                 if not alive:
@@ -251,6 +247,8 @@ class ChildReader:
             status.publish_lost(stats.records_lost)
         if not count:
             return 0
+        if not self.records:  # the child's first: what it was waited for (if said) is not, from it on
+            stats.waiting_for = None
         emit, fields = self.emitter.emit, ring.fields
         for index, values, timestamp_ns in records:
             step = emit(fields, values, timestamp_ns)
