@@ -364,3 +364,31 @@ def test_a_postmortem_file_with_a_number_no_float_holds_is_shown_with_one_warnin
     assert status == 0 and "10000000000" not in shown + intact
     [said] = warnings()
     assert f"{bad}: " in said and key in said and "an integer of 1329 bits" in said, said
+
+
+def test_a_warning_shows_the_text_others_planted_escaped(
+    originals: tuple[Path, Path], store: Path, tmp_path: Path, warnings: Callable[[], list[str]]
+) -> None:
+    """A signal name or a postmortem's key that others wrote reaches the terminal escaped in a
+    warning too."""
+    evil = "\x1b]0;owned\x07\x1b[2J\u202e"
+    db = sqlite3.connect(store, isolation_level=None)
+    db.execute("UPDATE signal_names SET name = ? WHERE name = ?", (CPU + evil, CPU))
+    db.execute(
+        "UPDATE points SET step = 'abc' WHERE rowid = (SELECT MIN(rowid) FROM points WHERE run_id = 1"
+        " AND name_id = (SELECT id FROM signal_names WHERE name = ?))",
+        (CPU + evil,),
+    )
+    db.close()
+    exported(store)
+    directory = tmp_path / "postmortems"
+    directory.mkdir()
+    path = Path(shutil.copy(originals[1], directory))
+    header, *records = [json.loads(line) for line in path.read_text().splitlines()]
+    records[-1]["values"][CPU + evil] = 10**400
+    path.write_text("".join(json.dumps(line) + "\n" for line in [header, *records]))
+    status, _ = command("postmortem", "--dir", str(directory), "--show", "1")
+    assert status == 0
+    said = warnings()
+    assert len(said) == 2 and all("\\x1b]0;owned\\x07\\x1b[2J\\u202e" in line for line in said), said
+    assert [c for line in said for c in line if not c.isprintable()] == [], said

@@ -12,6 +12,7 @@ marks it read, and so does ``--mark-read`` for all those listed.
 from __future__ import annotations
 
 import argparse
+import math
 import sqlite3
 import sys
 from typing import Any, TextIO
@@ -260,9 +261,9 @@ def _signals(header: dict[str, Any], records: list[dict[str, Any]], last: int, o
 
 
 def _before(wall: float, vanished: float) -> str:
-    """A record's column heading: s before the death (``?`` where either time is unknown, NaN)."""
+    """A record's column heading: s before the death (``?`` where either time is unknown)."""
     before = wall - vanished
-    return f"{before:.2f}s" if before == before else "?"
+    return f"{before:.2f}s" if math.isfinite(before) else "?"
 
 
 def _number(value: object) -> str:

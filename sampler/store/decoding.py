@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeGuard, TypeVar
 
-from sampler.util.quoting import bounded_repr
+from sampler.util.quoting import bounded_repr, printable
 
 log = logging.getLogger("sampler")
 
@@ -33,12 +33,15 @@ _said_lock = threading.Lock()
 def malformed(source: str, where: str, value: object, problem: str, instead: str) -> None:
     """Say once per process that ``where`` in ``source`` (a store, a postmortem file), e.g.
     ``run 3: pid``, holds the malformed ``value`` (quoted, bounded): ``problem`` says what is
-    wrong, ``instead`` what is read in its place."""
+    wrong, ``instead`` what is read in its place. Said ``printable``: ``where`` and ``instead``
+    may hold a key or a name from the file."""
     with _said_lock:
         if (source, where) in _said:
             return
         _said.add((source, where))
-    log.warning("resource monitor: %s: %s %s is %s; %s", source, where, bounded_repr(value), problem, instead)
+    log.warning(
+        "%s", printable(f"resource monitor: {source}: {where} {bounded_repr(value)} is {problem}; {instead}")
+    )
 
 
 class Undecodable(str):
