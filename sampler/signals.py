@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import operator
 import os
 import threading
@@ -71,16 +72,23 @@ def has_subscribers() -> bool:
 
 
 def valid_step(raw: object) -> int | None:
-    """``raw`` as a step: an integer (numpy's and torch's too) or a whole float, within the
-    run store's ``STEPS`` (64 bits); None for anything else (2**64 - 1, NaN, 2.5, a bool)."""
+    """``raw`` as a step: an integer (numpy's and torch's too) or a whole real number (a
+    float, numpy's, a fraction), within the run store's ``STEPS`` (64 bits); None for anything
+    else (2**64 - 1, NaN, 2.5, a bool, text)."""
     if isinstance(raw, bool):
         return None
     try:
         step = operator.index(raw)  # type: ignore[arg-type]
     except TypeError:
-        if not isinstance(raw, float) or not math.isfinite(raw) or not raw.is_integer():
+        if not isinstance(raw, numbers.Real):
             return None
-        step = int(raw)
+        try:
+            whole = float(raw)
+        except (OverflowError, ValueError):  # a fraction beyond the floats
+            return None
+        if not math.isfinite(whole) or not whole.is_integer():
+            return None
+        step = int(whole)
     return step if step in STEPS else None
 
 
@@ -113,8 +121,8 @@ def _refuse(name: str, step: object) -> None:
         _refused.add(name)
     if not said:
         log.warning(
-            "resource monitor: %s was logged at step %s, which is not a step (an integer from -2**63 "
-            "to 2**63 - 1, or a whole float); its values at such steps are refused",
+            "resource monitor: %s was logged at step %s, which is not a step (a whole number from "
+            "-2**63 to 2**63 - 1); its values at such steps are refused",
             bounded_repr(name),
             bounded_repr(step),
         )

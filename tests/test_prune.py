@@ -21,7 +21,7 @@ from sampler.commands import runs as runs_command
 from sampler.settings.placement import Placement
 from sampler.store import prune, schema
 from sampler.store.reader import StoreReader
-from sampler.store.writer import RunInfo, RunWriter
+from sampler.store.writer import RunInfo, RunWriter, process_started_after_boot
 
 CPU = "resource/cpu/utilization_percent"
 DAY = 86400.0
@@ -512,3 +512,34 @@ def test_a_run_that_stops_while_millions_of_points_are_pruned_ends_with_all_its_
         assert reader.series(run.id, "train/loss").steps == list(range(POINTS_PER_RUN))
     assert counts(store) == {live.run_id: POINTS_PER_RUN + POINTS_PER_RUN // 2}
     assert rows(store, "SELECT COUNT(*) FROM points WHERE run_id = 1") == [(0,)]
+
+
+def test_when_a_process_started_is_read_on_a_clock_no_step_moves(tmp_path: Path) -> None:
+    """The kernel's count of ticks from boot to the process's start (``/proc/PID/stat``), which
+    a step of the wall clock leaves as it is, unlike the start in seconds since the epoch."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        fields = Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()
+        ticks = int(fields[19])  # starttime, the 22nd field; the text after the name starts at the 3rd
+        started = process_started_after_boot(child.pid)
+        assert started is not None and abs(started - ticks / os.sysconf("SC_CLK_TCK")) < 0.01
+    finally:
+        child.kill()
+        child.wait()
+    assert process_started_after_boot(child.pid) is None
+
+
+@pytest.mark.parametrize("start", ["'yesterday'", "x'00'", "1e999", "-1e999"])
+def test_a_malformed_start_time_is_read_as_unknown(tmp_path: Path, start: str) -> None:
+    """A start another tool wrote that is no time: the pid alone says the run is live."""
+    store = tmp_path / "runs.sqlite"
+    writer = RunWriter(str(store), RunInfo(os.getpid(), ["train.py"], {"interval_seconds": 1.0}, time.time()))
+    record(writer)
+    db = sqlite3.connect(store)
+    db.execute(f"UPDATE runs SET pid_started_after_boot = {start}")
+    db.commit()
+    db.close()
+    backdate(store, 1, 10)
+    done = sampler_command("runs", str(store), "--prune", "--older-than", "7d", cwd=tmp_path)
+    assert done.returncode == 0 and "nothing to prune" in done.stdout, done.stdout + done.stderr
+    writer.close({})

@@ -134,23 +134,25 @@ while not os.path.exists(go):
 os.sched_setaffinity(0, {core})  # a loaded machine: the rank gets a sliver of one core
 os.nice(19)
 writer = RunWriter(store, RunInfo(os.getpid(), ["train.py"], {"interval_seconds": 1.0}, time.time()))
-for step in range(points):
+for step in range(points):  # a sample every 0.1 s, as a fast monitor's
     writer.log("train/loss", 1.0, step)
     writer.record({"resource/cpu/utilization_percent": 1.0}, step, time.monotonic_ns(), None)
+    time.sleep(0.1)
 writer.close({"running": False})
 print(writer.run_id, writer.points_written, writer.points_dropped, writer.error, flush=True)
 os._exit(0)  # not an interpreter's exit at a sliver of a core
 """
 """A rank that, the moment ``go`` exists, opens the store on a core a busy loop holds, writes
-``points`` steps and stops."""
+``points`` steps over as many tenths of a second and stops."""
 
 
 @pytest.mark.usefixtures("whole_machine")  # it pins a busy loop to a core
+@pytest.mark.timeout(300)  # a minute on a machine loaded besides
 def test_four_ranks_creating_one_store_at_once_on_a_loaded_machine_each_get_their_run(tmp_path: Path) -> None:
     """Each rank finds the store being created (switched to WAL, migrated) or written by
     another, and gets so little CPU that the others hold it for a while."""
     store, go = tmp_path / "runs.sqlite", tmp_path / "go"
-    core, points = max(os.sched_getaffinity(0)), 20
+    core, points = max(os.sched_getaffinity(0)), 30
     spin = subprocess.Popen(
         [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile 1: pass"]
     )

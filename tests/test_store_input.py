@@ -8,6 +8,7 @@ import logging
 import os
 import sqlite3
 import time
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +153,20 @@ def test_a_launch_id_that_is_not_utf8_is_stored_escaped(
 
 @pytest.mark.parametrize(
     "step",
-    [TOO_BIG, 2**63, -(2**63) - 1, float("nan"), float("inf"), 2.5, True, "7", None],
+    [
+        TOO_BIG,
+        2**63,
+        -(2**63) - 1,
+        float("nan"),
+        float("inf"),
+        2.5,
+        1e300,
+        np.float32(0.5),
+        Fraction(10**400),
+        True,
+        "7",
+        None,
+    ],
     ids=repr,
 )
 def test_what_cannot_be_a_step_is_refused_once_and_the_monitor_goes_on(
@@ -189,11 +203,12 @@ def test_steps_that_are_whole_numbers_of_any_kind_are_taken_as_integers(tmp_path
     heard = Recorder()
     off = sampler.signals.subscribe(heard)
     try:
-        for step in (np.int64(3), np.uint64(4), 5.0, np.float64(6.0), -7, 2**63 - 1, -(2**63)):
+        steps = (np.int64(3), np.uint64(4), 5.0, np.float64(6.0), np.float32(7.0), Fraction(8), -9)
+        for step in (*steps, 2**63 - 1, -(2**63)):
             sampler.signals.log_signal("train/x", 1.0, step)  # type: ignore[arg-type]
     finally:
         off()
-    assert heard.steps("train/x") == [3, 4, 5, 6, -7, 2**63 - 1, -(2**63)]
+    assert heard.steps("train/x") == [3, 4, 5, 6, 7, 8, -9, 2**63 - 1, -(2**63)]
     assert all(type(step) is int for step in heard.steps("train/x"))
 
 

@@ -138,8 +138,8 @@ class StepStamper:
         if step is None and age is not None and not self._refused:
             self._refused = True
             log.warning(
-                "resource monitor: the watched model's age %s is not a step (an integer from 0 to "
-                "2**63 - 1, or a whole float); samples land as if it had none",
+                "resource monitor: the watched model's age %s is not a step (a whole number from 0 to "
+                "2**63 - 1); samples land as if it had none",
                 bounded_repr(age),
             )
         if step is None:

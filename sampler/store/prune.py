@@ -11,6 +11,7 @@ write at stop above all, gets in within its timeout.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import sqlite3
@@ -44,20 +45,20 @@ class Prunable(NamedTuple):
     postmortems: int
 
 
-def lives_here(run: Run, started_after_boot: float | None) -> bool:
+def lives_here(run: Run, started_after_boot: object) -> bool:
     """Whether the run's process runs on this host now (the run may have ended all the same):
     its pid lives, and started when the row says (``runs.pid_started_after_boot``), not a later
-    process given the same pid; a row that does not say (older than schema version 4) goes by
-    the pid alone."""
+    process given the same pid; a row that does not say (older than schema version 4, or what
+    another tool wrote there is no time) goes by the pid alone."""
     if not run.process_alive():
         return False
-    if started_after_boot is None:
+    if not isinstance(started_after_boot, float) or not math.isfinite(started_after_boot):
         return True
     now = process_started_after_boot(run.pid) if run.pid is not None else None
     return now is not None and abs(now - started_after_boot) < SAME_START_SECONDS
 
 
-def _starts(db: sqlite3.Connection) -> dict[int, float | None]:
+def _starts(db: sqlite3.Connection) -> dict[int, object]:
     """Run id -> ``pid_started_after_boot``; empty in a store older than the column."""
     if "pid_started_after_boot" not in {column[1] for column in db.execute("PRAGMA table_info(runs)")}:
         return {}
