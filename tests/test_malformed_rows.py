@@ -392,3 +392,15 @@ def test_a_warning_shows_the_text_others_planted_escaped(
     said = warnings()
     assert len(said) == 2 and all("\\x1b]0;owned\\x07\\x1b[2J\\u202e" in line for line in said), said
     assert [c for line in said for c in line if not c.isprintable()] == [], said
+
+
+@pytest.mark.parametrize("name", ["runs#1.sqlite", "runs?mode=rw.sqlite", "runs%20a.sqlite"])
+def test_a_store_whose_name_sqlite_would_read_as_a_uri_is_read_and_nothing_is_made(
+    store: Path, before: dict[str, Any], name: str
+) -> None:
+    """A reader opens the store its path names, read-only, whatever characters the name holds
+    (``#``, ``?`` and ``%`` mean something in the URI SQLite is given): it made an empty ``runs``
+    beside it and read that instead."""
+    named = store.rename(store.with_name(name))
+    assert runs_rows(named) == before["runs"]
+    assert {p.name for p in named.parent.iterdir()} <= {name, f"{name}-wal", f"{name}-shm"}

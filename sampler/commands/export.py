@@ -115,8 +115,8 @@ _POINTS = (
 
 def _long_rows(reader: StoreReader, runs: list[int]) -> Generator[tuple[Any, ...], None, None]:
     for run in runs:
-        reader.check_points(run)
         yield from reader.db.execute(_POINTS + " ORDER BY 2, p.step, p.wall_time", (run,))
+        reader.check_points(run)  # after: it reads every point, and the export's start need not wait
 
 
 def _wide_rows(
@@ -132,3 +132,4 @@ def _wide_rows(
                 values[column[name]] = value
                 latest = wall
             yield (run, step, latest, *values)
+        reader.check_points(run)

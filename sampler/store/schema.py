@@ -78,6 +78,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Callable
 
 SCHEMA_VERSION = 5
@@ -244,7 +245,9 @@ def connect(path: str, *, readonly: bool = False, timeout: float = 0.0) -> sqlit
     (``StoreVersionError`` for a newer schema) or ``OSError``.
     """
     if readonly:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout, isolation_level=None)
+        # Quoted: in the URI, a "#", "?" or "%" of the name would cut it short (and the mode off).
+        uri = f"file:{urllib.parse.quote(path)}?mode=ro"
+        db = sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None)
     else:
         if not os.path.exists(path):
             # Created empty before SQLite opens it (it would use the umask's mode);
