@@ -543,3 +543,32 @@ def test_a_malformed_start_time_is_read_as_unknown(tmp_path: Path, start: str) -
     done = sampler_command("runs", str(store), "--prune", "--older-than", "7d", cwd=tmp_path)
     assert done.returncode == 0 and "nothing to prune" in done.stdout, done.stdout + done.stderr
     writer.close({})
+
+
+@pytest.mark.timeout(600)  # a minute or two on a loaded machine: the store is made, then pruned twice
+def test_the_points_a_prune_cut_short_left_go_with_the_next_prune(tmp_path: Path) -> None:
+    """A prune killed while it deletes points (its runs' rows already gone) leaves points no run
+    holds; the next prune deletes them, and says what it removed before that."""
+    store = tmp_path / "runs.sqlite"
+    ended_run_of(store, BIG // 2)
+    pruning = subprocess.Popen(
+        [sys.executable, "-m", "sampler", "runs", str(store), "--prune", "--older-than", "7d"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        wait_for(lambda: rows(store, "SELECT COUNT(*) FROM runs") == [(0,)], timeout=60, what="run 1 gone")
+        wait_for(lambda: rows(store, "SELECT COUNT(*) < ? FROM points", BIG // 2) == [(1,)], timeout=60)
+        pruning.kill()
+        out, _ = pruning.communicate(timeout=60)
+    finally:
+        if pruning.poll() is None:
+            pruning.kill()
+            pruning.communicate()
+    assert out.startswith("removed run 1:"), out  # said before its points went
+    ((left,),) = rows(store, "SELECT COUNT(*) FROM points")
+    assert 0 < left < BIG // 2
+    again = sampler_command("runs", str(store), "--prune", "--older-than", "7d", cwd=tmp_path)
+    assert again.returncode == 0 and "nothing to prune" in again.stdout, again.stdout + again.stderr
+    assert rows(store, "SELECT COUNT(*) FROM points") == [(0,)]

@@ -190,6 +190,8 @@ def _prune(reader: StoreReader, cutoff: float, dry_run: bool, out: TextIO) -> in
     try:
         gone = prune.remove(db, cutoff)
         _report(gone, cutoff, "removed", out)
+        out.flush()  # said before their points go, which may take a while
+        prune.delete_points(db)
         if gone:
             print(prune.reclaim(db, before, PRUNE_TIMEOUT_SECONDS), file=out)
     except sqlite3.Error as exc:

@@ -4,8 +4,8 @@ with their points and postmortems, and giving the space back where nobody is in 
 Never a live run: neither one that wrote lately nor one whose process lives on this host
 (the pid the row names, started when the row says: a suspended backend, however long it has
 been quiet). A run's status is read again inside the transaction that removes its row,
-which no writer can enter meanwhile. Its points go after it, in short transactions with a
-pause between (``delete_points``), so that a writer waiting for the store, a run's last
+which no writer can enter meanwhile. Its points go after it (``delete_points``), in short
+transactions with a pause between, so that a writer waiting for the store, a run's last
 write at stop above all, gets in within its timeout.
 """
 
@@ -98,9 +98,9 @@ def prunable(db: sqlite3.Connection, cutoff: float) -> list[Prunable]:
 def remove(db: sqlite3.Connection, cutoff: float) -> list[Prunable]:
     """Remove the runs of ``prunable`` with their postmortems in one short transaction
     (``BEGIN IMMEDIATE``: no writer may touch a run between the second reading of its status
-    and its removal), then their points (``delete_points``); returns them. Their points are
-    counted before, outside the transaction: that takes a while, and a run that ended or was
-    lost writes no more. Raises ``sqlite3.Error``."""
+    and its removal); returns them. Their points are counted before, outside the transaction
+    (that takes a while, and a run that ended or was lost writes no more), and left to
+    ``delete_points``. Raises ``sqlite3.Error``."""
     chosen = prunable(db, cutoff)
     db.execute("BEGIN IMMEDIATE")
     try:
@@ -114,7 +114,6 @@ def remove(db: sqlite3.Connection, cutoff: float) -> list[Prunable]:
         if db.in_transaction:
             db.execute("ROLLBACK")
         raise
-    delete_points(db)
     return gone
 
 
@@ -122,7 +121,7 @@ def delete_points(db: sqlite3.Connection) -> None:
     """Delete the points whose run has no row (the runs just removed, or by a prune cut short),
     in transactions of about ``BATCH_SECONDS``, with a pause between. No run takes such an id
     again (schema version 4), and a writer whose row is gone goes on in a new run. Raises
-    ``sqlite3.Error``."""
+    ``sqlite3.Error``; what is left goes with the next call."""
     run_id = -1
     while True:
         # Each run's points are found by the index, one seek a run, not by reading them all.
