@@ -71,8 +71,7 @@ def test_a_segfaulting_nvml_is_quarantined_after_three_crashes(
     with sampler.ResourceMonitor(
         categories=["cpu", "gpu"], sink=sink, step_source="seconds", **options
     ) as monitor:
-        # Three children start and die first: a loaded machine takes seconds to start each.
-        wait_for(lambda: monitor.stats()["quarantined"] == ["gpu"], timeout=60, what="gpu quarantined")
+        wait_for(lambda: monitor.stats()["quarantined"] == ["gpu"], what="gpu quarantined")
         before = count(sink, CPU)
         wait_for(lambda: count(sink, CPU) >= before + 3, what="cpu signals after the quarantine")
         stats = monitor.stats()
@@ -99,8 +98,7 @@ def test_a_hanging_call_is_killed_at_its_deadline_and_quarantined(nvml: fake_dri
         wait_for(lambda: monitor.stats()["deaths"], what="the hang to be detected")
         (death,) = monitor.stats()["deaths"]
         assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
-        # Three children start and die first: a loaded machine takes seconds to start each.
-        wait_for(lambda: monitor.stats()["quarantined"] == ["gpu"], timeout=60, what="gpu quarantined")
+        wait_for(lambda: monitor.stats()["quarantined"] == ["gpu"], what="gpu quarantined")
         before = count(sink, CPU)
         wait_for(lambda: count(sink, CPU) >= before + 3, what="cpu signals after the quarantine")
         stats = monitor.stats()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import fake_driver
 import pytest
-from conftest import FAST, backend_script, parse_command, wait_for
+from conftest import FAST, WAIT_SECONDS, backend_script, parse_command, wait_for
 
 import sampler
 from sampler.commands import top as top_command
@@ -406,9 +406,8 @@ class Tmux:
     def screen(self) -> str:
         return self.tmux("capture-pane", "-p", "-t", "top")
 
-    def wait_screen(self, *needles: str, timeout: float = 60.0) -> str:
-        """The screen once it shows every one of ``needles`` (the bound: for a backend and a
-        sampling child starting on a loaded machine)."""
+    def wait_screen(self, *needles: str, timeout: float = WAIT_SECONDS) -> str:
+        """The screen once it shows every one of ``needles``."""
         last = [""]
 
         def shows() -> str | None:
@@ -458,9 +457,7 @@ def test_top_in_a_terminal_follows_a_live_backend_and_quits_on_q(
     backend = start_backend(nvml, tmp_path, store)
     tmux: Tmux | None = None
     try:
-        wait_for(
-            lambda: store.exists() and once(store)[0] == 0, timeout=60, what="the backend's run in the store"
-        )
+        wait_for(lambda: store.exists() and once(store)[0] == 0, what="the backend's run in the store")
         tmux = Tmux(top_command_line(store), tmp_path)
         first = tmux.wait_screen(
             "run 1 |", "| running |", "loss", "utilization", "gpu/1", "health: ok", "memory (RSS)"
