@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import signal
 import socket
 import sqlite3
@@ -572,3 +574,52 @@ def test_the_points_a_prune_cut_short_left_go_with_the_next_prune(tmp_path: Path
     again = sampler_command("runs", str(store), "--prune", "--older-than", "7d", cwd=tmp_path)
     assert again.returncode == 0 and "nothing to prune" in again.stdout, again.stdout + again.stderr
     assert rows(store, "SELECT COUNT(*) FROM points") == [(0,)]
+
+
+def hidepid_works() -> bool:
+    """Root, and a private mount namespace with /proc mounted anew, hiding others' processes."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("setpriv") is None:
+        return False
+    shell = "mount -t proc -o hidepid=2 proc /proc"
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", shell], capture_output=True
+    )
+    return done.returncode == 0
+
+
+@pytest.mark.skipif(
+    not hidepid_works(), reason="needs root, unshare and setpriv to prune as nobody under hidepid"
+)
+def test_a_prune_by_another_user_who_cannot_see_the_backend_keeps_its_run(
+    tmp_path: Path, backends: list[Backend]
+) -> None:
+    """/proc mounted with hidepid=2 (hardened clusters do so) hides root's processes from user
+    nobody, who prunes a store shared with root: root's suspended backend still exists for
+    kill(pid, 0), so its run stays."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    store = shared / "runs.sqlite"
+    backend = Backend(store)
+    backends.append(backend)
+    run_id = backend.write(50)
+    backend.suspend()
+    backdate(store, run_id, 10)
+    nobody = pwd.getpwnam("nobody")
+    for path in (shared, *shared.iterdir()):
+        os.chown(path, nobody.pw_uid, nobody.pw_gid)
+    prune_as_nobody = (  # with the right to pass through the test's directories (root's), no other
+        "mount -t proc -o hidepid=2 proc /proc && exec setpriv --reuid=nobody --regid=nogroup --clear-groups"
+        " --inh-caps=+dac_read_search --ambient-caps=+dac_read_search"
+        f" {sys.executable} -m sampler runs {store} --prune --older-than 7d"
+    )
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", prune_as_nobody],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=shared,
+    )
+    assert done.returncode == 0 and "nothing to prune" in done.stdout, done.stdout + done.stderr
+    assert counts(store) == {run_id: 100}
+    backend.resume()
+    assert backend.write(50) == run_id

@@ -18,6 +18,8 @@ import sqlite3
 import time
 from typing import NamedTuple
 
+import psutil
+
 from sampler.store.reader import RUN_COLUMNS, Run, decode_run
 from sampler.store.writer import process_started_after_boot
 
@@ -50,12 +52,29 @@ def lives_here(run: Run, started_after_boot: object) -> bool:
     its pid lives, and started when the row says (``runs.pid_started_after_boot``), not a later
     process given the same pid; a row that does not say (older than schema version 4, or what
     another tool wrote there is no time) goes by the pid alone."""
-    if not run.process_alive():
+    if run.pid is None or run.process_alive() is None or not _exists(run.pid):  # None: not here
         return False
     if not isinstance(started_after_boot, float) or not math.isfinite(started_after_boot):
         return True
-    now = process_started_after_boot(run.pid) if run.pid is not None else None
-    return now is not None and abs(now - started_after_boot) < SAME_START_SECONDS
+    now = process_started_after_boot(run.pid)
+    # None: it lives, but its start cannot be read (another user's process under hidepid)
+    return now is None or abs(now - started_after_boot) < SAME_START_SECONDS
+
+
+def _exists(pid: int) -> bool:
+    """Whether process ``pid`` exists here, seen or not: /proc mounted with hidepid hides
+    another user's process from psutil, but not from kill(pid, 0) (EPERM)."""
+    if psutil.pid_exists(pid):
+        return True
+    if os.name != "posix":  # elsewhere os.kill ends the process
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def _starts(db: sqlite3.Connection) -> dict[int, object]:
