@@ -157,7 +157,7 @@ def cell(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             name: timed["seconds_total"] / timed["records"] for name, timed in stats["callbacks"].items()
         }
         out["slow_warning"] = any("callbacks in the monitor thread took" in m for m in said.messages)
-        out["busy_at_stop"] = any("busy in a call" in m for m in said.messages)
+        out["busy_at_stop"] = any("thread is busy" in m for m in said.messages)
     mlflow.end_run()
     return out
 

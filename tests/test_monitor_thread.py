@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -350,9 +351,28 @@ def test_stop_leaves_a_sink_that_is_behind_after_its_call_under_way(caplog: pyte
     mon.stop()
     stopped_at.append(time.monotonic())
     stats = mon.stats()
-    assert not mon.running and "busy in a call" not in caplog.text
+    assert not mon.running and "thread is busy" not in caplog.text
     assert [t for t in calls if t > stopped_at[0]] == []
     assert stats["records_unsent_at_stop"] == 1 and stats["records_logged"] == 0
+
+
+def test_stop_says_what_the_thread_is_busy_in_when_it_is_the_store(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another writer holds the store past the last write's wait at stop: the thread is in the
+    store, not in a sink, and stop() says so."""
+    store = tmp_path / "runs.sqlite"
+    mon = sampler.ResourceMonitor(categories=["cpu"], store=store, sink=Recorder(), **FAST).start()
+    wait_for(lambda: mon.stats()["store_points_written"] > 0, what="the run written")
+    other = sqlite3.connect(store, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # held until stop() returns
+        mon.stop()
+    finally:
+        other.close()
+    [busy] = [r.getMessage() for r in caplog.records if "thread is busy" in r.getMessage()]
+    assert "busy in the run store's last write" in busy, busy
+    wait_for(lambda: not mon.running, what="the thread to end once the store is free")
 
 
 @pytest.mark.parametrize("call_seconds", [0.4, 4.0])

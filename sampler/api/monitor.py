@@ -336,12 +336,16 @@ class ResourceMonitor:
             return  # stop() from the sink: the thread ends once the sink returns
         thread.join(STOP_TIMEOUT_SECONDS + _JOIN_SLACK_SECONDS)
         if thread.is_alive():
-            # The sink (or an in-thread collector) holds the thread; it reaps
-            # the child and releases shared memory when that call returns.
+            # A call holds the thread; it reaps the child and releases shared
+            # memory when that call returns.
             child = supervisor.child if supervisor is not None else None
             if child is not None:
                 child.kill()
-            log.warning("resource monitor: the monitor thread is busy in a call; it ends after it returns")
+            if self._stats.in_sink_since is not None:
+                what = "a call of the sink or a hook"
+            else:  # the store's last write waits up to its timeout for another writer's lock
+                what = "the run store's last write, or a collector sampling in the thread"
+            log.warning("resource monitor: the monitor thread is busy in %s; it ends after it returns", what)
             run.end_store(self._stats)  # the run ends now all the same: it must not read as lost
 
     def stats(self) -> dict[str, Any]:
