@@ -309,7 +309,9 @@ class ResourceMonitor:
 
     def stop(self) -> None:
         """Stop the child and the thread; idempotent. Returns within about 2 s
-        even if the child is stuck in a driver call or the sink is slow.
+        even if the child is stuck in a driver call or the sink is slow, and
+        2 s more at most while another writer holds the run store (the run's
+        last write waits that long for it).
 
         Safe from a signal handler (also one that interrupts another stop()),
         from inside the sink, and in a forked copy, where it does nothing."""
