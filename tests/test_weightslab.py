@@ -105,6 +105,10 @@ FAKE_WEIGHTSLAB = {
 }
 
 
+FORWARDING = "sampler.pipeline.weightslab.forward_signal"
+"""The name ``stats()["callbacks"]`` times WeightsLab's logger by."""
+
+
 def weightslab_modules() -> set[str]:
     return {m for m in sys.modules if m == "weightslab" or m.startswith("weightslab.")}
 
@@ -193,6 +197,7 @@ def test_weightslab_without_a_logger_gets_nothing(weightslab: Path) -> None:
     assert src.CALLS == []
     assert signals._failures.count == failures
     assert weightslab_modules() == imported
+    assert FORWARDING not in monitor.stats()["callbacks"]  # nothing forwarded, nothing timed
 
 
 def test_a_half_set_up_weightslab_costs_the_value_not_an_exception(
@@ -223,7 +228,7 @@ def test_weightslab_gets_every_signal_at_the_ledger_models_age(weightslab: Path)
     seen = Recorder()
     unsubscribe = signals.subscribe(seen)
     try:
-        with sampler.ResourceMonitor(categories=["cpu", "memory"], step_source="model_age", **FAST):
+        with sampler.ResourceMonitor(categories=["cpu", "memory"], step_source="model_age", **FAST) as mon:
             wait_for(lambda: any(c[0] == CPU for c in logger.calls), what="step 0 before a model")
             ledgers.register_model(model)
             model.age = 42
@@ -232,6 +237,8 @@ def test_weightslab_gets_every_signal_at_the_ledger_models_age(weightslab: Path)
         unsubscribe()
     assert [c[2] for c in logger.calls if c[0] == CPU] == [0, 42]
     assert [c for c in logger.calls if c[0].startswith("resource/")] == seen.calls
+    # WeightsLab's logger is timed like a subscriber, under the function that forwards to it.
+    assert mon.stats()["callbacks"][FORWARDING]["records"] >= 2
 
 
 def test_watch_model_beats_the_ledger(weightslab: Path) -> None:
