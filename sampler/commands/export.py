@@ -115,7 +115,7 @@ _POINTS = (
 
 def _long_rows(reader: StoreReader, runs: list[int]) -> Generator[tuple[Any, ...], None, None]:
     for run in runs:
-        yield from reader.db.execute(_POINTS + " ORDER BY 2, p.step, p.wall_time", (run,))
+        yield from reader.db.execute(_POINTS + " ORDER BY n.name, p.step, p.wall_time", (run,))
         reader.check_points(run)  # after: it reads every point, and the export's start need not wait
 
 
