@@ -204,7 +204,6 @@ def test_closed_pipe_ends_the_run_quietly_with_status_141(tmp_path: Path, buffer
     env = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
     if buffering == "unbuffered":
         env["PYTHONUNBUFFERED"] = "1"
-    start = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "sampler", "run", "--interval", "1", "--categories", "cpu"],
         stdout=subprocess.PIPE,
@@ -217,11 +216,12 @@ def test_closed_pipe_ends_the_run_quietly_with_status_141(tmp_path: Path, buffer
     try:
         assert proc.stdout.readline().startswith("sampling every")
         proc.stdout.close()
-        assert proc.wait(timeout=15) == run_command.EXIT_BROKEN_PIPE == 141
+        # The run has no end of its own: leaving at all, with 141, is what the closed pipe did. The
+        # bound is for a loaded machine (a second or two on an idle one).
+        assert proc.wait(timeout=60) == run_command.EXIT_BROKEN_PIPE == 141
     finally:
         proc.kill()
         proc.wait()
-    assert time.monotonic() - start < 10
     err = proc.stderr.read()
     proc.stderr.close()
     assert err.startswith("settings (and where each comes from):")  # the only thing said, on stderr
