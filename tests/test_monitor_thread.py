@@ -409,3 +409,26 @@ def test_a_run_stopped_while_the_sink_is_busy_reads_ended(tmp_path: Path, call_s
     with StoreReader(str(store)) as reader:
         [run] = reader.runs()
     assert run.status == "ended", done.stderr
+
+
+def test_a_store_that_fails_is_off_and_says_why_in_stats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in the run store (anything it raises) turns the store off, once, out loud, and
+    stats() keeps saying why; the sink goes on getting every record."""
+    from sampler.store.writer import RunWriter
+
+    def broken(self: RunWriter, *args: object) -> None:
+        raise RuntimeError("disk says no")
+
+    monkeypatch.setattr(RunWriter, "record", broken)
+    sink = Recorder()
+    mon = sampler.ResourceMonitor(
+        categories=["cpu"], store=tmp_path / "runs.sqlite", sink=sink, step_source="seconds", **FAST
+    )
+    with mon:
+        wait_for(lambda: mon.stats()["records_logged"] >= 3, what="records after the store failed")
+        stats = mon.stats()
+    assert stats["store_error"] == "off after a failure: RuntimeError: disk says no", stats
+    failed = [r for r in caplog.records if "the run store failed" in r.getMessage()]
+    assert len(failed) == 1 and "disk says no" in failed[0].getMessage()

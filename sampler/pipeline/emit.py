@@ -256,6 +256,7 @@ class Emitter:
         except Exception as exc:  # a bug in the store must not stop the monitoring
             self.recorder = None
             why = bounded_repr(exc)
+            self.stats.store_error = f"off after a failure: {why}"
             log.error(
                 "resource monitor: the run store failed (%s); it is off from here on", why, exc_info=True
             )
