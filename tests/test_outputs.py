@@ -193,3 +193,19 @@ def test_a_symlink_at_the_output_is_refused_and_left_alone(
     if target == "a file":
         assert pointed.read_bytes() == b"precious\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "out", "runs.sqlite"]
+
+
+def test_demo_refuses_standard_output_for_its_plot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo's report is on standard output: `demo -o -` is refused before any training, with
+    the way out, and writes no file named `-`."""
+    from sampler.commands import demo
+
+    monkeypatch.chdir(tmp_path)
+    status, printed = run_command(
+        "demo", "--store", str(tmp_path / "runs.sqlite"), "-o", "-", handler=demo.main
+    )
+    assert status == 2 and printed == ""
+    assert "plot STORE -o -" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

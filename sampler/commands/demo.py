@@ -110,6 +110,13 @@ class MLP:
 
 def main(args: argparse.Namespace) -> int:
     out: TextIO = args.out
+    if args.output == "-":  # its report goes to standard output: a PNG there would be mixed into it
+        print(
+            "error: the demo prints its report on standard output, so its plot cannot go there: name a "
+            "file with -o, or run `python -m sampler plot STORE -o -` on the store it leaves",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     try:
         from tqdm import tqdm
 
