@@ -209,3 +209,17 @@ def test_demo_refuses_standard_output_for_its_plot(
     assert status == 2 and printed == ""
     assert "plot STORE -o -" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["export", "plot"])
+@pytest.mark.parametrize("mode", [0o600, 0o664, 0o640])
+def test_an_output_written_again_keeps_its_mode(store: Path, tmp_path: Path, command: str, mode: int) -> None:
+    """A user who made an export private (chmod 600), or shared it with their group (664), still
+    has it so after writing it again: the file that replaces it takes its permission bits, not
+    the umask's default."""
+    out = tmp_path / f"out.{'png' if command == 'plot' else 'csv'}"
+    out.write_bytes(b"old")
+    os.chmod(out, mode)
+    status, _ = run_command(command, str(store), "-o", str(out), handler=HANDLERS[command])
+    assert status == 0 and out.read_bytes() != b"old"
+    assert stat.S_IMODE(os.lstat(out).st_mode) == mode

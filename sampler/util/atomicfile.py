@@ -64,8 +64,8 @@ def write(path: str | os.PathLike[str], data: bytes, mode: int, *, exclusive: bo
 @contextlib.contextmanager
 def output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """The output a person named ``path``, to write: a new file replacing it as
-    :func:`replacing` does (``OUTPUT_MODE``) when nothing or a regular file is
-    there; else what is there (a terminal, a FIFO, a device), opened and written
+    :func:`replacing` does when nothing (``OUTPUT_MODE``) or a regular file (its
+    permission bits) is there; else what is there (a terminal, a FIFO, a device), opened and written
     into directly, never renamed over, never truncated. A symbolic link there is
     refused (``OSError`` ELOOP, saying so): following one planted in a shared
     directory writes wherever its maker chose, and replacing it destroys the
@@ -80,8 +80,13 @@ def output(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
             f"it is a symbolic link (to {printable(os.readlink(path))}), which an output is never "
             "written through: name the file itself, or -o - for standard output",
         )
-    if found is None or stat.S_ISREG(found.st_mode):
+    if found is None:
         with replacing(path, OUTPUT_MODE) as file:
+            yield file
+        return
+    if stat.S_ISREG(found.st_mode):  # replaced by a file of its mode: a private export stays private
+        with replacing(path, 0o600) as file:
+            os.fchmod(file.fileno(), stat.S_IMODE(found.st_mode) & 0o777)
             yield file
         return
     # O_NOFOLLOW: a link swapped in meanwhile is refused too; O_NOCTTY: a terminal
