@@ -223,6 +223,8 @@ def test_cpu_pressure_rises_when_tasks_wait_for_one_core() -> None:
     assert collector is not None
     with pinned_to_one_core() as core:
         quiet = window(collector)[CPU_SOME]
+        if quiet >= 95.0:  # other runs saturate the machine (seen beside a second suite and builds)
+            pytest.skip(f"every window is CPU-starved already (quiet: {quiet:.1f} %): no rise can show")
         with processes(3, BUSY) as busy:
             assert all(os.sched_getaffinity(p.pid) == {core} for p in busy)
             wait_for(lambda: all(spinning(p) for p in busy), timeout=60, what="the busy loops to spin")
