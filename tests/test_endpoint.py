@@ -422,3 +422,27 @@ def test_a_port_past_the_last_is_one_warning_and_no_endpoint(
     assert mon.prometheus_port is None
     (warning,) = [r.getMessage() for r in caplog.records if "past port" in r.getMessage()]
     assert "prometheus_port=65534 plus local rank 3" in warning
+
+
+def test_the_endpoint_is_in_stats_only_once_its_discovery_entry_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whoever sees stats()['prometheus_endpoint'] finds the entry Prometheus discovers it by
+    (seen missing beside two busy loops: the URL was in stats() before the entry was written)."""
+    from sampler.supervision import exposition
+
+    seen_while_writing: list[object] = []
+    mon = sampler.ResourceMonitor(
+        categories=["cpu"], sink=Recorder(), prometheus_port=free_ports(), prometheus_sd_dir=str(tmp_path)
+    )
+    write = exposition.discovery.write_entry
+
+    def watched(*args: Any) -> None:
+        seen_while_writing.append(mon.stats()["prometheus_endpoint"])
+        write(*args)
+
+    monkeypatch.setattr(exposition.discovery, "write_entry", watched)
+    with mon:
+        wait_for(lambda: mon.stats()["prometheus_endpoint"] is not None, what="the endpoint")
+        assert list(tmp_path.glob("*.json"))
+    assert seen_while_writing == [None]

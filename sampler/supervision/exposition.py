@@ -86,9 +86,9 @@ class Exposition:
         if state == ENDPOINT_NONE:
             return
         if state > 0:
-            self.stats.prometheus_endpoint = f"http://{self.address}/metrics"
             self.stats.prometheus_error = None
-            self._list()
+            self._list()  # first: whoever sees the endpoint in stats() finds its entry listed
+            self.stats.prometheus_endpoint = f"http://{self.address}/metrics"
             return
         problem = describe_failure(state, self.target)
         self.stats.prometheus_endpoint, self.stats.prometheus_error = None, problem
