@@ -86,9 +86,9 @@ def backdate(store: Path, run_id: int, days: float) -> None:
 
 
 def counts(store: Path) -> dict[int, int]:
-    """Run id -> its points."""
+    """Run id -> its points (and its records' readings: the ``signals`` view holds both)."""
     db = sqlite3.connect(store)
-    found = dict(db.execute("SELECT id, (SELECT COUNT(*) FROM points WHERE run_id = runs.id) FROM runs"))
+    found = dict(db.execute("SELECT id, (SELECT COUNT(*) FROM signals WHERE run_id = runs.id) FROM runs"))
     db.close()
     return found
 
