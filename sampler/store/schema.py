@@ -252,12 +252,11 @@ def record_columns(db: sqlite3.Connection) -> dict[str, int]:
 
 
 def add_column(db: sqlite3.Connection, name: str, scale: int) -> None:
-    """Add ``name``'s column to ``records`` and make both views anew, inside the caller's
-    transaction. Raises ``sqlite3.OperationalError`` where SQLite takes no such column (past
-    its column limit; a name that differs from another's in case alone)."""
+    """Add ``name``'s column to ``records``, inside the caller's transaction, which then makes
+    the views anew (``make_views``). Raises ``sqlite3.OperationalError`` where SQLite takes no
+    such column (past its column limit; a name that differs from another's in case alone)."""
     db.execute(f"ALTER TABLE records ADD COLUMN {quoted(name)}")
     db.execute("INSERT INTO record_columns (name, scale) VALUES (?, ?)", (name, scale))
-    make_views(db)
 
 
 def make_views(db: sqlite3.Connection) -> None:

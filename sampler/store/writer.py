@@ -177,6 +177,8 @@ class RunWriter:
         """The signal columns ``records`` is known to have: name -> scale."""
         self._overflow: set[str] = set()
         """Names SQLite took no column for: their readings go to ``points``."""
+        self._added = False
+        """The write under way added a column: it makes the views anew."""
         self._db: sqlite3.Connection | None = None
         self._names: dict[str, int] = {}
         self._write_lock = threading.Lock()
@@ -487,6 +489,7 @@ class RunWriter:
         the columns they need; returns the readings of names SQLite took no column for, as points."""
         overflow: list[Point] = []
         statements: dict[tuple[str, ...], list[tuple[object, ...]]] = {}
+        self._added = False
         for step, wall, values in self._records:
             wall_ms = round(wall * 1000)
             names = tuple(name for name in values if self._column(db, name))
@@ -496,6 +499,8 @@ class RunWriter:
             overflow += [
                 (name, step, wall_ms / 1000, values[name]) for name in self._overflow & values.keys()
             ]
+        if self._added:
+            schema.make_views(db)
         for names, rows in statements.items():
             columns = "".join(f", {schema.quoted(name)}" for name in names)
             marks = ", ?" * len(names)
@@ -526,15 +531,16 @@ class RunWriter:
                 raise
             self._overflow.add(name)
             self._report(
-                f"column:{name}",
-                "resource monitor: the store %s takes no column for %s (%s); its readings are stored"
-                " as points, one row each",
+                "column",
+                "resource monitor: the store %s takes no column for %s (%s); its readings, and those"
+                " of any other signal past it, are stored as points, one row each",
                 self.path,
                 bounded_repr(name),
                 bounded_repr(exc),
             )
             return False
         self._columns[name] = scale
+        self._added = True
         return True
 
     def _name_id(self, db: sqlite3.Connection, name: str) -> int:
