@@ -174,16 +174,20 @@ def _launch(runs: list[Run], count: dict[str, int]) -> Launch:
 
 @dataclass(frozen=True)
 class Series:
-    """One signal of one run, in step order."""
+    """One signal of one run, in step order (lists from ``StoreReader.series``; numpy arrays
+    where they are cut from ``Records``)."""
 
     name: str
-    steps: list[int]
-    wall_times: list[float]
-    values: list[float]
+    steps: list[int] | npt.NDArray[np.int64]
+    wall_times: list[float] | npt.NDArray[np.float64]
+    values: list[float] | npt.NDArray[np.float64]
 
     def points(self) -> list[tuple[str, int, float, float | None]]:
         """(name, step, wall time, value) per point."""
-        return [(self.name, *point) for point in zip(self.steps, self.wall_times, self.values, strict=True)]
+        return [
+            (self.name, int(step), float(wall), None if value != value else float(value))
+            for step, wall, value in zip(self.steps, self.wall_times, self.values, strict=True)
+        ]
 
 
 @dataclass(frozen=True)
@@ -200,6 +204,14 @@ class Records:
 
     def __len__(self) -> int:
         return len(self.steps)
+
+    def series(self, name: str) -> Series:
+        """``name``'s readings (the records that hold one) as a ``Series`` of arrays, in time order."""
+        column = self.values.get(name)
+        if column is None:
+            return Series(name, [], [], [])
+        kept = ~np.isnan(column)
+        return Series(name, self.steps[kept], self.walls[kept], column[kept])
 
 
 @dataclass(frozen=True)
