@@ -237,3 +237,11 @@ def test_a_pruned_runs_records_go_with_it(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0 and "removed 1 run, 100 points" in done.stdout, done.stdout + done.stderr
     assert rows(store, "SELECT run_id, COUNT(*) FROM records GROUP BY run_id") == [(kept.run_id, 50)]
+
+
+def test_the_manual_gives_every_units_resolution() -> None:
+    """The schema's section of docs/commands.md has a row for each unit of the catalogue."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "commands.md").read_text()
+    table = text[text.index("| unit | resolution |") :].split("\n\n")[0].splitlines()[2:]
+    units = [unit for row in table for unit in row.split("|")[1].strip().split(", ")]
+    assert sorted(units) == sorted(catalogue.UNITS)
