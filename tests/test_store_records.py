@@ -245,3 +245,42 @@ def test_the_manual_gives_every_units_resolution() -> None:
     table = text[text.index("| unit | resolution |") :].split("\n\n")[0].splitlines()[2:]
     units = [unit for row in table for unit in row.split("|")[1].strip().split(", ")]
     assert sorted(units) == sorted(catalogue.UNITS)
+
+
+def test_a_view_following_a_live_run_reads_only_the_records_written_since(tmp_path: Path) -> None:
+    store = tmp_path / "runs.sqlite"
+    writer = writer_of(store)
+    for step in range(5):
+        writer.record({CPU: float(step)}, step, time.monotonic_ns(), None)
+    writer.flush()
+    with StoreReader(str(store)) as reader:
+        run = writer.run_id or 0
+        latest, seq = reader.records_since(run, last=2)
+        assert (latest.steps.tolist(), latest.values[CPU].tolist(), seq) == ([3, 4], [3.0, 4.0], 4)
+        none, same = reader.records_since(run, seq)
+        assert len(none) == 0 and same == 4
+        writer.record({CPU: 5.0, SWAP: 1.0}, 5, time.monotonic_ns(), None)  # a column added meanwhile
+        writer.flush()
+        new, seq = reader.records_since(run, seq)
+        assert (new.steps.tolist(), new.values[CPU].tolist(), new.values[SWAP].tolist(), seq) == (
+            [5],
+            [5.0],
+            [1.0],
+            5,
+        )
+    writer.close({})
+    old = resource_points_store(tmp_path / "old.sqlite", 5)
+    with StoreReader(str(old)) as reader:
+        records, seq = reader.records_since(1)
+        assert len(records) == 0 and seq == -1
+
+
+def test_a_new_store_has_pages_that_hold_a_record_of_8_gpus(tmp_path: Path) -> None:
+    store = tmp_path / "runs.sqlite"
+    writer = writer_of(store)
+    writer.record({CPU: 1.0}, 0, time.monotonic_ns(), None)
+    writer.close({})
+    assert rows(store, "PRAGMA page_size") == [(schema.PAGE_SIZE,)] and schema.PAGE_SIZE == 16384
+    kept = resource_points_store(tmp_path / "old.sqlite", 5)  # an older store keeps its own
+    writer_of(kept).close({})
+    assert rows(kept, "PRAGMA page_size") == [(4096,)] and rows(kept, "PRAGMA user_version") == [(6,)]

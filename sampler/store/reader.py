@@ -435,12 +435,27 @@ class StoreReader:
             return recorded or Records(np.empty(0, np.int64), np.empty(0), {})
         return _merged(([recorded] if recorded else []) + parts)
 
-    def _record_rows(self, run_id: int, columns: dict[str, int]) -> Records:
-        """The run's rows of ``records``, by ``seq``, with the ``columns`` that hold a reading."""
+    def records_since(self, run_id: int, seq: int = -1, last: int | None = None) -> tuple[Records, int]:
+        """The run's rows of ``records`` written after record ``seq`` (-1: from its first), only
+        the ``last`` of them when given, in order; and the ``seq`` of the newest (``seq`` when
+        there is none): what a view that follows a live run (``top``) reads at each poll. Empty
+        for a store older than schema version 6, whose readings are points."""
+        if not self._has_records:
+            return Records(np.empty(0, np.int64), np.empty(0), {}), seq
+        ((newest,),) = self.db.execute("SELECT MAX(seq) FROM records WHERE run_id = ?", (run_id,))
+        if newest is None or newest <= seq:
+            return Records(np.empty(0, np.int64), np.empty(0), {}), seq
+        first = seq + 1 if last is None else max(seq + 1, newest - last + 1)
+        return self._record_rows(run_id, self.columns(), first), int(newest)
+
+    def _record_rows(self, run_id: int, columns: dict[str, int], first: int = 0) -> Records:
+        """The run's rows of ``records`` from ``seq`` ``first`` on, by ``seq``, with the
+        ``columns`` that hold a reading."""
         values = "".join(f", {schema.decoded(name, scale)}" for name, scale in columns.items())
         cursor = self.db.execute(
-            f"SELECT step, wall_ms{values} FROM records WHERE run_id = ? AND {RECORD_IS_VALID} ORDER BY seq",
-            (run_id,),
+            f"SELECT step, wall_ms{values} FROM records WHERE run_id = ? AND seq >= ? AND {RECORD_IS_VALID}"
+            " ORDER BY seq",
+            (run_id, first),
         )
         steps, table = _chunks(cursor, 2 + len(columns))
         kept = {
