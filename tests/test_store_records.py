@@ -84,7 +84,7 @@ def test_a_record_is_one_row_its_readings_whole_numbers_and_both_views_read_them
     stored = rows(
         store, f'SELECT seq, step, "{CPU}", "{SWAP}" FROM records WHERE run_id = ? ORDER BY seq', run
     )
-    assert stored == [(0, 0, 12345, 2560), (1, 1, None, 1e300), (2, 2, math.inf, -256)]
+    assert stored == [(0, 0, 12345, 2560), (1, 1, None, 1e300 * 1024), (2, 2, math.inf, -256)]
     assert [type(value) for *_, value in stored] == [int, float, int]
     assert rows(store, "SELECT COUNT(*) FROM points") == [(3,)]  # the loss alone
     decoded = rows(store, f'SELECT step, "{CPU}", "{SWAP}" FROM resource_records ORDER BY seq')

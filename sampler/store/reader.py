@@ -12,6 +12,7 @@ import os
 import socket
 import sqlite3
 import time
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +29,10 @@ from sampler.util.quoting import printable
 
 ENERGY_GLOB = catalogue.PREFIX + catalogue.GPU_KEY_PREFIX.replace(catalogue.DEVICE, "*") + "energy_joules"
 """Every GPU's energy counter, as a GLOB pattern over signal names."""
-CHUNK_ROWS = 4096
-"""Rows fetched at a time into numpy."""
+CHUNK_ROWS = 8192
+"""Rows read at a time into numpy."""
+COLUMNS_PER_QUERY = 1000
+"""Signal columns read by one query: SQLite returns 2,000 at most."""
 LOST_AFTER_INTERVALS = 3
 """A run that has not written for this many intervals (and at least 30 s) without
 an end time was lost: its backend died or hangs."""
@@ -301,6 +304,10 @@ class StoreReader:
             return
         self._checked.add(run_id)
         self._check_records(run_id)
+        self._check_point_rows(run_id)
+
+    def _check_point_rows(self, run_id: int) -> None:
+        """The points part of ``check_points``."""
         malformed_points = f"FROM points WHERE run_id = ? AND NOT ({POINT_IS_VALID})"
         if not self.db.execute(f"SELECT COUNT(*) {malformed_points}", (run_id,)).fetchone()[0]:
             return  # the common case, in one pass that tests less
@@ -419,7 +426,9 @@ class StoreReader:
         signals). Read ``CHUNK_ROWS`` rows at a time straight into numpy: one Python object
         per record, none per reading. Readings stored as points (runs older than schema
         version 6) are read name by name and matched to records by their (time, step)."""
-        self.check_points(run_id)
+        self.check_names()
+        if run_id not in self._checked:
+            self._check_point_rows(run_id)  # the records are checked as they are read
         wanted = None if names is None else set(names)
         columns = {name: scale for name, scale in self.columns().items() if wanted is None or name in wanted}
         recorded = self._record_rows(run_id, columns) if self._has_records else None
@@ -450,20 +459,77 @@ class StoreReader:
 
     def _record_rows(self, run_id: int, columns: dict[str, int], first: int = 0) -> Records:
         """The run's rows of ``records`` from ``seq`` ``first`` on, by ``seq``, with the
-        ``columns`` that hold a reading."""
-        values = "".join(f", {schema.decoded(name, scale)}" for name, scale in columns.items())
-        cursor = self.db.execute(
-            f"SELECT step, wall_ms{values} FROM records WHERE run_id = ? AND seq >= ? AND {RECORD_IS_VALID}"
-            " ORDER BY seq",
-            (run_id, first),
+        ``columns`` that hold a reading, as one read transaction sees them (a writer may add
+        more meanwhile)."""
+        began = not self.db.in_transaction
+        if began:
+            self.db.execute("BEGIN")
+        try:
+            return self._record_chunks(run_id, columns, first)
+        finally:
+            if began:
+                self.db.execute("COMMIT")
+
+    def _record_chunks(self, run_id: int, columns: dict[str, int], first: int) -> Records:
+        """``_record_rows``: each range of ``CHUNK_ROWS`` seqs comes from SQLite as one text per
+        column (``group_concat``), parsed by numpy: no Python object per reading. A malformed row
+        or reading is left out (``check_points`` says so)."""
+        names = list(columns)
+        ((low, high),) = self.db.execute(
+            "SELECT MIN(seq), MAX(seq) FROM records WHERE run_id = ? AND seq >= ?", (run_id, first)
         )
-        steps, table = _chunks(cursor, 2 + len(columns))
-        kept = {
-            name: table[:, 2 + i].copy()
-            for i, name in enumerate(columns)
-            if not np.isnan(table[:, 2 + i]).all()
-        }
-        return Records(steps, table[:, 1] / 1000.0, kept)
+        valid = RECORD_IS_VALID
+        groups = [names[i : i + COLUMNS_PER_QUERY] for i in range(0, len(names), COLUMNS_PER_QUERY)] or [[]]
+        queries = [
+            f"SELECT COUNT(*), SUM(NOT ({valid})), group_concat(IIF({valid}, seq, -1)),"
+            f" group_concat(IIF({valid}, step, 0)), group_concat(IIF({valid}, wall_ms, 0))"
+            + "".join(f", group_concat(IFNULL({schema.quoted(name)}, 'nan'))" for name in group)
+            + " FROM records WHERE run_id = ? AND seq >= ? AND seq < ?"
+            for group in groups
+        ]
+        steps: list[npt.NDArray[np.int64]] = []
+        walls: list[npt.NDArray[np.float64]] = []
+        parts: list[list[npt.NDArray[np.float64]]] = [[] for _ in names]
+        whole = True
+        while low is not None and low <= high:
+            bounds = (run_id, low, low + CHUNK_ROWS)
+            low += CHUNK_ROWS
+            count, bad, seqs, step_text, wall_text, *found = self.db.execute(queries[0], bounds).fetchone()
+            if not count:
+                continue
+            for query in queries[1:]:  # the same rows: one read transaction
+                found += self.db.execute(query, bounds).fetchone()[5:]
+            # By seq (SQLite does not promise group_concat's order); a malformed row's -1 first, left out.
+            order = np.argsort(np.fromstring(seqs, dtype=np.int64, sep=","), kind="stable")[bad:]
+            steps.append(np.fromstring(step_text, dtype=np.int64, sep=",")[order])
+            walls.append(np.fromstring(wall_text, dtype=np.float64, sep=",")[order] / 1000.0)
+            whole = whole and not bad
+            for name, text, part in zip(names, found, parts, strict=True):
+                column = _parsed(text, count)
+                if column is None:  # a reading that is no number: this range read as SQL decodes it
+                    whole = False
+                    part.append(self._decoded_column(bounds, name, columns[name]))
+                else:
+                    part.append(column[order] / columns[name])
+        if not whole:
+            self.check_points(run_id)
+        values = {}
+        for name, part in zip(names, parts, strict=True):
+            column = _joined(part, np.float64)
+            part.clear()
+            if not np.isnan(column).all():
+                values[name] = column
+        return Records(_joined(steps, np.int64), _joined(walls, np.float64), values)
+
+    def _decoded_column(self, bounds: tuple[int, int, int], name: str, scale: int) -> npt.NDArray[np.float64]:
+        """Column ``name`` of the valid records of a run in a range of seqs (``bounds``: run id,
+        first seq, past the last), by seq, as ``schema.decoded`` reads it: NaN for no number."""
+        rows = self.db.execute(
+            f"SELECT {schema.decoded(name, scale)} FROM records WHERE run_id = ? AND seq >= ? AND seq < ?"
+            f" AND {RECORD_IS_VALID} ORDER BY seq",
+            bounds,
+        ).fetchall()
+        return np.array([np.nan if value is None else value for (value,) in rows], dtype=np.float64)
 
     def _point_rows(self, run_id: int, name_id: int, name: str) -> Records:
         """One resource signal's points (as rows of one signal), by (time, step)."""
@@ -650,6 +716,22 @@ def _chunks(cursor: sqlite3.Cursor, width: int) -> tuple[npt.NDArray[np.int64], 
     if not tables:
         return np.empty(0, np.int64), np.empty((0, width))
     return np.concatenate(steps), np.concatenate(tables)
+
+
+def _parsed(text: str, count: int) -> npt.NDArray[np.float64] | None:
+    """``count`` numbers from SQLite's ``group_concat`` of them; None where the text holds
+    something else (a reading that is no number)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # numpy's word for text it stopped at
+        try:
+            found = np.fromstring(text, dtype=np.float64, sep=",")
+        except ValueError:
+            return None
+    return found if len(found) == count else None
+
+
+def _joined(parts: list[npt.NDArray[Any]], dtype: type) -> npt.NDArray[Any]:
+    return np.concatenate(parts) if parts else np.empty(0, dtype)
 
 
 def _merged(parts: list[Records]) -> Records:

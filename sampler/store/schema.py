@@ -49,9 +49,9 @@ Schema version 6 (``PRAGMA user_version``)::
       "<name>"    one column per resource signal any run logged, named by the signal's full
                   name (``resource/cpu/utilization_percent``) and added the first time it is
                   logged: the reading as the INTEGER ``round(value * scale)`` (``scale``:
-                  ``record_columns``); NULL where the record has none or it was NaN; REAL,
-                  the value itself, where the scaled one is no integer a double holds
-                  exactly (``abs >= SAFE_INTEGER``, infinite)
+                  ``record_columns``); NULL where the record has none or it was NaN; the
+                  REAL ``value * scale`` where that is no integer a double holds exactly
+                  (``abs >= SAFE_INTEGER``, infinite). The value is the stored one over scale
       PRIMARY KEY (run_id, seq)
     record_columns  one row per signal column of ``records``, in their order (rowid)
       name        TEXT PRIMARY KEY  the column's (the signal's) name
@@ -241,9 +241,7 @@ def literal(text: str) -> str:
 def decoded(name: str, scale: int) -> str:
     """SQL: the reading of column ``name`` as a REAL (NULL where it is none, or no number)."""
     column = quoted(name)
-    return (
-        f"CASE typeof({column}) WHEN 'integer' THEN {column} / {float(scale)!r} WHEN 'real' THEN {column} END"
-    )
+    return f"IIF(typeof({column}) IN ('integer', 'real'), {column} / {float(scale)!r}, NULL)"
 
 
 def record_columns(db: sqlite3.Connection) -> dict[str, int]:

@@ -92,14 +92,14 @@ def resolution(name: str) -> int:
 
 def encoded(value: float, scale: int) -> int | float | None:
     """How a reading is stored in a ``records`` column of ``scale``: the whole number
-    ``round(value * scale)``; None for NaN; the value itself where the scaled one is at or
-    beyond ``schema.SAFE_INTEGER`` (or infinite)."""
+    ``round(value * scale)``; None for NaN; ``value * scale`` as a float where that is at or
+    beyond ``schema.SAFE_INTEGER`` (or infinite). Either way the value is the stored one over ``scale``."""
     if math.isnan(value):
         return None
     scaled = value * scale
     if abs(scaled) < schema.SAFE_INTEGER:
         return round(scaled)
-    return value
+    return scaled
 
 
 @dataclass(frozen=True)
