@@ -8,6 +8,7 @@ and times, not from that signal.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,9 +53,10 @@ class Timeline:
         return self.values.get(name)
 
 
-def load(reader: StoreReader, run: Run) -> Timeline:
-    """The timeline of ``run`` as its store holds it now (``StoreReader.records``)."""
-    records = reader.records(run.id)
+def load(reader: StoreReader, run: Run, names: Iterable[str] | None = None) -> Timeline:
+    """The timeline of ``run`` as its store holds it now (``StoreReader.records``; ``names``:
+    only these signals' values, every record all the same)."""
+    records = reader.records(run.id, names)
     return Timeline(records.steps, records.walls, records.values, run.interval)
 
 

@@ -437,8 +437,9 @@ class StoreReader:
             " AND id IN (SELECT DISTINCT name_id FROM points WHERE run_id = ?)",
             (run_id,),
         ).fetchall()
+        # Every resource signal's points, for the records they make; the values of ``names`` alone.
         parts = [
-            self._point_rows(run_id, n_id, name) for n_id, name in pointed if wanted is None or name in wanted
+            self._point_rows(run_id, n_id, name, wanted is None or name in wanted) for n_id, name in pointed
         ]
         if not any(len(part) for part in parts):  # a run of schema version 6 (its rows by seq: in time order)
             return recorded or Records(np.empty(0, np.int64), np.empty(0), {})
@@ -531,8 +532,8 @@ class StoreReader:
         ).fetchall()
         return np.array([np.nan if value is None else value for (value,) in rows], dtype=np.float64)
 
-    def _point_rows(self, run_id: int, name_id: int, name: str) -> Records:
-        """One resource signal's points (as rows of one signal), by (time, step)."""
+    def _point_rows(self, run_id: int, name_id: int, name: str, kept: bool = True) -> Records:
+        """One resource signal's points, as rows of one signal (``kept`` False: without its values)."""
         cursor = self.db.execute(
             "SELECT step, wall_time, value FROM points WHERE run_id = ? AND name_id = ?"
             f" AND {POINT_IS_VALID}",
@@ -540,7 +541,8 @@ class StoreReader:
         )
         steps, table = _chunks(cursor, 3)
         values = table[:, 2]
-        return Records(steps, table[:, 1].copy(), {name: values.copy()} if not np.isnan(values).all() else {})
+        held = kept and not np.isnan(values).all()
+        return Records(steps, table[:, 1].copy(), {name: values.copy()} if held else {})
 
     def counts(self, run_id: int) -> tuple[int, int | None]:
         """(resource samples recorded, last step logged) of a run."""
