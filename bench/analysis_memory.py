@@ -9,8 +9,9 @@ but gpu (the catalogue's, with their ``_peak`` and ``_mean``), of realistic size
 (percentages to 0.001, MiB to the KiB, counters that only grow), and 10 steps a second but for a
 200 s stretch every 2 hours at a fifth of that, so that ``explain`` has stretches to explain.
 Each command then runs in a fresh interpreter (``python -m sampler ...``); its wall time, its CPU
-time (what the wall time would be on a machine to itself) and its peak resident memory (``wait4``'s ``ru_maxrss``) are printed beside the goals: explain within 2 s
-and 200 MB, each launch view within 400 MB.
+time (what the wall time would be on a machine to itself) and its peak resident memory
+(``wait4``'s ``ru_maxrss``) are printed beside the goals: explain within 2 s and 200 MB, each
+launch view within 400 MB.
 """
 
 from __future__ import annotations
