@@ -284,3 +284,22 @@ def test_a_new_store_has_pages_that_hold_a_record_of_8_gpus(tmp_path: Path) -> N
     kept = resource_points_store(tmp_path / "old.sqlite", 5)  # an older store keeps its own
     writer_of(kept).close({})
     assert rows(kept, "PRAGMA page_size") == [(4096,)] and rows(kept, "PRAGMA user_version") == [(6,)]
+
+
+def test_a_runs_gpu_energy_is_read_from_its_records(tmp_path: Path) -> None:
+    """``runs`` shows each GPU's energy counter from its first record to its last, summed."""
+    store = tmp_path / "runs.sqlite"
+    writer = writer_of(store)
+    for step in range(4):
+        values = {f"resource/gpu/{gpu}/energy_joules": 1000.0 * gpu + 2.5 * step for gpu in range(2)}
+        writer.record({**values, CPU: 1.0}, step, time.monotonic_ns(), None)
+    writer.close({})
+    with StoreReader(str(store)) as reader:
+        assert reader.energy_joules(writer.run_id or 0) == 2 * 7.5
+        assert reader.names(writer.run_id or 0) == [
+            CPU,
+            *(f"resource/gpu/{gpu}/energy_joules" for gpu in range(2)),
+        ]
+    quiet = resource_points_store(tmp_path / "old.sqlite", 5)
+    with StoreReader(str(quiet)) as reader:
+        assert reader.energy_joules(1) is None
