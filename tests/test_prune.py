@@ -27,7 +27,7 @@ from sampler.store.writer import RunInfo, RunWriter, process_started_after_boot
 
 CPU = "resource/cpu/utilization_percent"
 DAY = 86400.0
-POINTS_PER_RUN = 200
+POINTS_PER_RUN = 2000  # more than the few pages every store has, of 16 KiB each: a prune frees some
 
 
 def sampler_command(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
