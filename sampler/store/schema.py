@@ -81,9 +81,11 @@ them are durations even where the wall clock stepped meanwhile (NTP, an administ
 and after such a step they differ from the wall clock by it; updated_at alone is the wall
 clock's, for readers to judge how long ago a run last wrote.
 
-Both views are made anew with each column added. Version 5 is version 6 without ``records``
-and ``record_columns`` (every reading a row of ``points``); version 4 is version 5 without
-``elapsed``; version 3 is version 4 with ids that a
+Both views are made anew with each column added. A store created by this release has pages
+of ``PAGE_SIZE`` (a wide record stays in its page); an older one keeps its own.
+
+Version 5 is version 6 without ``records`` and ``record_columns`` (every reading a row of
+``points``); version 4 is version 5 without ``elapsed``; version 3 is version 4 with ids that a
 run removed by pruning gave back (the next new run took the highest again) and without
 ``pid_started_after_boot``; version 2 is version 3 without the five placement columns of
 ``runs`` (a migrated row reads rank 0 of a world of one); version 1 is version 2 without
