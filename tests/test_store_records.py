@@ -303,3 +303,21 @@ def test_a_runs_gpu_energy_is_read_from_its_records(tmp_path: Path) -> None:
     quiet = resource_points_store(tmp_path / "old.sqlite", 5)
     with StoreReader(str(quiet)) as reader:
         assert reader.energy_joules(1) is None
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_store_too_old_to_read_is_migrated_by_its_first_writer_and_its_runs_read(
+    tmp_path: Path, version: int
+) -> None:
+    path = resource_points_store(tmp_path / "old.sqlite", version)
+    writer_of(path).close({})
+    assert rows(path, "PRAGMA user_version") == [(6,)]
+    with StoreReader(str(path)) as reader:
+        records = reader.records(1)
+        assert records.steps.tolist() == [0, 1, 2, 3] and records.values[SWAP].tolist() == [
+            1.0,
+            2.0,
+            3.0,
+            4.0,
+        ]
+        assert reader.names(1) == [CPU, SWAP, LOSS]
