@@ -67,6 +67,33 @@ UNITS = (
 )
 """The units signals are in: MiB and GiB are 1024² and 1024³ bytes (every ``_mb`` and ``_gb``)."""
 
+RESOLUTION: dict[str, int] = {
+    "%": 1000,
+    "MiB": 1024,
+    "GiB": 1024**2,
+    "bytes": 1,
+    "MiB/s": 1024,
+    "bytes/s": 1,
+    "MHz": 1,
+    "°C": 1,
+    "W": 1000,
+    "J": 1000,
+    "J/step": 1000,
+    "s": 1_000_000,
+    "s/s": 1_000_000,
+    "cores": 1000,
+    "threads": 1,
+    "processes": 1,
+    "0/1": 1,
+    "bitmask": 1,
+    "XID": 1,
+    "steps/s": 1_000_000,
+}
+"""Unit -> how many steps of the run store's resolution make one unit: a reading is stored as
+the whole number ``round(value * RESOLUTION[unit])`` (% to 0.001, MiB and GiB to 1 KiB, MiB/s to
+1 KiB/s, W and J to 1 mW and 1 mJ, s to 1 µs, steps/s to 10⁻⁶; whole bytes, MHz, °C as NVML
+reads them, counts and codes), so a value with no finer part than that reads back exactly."""
+
 MIB = 1024**2
 GIB = 1024**3
 PERCENT_TO_RATIO = 0.01

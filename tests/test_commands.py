@@ -88,7 +88,7 @@ def test_export_long_csv_has_every_point(store: Path) -> None:
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader(io.StringIO(done.stdout)))
     db = sqlite3.connect(store)
-    assert len(rows) == db.execute("SELECT COUNT(*) FROM points").fetchone()[0]
+    assert len(rows) == db.execute("SELECT COUNT(*) FROM signals").fetchone()[0]
     db.close()
     loss = [r for r in rows if r["name"] == "train/loss"]
     assert [int(r["step"]) for r in loss] == list(range(1, 30)) and float(loss[1]["value"]) == 0.5

@@ -258,14 +258,76 @@ def test_a_malformed_point_is_left_out_and_said_once(
     corrupt(
         store,
         f"UPDATE points SET {column} = {value} WHERE rowid = (SELECT MIN(rowid) FROM points"
-        f" WHERE run_id = 1 AND name_id = (SELECT id FROM signal_names WHERE name = '{CPU}'))",
+        f" WHERE run_id = 1 AND name_id = (SELECT id FROM signal_names WHERE name = '{LOSS}'))",
     )
     after = every_reader(store, tmp_path)
     for key in ("export", "export --format jsonl"):
         assert len(of_run(after[key], 1)) == len(of_run(before[key], 1)) - 1
         assert of_run(after[key], 2) == of_run(before[key], 2)
     [said] = warnings()
-    assert f"{store}: run 1: 1 point whose {column} " in said and CPU in said and quoted in said, said
+    assert f"{store}: run 1: 1 point whose {column} " in said and LOSS in said and quoted in said, said
+
+
+RECORD_COLUMNS = [
+    ("step", "'abc'", "'abc'"),
+    ("step", "2.5", "2.5"),
+    ("wall_ms", "'noon'", "'noon'"),
+    ("wall_ms", "1e300", "1e+300"),
+    ("wall_ms", "-5", "-5"),
+]
+
+
+@pytest.mark.parametrize(("column", "value", "quoted"), RECORD_COLUMNS)
+def test_a_malformed_record_is_left_out_and_said_once(
+    store: Path,
+    tmp_path: Path,
+    before: dict[str, Any],
+    warnings: Callable[[], list[str]],
+    column: str,
+    value: str,
+    quoted: str,
+) -> None:
+    """A record whose step or time is malformed goes with all its readings; the others stay."""
+    first = first_record(store)
+    readings = sum(
+        1
+        for row in of_run(before["export"], 1)
+        if row["name"].startswith("resource/") and (row["step"], row["wall_time"]) == first
+    )
+    assert readings > 1
+    corrupt(store, f"UPDATE records SET {column} = {value} WHERE run_id = 1 AND seq = 0")
+    after = every_reader(store, tmp_path)
+    for key in ("export", "export --format jsonl"):
+        assert len(of_run(after[key], 1)) == len(of_run(before[key], 1)) - readings
+        assert of_run(after[key], 2) == of_run(before[key], 2)
+    [said] = warnings()
+    assert f"{store}: run 1: 1 record whose step or wall_ms " in said and quoted in said, said
+
+
+def first_record(store: Path) -> tuple[str, str]:
+    """(step, wall time) of run 1's first record, as the CSV export writes them."""
+    db = sqlite3.connect(store)
+    ((step, wall),) = db.execute("SELECT step, wall_ms / 1000.0 FROM records WHERE run_id = 1 AND seq = 0")
+    db.close()
+    return str(step), str(wall)
+
+
+@pytest.mark.parametrize(("value", "quoted"), [("'high'", "'high'"), ("x'00'", "b'\\x00'")])
+def test_a_malformed_reading_is_left_out_and_said_once(
+    store: Path,
+    tmp_path: Path,
+    before: dict[str, Any],
+    warnings: Callable[[], list[str]],
+    value: str,
+    quoted: str,
+) -> None:
+    corrupt(store, f'UPDATE records SET "{CPU}" = {value} WHERE run_id = 1 AND seq = 1')
+    after = every_reader(store, tmp_path)
+    for key in ("export", "export --format jsonl"):
+        assert len(of_run(after[key], 1)) == len(of_run(before[key], 1)) - 1
+        assert of_run(after[key], 2) == of_run(before[key], 2)
+    [said] = warnings()
+    assert f"{store}: run 1: 1 reading of {CPU} " in said and quoted in said, said
 
 
 @pytest.mark.parametrize(
@@ -373,11 +435,11 @@ def test_a_warning_shows_the_text_others_planted_escaped(
     warning too."""
     evil = "\x1b]0;owned\x07\x1b[2J\u202e"
     db = sqlite3.connect(store, isolation_level=None)
-    db.execute("UPDATE signal_names SET name = ? WHERE name = ?", (CPU + evil, CPU))
+    db.execute("UPDATE signal_names SET name = ? WHERE name = ?", (LOSS + evil, LOSS))
     db.execute(
         "UPDATE points SET step = 'abc' WHERE rowid = (SELECT MIN(rowid) FROM points WHERE run_id = 1"
         " AND name_id = (SELECT id FROM signal_names WHERE name = ?))",
-        (CPU + evil,),
+        (LOSS + evil,),
     )
     db.close()
     exported(store)

@@ -97,7 +97,7 @@ class Fleet:
                 values = out.setdefault(run.rank, {})
                 for name, value in db.execute("SELECT name, value FROM signals WHERE run_id = ?", (run_id,)):
                     values.setdefault(name, set()).add(value)
-                steps = db.execute("SELECT DISTINCT step FROM points WHERE run_id = ?", (run_id,))
+                steps = db.execute("SELECT DISTINCT step FROM signals WHERE run_id = ?", (run_id,))
                 values["step"] = {step for (step,) in steps}
         finally:
             db.close()

@@ -27,7 +27,7 @@ from sampler.store.writer import RunInfo, RunWriter, process_started_after_boot
 
 CPU = "resource/cpu/utilization_percent"
 DAY = 86400.0
-POINTS_PER_RUN = 200
+POINTS_PER_RUN = 2000  # more than the few pages every store has, of 16 KiB each: a prune frees some
 
 
 def sampler_command(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -86,9 +86,9 @@ def backdate(store: Path, run_id: int, days: float) -> None:
 
 
 def counts(store: Path) -> dict[int, int]:
-    """Run id -> its points."""
+    """Run id -> its points (and its records' readings: the ``signals`` view holds both)."""
     db = sqlite3.connect(store)
-    found = dict(db.execute("SELECT id, (SELECT COUNT(*) FROM points WHERE run_id = runs.id) FROM runs"))
+    found = dict(db.execute("SELECT id, (SELECT COUNT(*) FROM signals WHERE run_id = runs.id) FROM runs"))
     db.close()
     return found
 

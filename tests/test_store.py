@@ -328,7 +328,7 @@ def unshare_works() -> bool:
     not unshare_works(), reason="needs root to mount a small tmpfs in a private mount namespace"
 )
 def test_a_full_disk_is_said_once_and_what_is_queued_is_kept(tmp_path: Path) -> None:
-    """A real 256 KiB filesystem: the store fills it; monitoring goes on, the
+    """A real 1 MiB filesystem: the store fills it; monitoring goes on, the
     failure is reported once, and nothing is silently gone (written or counted).
 
     The store is seen written before the filling starts: what the first write holds
@@ -362,7 +362,7 @@ def test_a_full_disk_is_said_once_and_what_is_queued_is_kept(tmp_path: Path) -> 
     small = tmp_path / "small"  # mounted in the private namespace only
     small.mkdir()
     shell = (
-        f"mount -t tmpfs -o size=256k tmpfs {small} && exec {sys.executable} {script} {small / 'runs.sqlite'}"
+        f"mount -t tmpfs -o size=1m tmpfs {small} && exec {sys.executable} {script} {small / 'runs.sqlite'}"
     )
     done = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", shell],

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -50,13 +51,23 @@ class Rank:
     run: Run
     repeated: bool
     """The store holds several runs of this rank (it was restarted)."""
-    timeline: Timeline
-    """Its records, in time order, each at a step past every earlier one."""
+    records: Timeline
+    """Its records' steps and times, in time order, each at a step past every earlier one,
+    without their signals' values (``timeline``)."""
     steps: Floats
     """Its step at each time of the grid (NaN outside its records' times)."""
     throughput: Floats
     """Its steps/s over the grid interval that ends at each time (NaN at the first time and
     outside its records' times)."""
+
+    reader: StoreReader
+    """The store it was read from."""
+
+    @cached_property
+    def timeline(self) -> Timeline:
+        """Its records with every signal's values, read from the store when first needed (the
+        evidence of a lag): a launch's ranks are not all held in memory to draw or compare them."""
+        return _rising(timeline.load(self.reader, self.run))
 
     @property
     def label(self) -> str:
@@ -193,20 +204,25 @@ def several(reader: StoreReader, prefix: str, verb: str) -> Launch:
 
 def gather(reader: StoreReader, launch: Launch) -> Ranks:
     """Every run of ``launch``, read from the store and put on the launch's grids."""
-    loaded = [(run, _rising(timeline.load(reader, run))) for run in launch.runs]
+    loaded = [(run, _rising(timeline.load(reader, run, names=()))) for run in launch.runs]
     recorded = [(run, line) for run, line in loaded if len(line) >= 2]
     silent = [run for run, line in loaded if len(line) < 2]
     if len(recorded) < 2:
         none = np.array([])
         return Ranks(
-            launch, none, none, [_rank(launch, run, line, none) for run, line in recorded], silent, none
+            launch,
+            none,
+            none,
+            [_rank(reader, launch, run, line, none) for run, line in recorded],
+            silent,
+            none,
         )
     lines = [line for _, line in recorded]
     low = min(float(line.steps[0]) for line in lines)
     high = max(float(line.steps[-1]) for line in lines)
     steps = np.linspace(low, high, max(2, min(MAX_GRID, int(high - low) + 1)))
     times = np.linspace(min(line.walls[0] for line in lines), max(line.walls[-1] for line in lines), MAX_GRID)
-    ranks = [_rank(launch, run, line, times) for run, line in recorded]
+    ranks = [_rank(reader, launch, run, line, times) for run, line in recorded]
     rates = np.vstack([rank.throughput for rank in ranks])
     counted = np.isfinite(rates).sum(axis=0) >= 2
     median = np.full(len(times), np.nan)
@@ -214,17 +230,19 @@ def gather(reader: StoreReader, launch: Launch) -> Ranks:
     return Ranks(launch, steps, times, ranks, silent, median)
 
 
-def _rank(launch: Launch, run: Run, line: Timeline, times: Floats) -> Rank:
+def _rank(reader: StoreReader, launch: Launch, run: Run, line: Timeline, times: Floats) -> Rank:
     steps = on_grid(times, line.walls, line.steps)
     with np.errstate(invalid="ignore", divide="ignore"):  # every record at one instant: no rate
         rate = np.concatenate(([np.nan], np.diff(steps) / np.diff(times)))[: len(times)]
     rate[~np.isfinite(rate)] = np.nan
     repeated = sum(other.rank == run.rank for other in launch.runs) > 1
-    return Rank(run, repeated, line, steps, rate)
+    return Rank(run, repeated, line, steps, rate, reader)
 
 
 def _rising(line: Timeline) -> Timeline:
     keep = rising(line.steps)
+    if keep.all():
+        return line
     values = {name: column[keep] for name, column in line.values.items()}
     return Timeline(line.steps[keep], line.walls[keep], values, line.interval)
 

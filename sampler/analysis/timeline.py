@@ -8,6 +8,7 @@ and times, not from that signal.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,27 +53,11 @@ class Timeline:
         return self.values.get(name)
 
 
-def load(reader: StoreReader, run: Run) -> Timeline:
-    """The timeline of ``run`` as its store holds it now."""
-    index: dict[tuple[float, int], int] = {}
-    columns: dict[str, dict[int, float]] = {}
-    for name, step, wall, value in reader.resource_points(run.id):
-        row = index.setdefault((wall, step), len(index))
-        if value is not None:
-            columns.setdefault(name, {})[row] = value
-    order = sorted(index, key=lambda key: (key[0], key[1]))
-    rank = np.empty(len(order), dtype=np.intp)
-    for position, key in enumerate(order):
-        rank[index[key]] = position
-    values: dict[str, Floats] = {}
-    for name, cells in columns.items():
-        column = np.full(len(order), np.nan)
-        rows = np.fromiter(cells, dtype=np.intp, count=len(cells))
-        column[rank[rows]] = np.fromiter(cells.values(), dtype=np.float64, count=len(cells))
-        values[name] = column
-    steps = np.array([step for _, step in order], dtype=np.int64)
-    walls = np.array([wall for wall, _ in order], dtype=np.float64)
-    return Timeline(steps, walls, values, run.interval)
+def load(reader: StoreReader, run: Run, names: Iterable[str] | None = None) -> Timeline:
+    """The timeline of ``run`` as its store holds it now (``StoreReader.records``; ``names``:
+    only these signals' values, every record all the same)."""
+    records = reader.records(run.id, names)
+    return Timeline(records.steps, records.walls, records.values, run.interval)
 
 
 def joined(parts: list[Timeline], interval: float) -> Timeline:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import heapq
 import io
 import itertools
 import json
@@ -27,7 +28,8 @@ from collections.abc import Generator
 from typing import Any, TextIO
 
 from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, open_store, output_problem
-from sampler.store.reader import NAME, POINT_IS_VALID, StoreReader
+from sampler.store import schema
+from sampler.store.reader import NAME, POINT_IS_VALID, RECORD_IS_VALID, StoreReader
 from sampler.util import atomicfile
 
 LONG_COLUMNS = ("run_id", "name", "step", "wall_time", "value")
@@ -115,8 +117,22 @@ _POINTS = (
 
 def _long_rows(reader: StoreReader, runs: list[int]) -> Generator[tuple[Any, ...], None, None]:
     for run in runs:
-        yield from reader.db.execute(_POINTS + " ORDER BY n.name, p.step, p.wall_time", (run,))
+        points = reader.db.execute(_POINTS + " ORDER BY n.name, p.step, p.wall_time", (run,))
+        readings = _readings(reader, run)
+        yield from heapq.merge(points, readings, key=lambda row: (row[1], row[2], row[3]))
         reader.check_points(run)  # after: it reads every point, and the export's start need not wait
+
+
+def _readings(reader: StoreReader, run: int) -> Generator[tuple[Any, ...], None, None]:
+    """The readings of the run's records as points, by name, step and time: one query a signal."""
+    columns = reader.columns()
+    for name in sorted(columns):
+        yield from reader.db.execute(
+            f"SELECT run_id, ?, step, wall_ms / 1000.0, {schema.decoded(name, columns[name])} FROM records"
+            f" WHERE run_id = ? AND {RECORD_IS_VALID}"
+            f" AND typeof({schema.quoted(name)}) IN ('integer', 'real') ORDER BY step, wall_ms",
+            (name, run),
+        )
 
 
 def _wide_rows(
@@ -125,11 +141,31 @@ def _wide_rows(
     column = {name: i for i, name in enumerate(names)}
     for run in runs:
         points = reader.db.execute(_POINTS + " ORDER BY p.step, p.wall_time", (run,))
-        for step, group in itertools.groupby(points, key=lambda point: point[2]):
-            values: list[float | None] = [None] * len(names)
+        recorded = [name for name in reader.columns() if name in column]
+        records = _records(reader, run, recorded)
+        merged = heapq.merge(
+            ((step, wall, ((name, value),)) for _, name, step, wall, value in points),
+            ((step, wall, tuple(zip(recorded, values, strict=True))) for step, wall, *values in records),
+            key=lambda row: (row[0], row[1]),
+        )
+        for step, group in itertools.groupby(merged, key=lambda row: row[0]):
+            row: list[float | None] = [None] * len(names)
             latest = None
-            for _, name, _, wall, value in group:
-                values[column[name]] = value
+            for _, wall, readings in group:
+                for name, value in readings:
+                    if value is not None or len(readings) == 1:
+                        row[column[name]] = value
                 latest = wall
-            yield (run, step, latest, *values)
+            yield (run, step, latest, *row)
         reader.check_points(run)
+
+
+def _records(reader: StoreReader, run: int, names: list[str]) -> sqlite3.Cursor:
+    """The run's records by step and time: step, wall time (s), then ``names``' readings."""
+    columns = reader.columns()
+    values = "".join(f", {schema.decoded(name, columns[name])}" for name in names)
+    return reader.db.execute(
+        f"SELECT step, wall_ms / 1000.0{values} FROM records WHERE run_id = ? AND {RECORD_IS_VALID}"
+        " ORDER BY step, wall_ms",
+        (run,),
+    )

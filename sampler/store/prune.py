@@ -4,7 +4,7 @@ with their points and postmortems, and giving the space back where nobody is in 
 Never a live run: neither one that wrote lately nor one whose process lives on this host
 (the pid the row names, started when the row says: a suspended backend, however long it has
 been quiet). A run's status is read again inside the transaction that removes its row,
-which no writer can enter meanwhile. Its points go after it (``delete_points``), in short
+which no writer can enter meanwhile. Its points and records go after it (``delete_points``), in short
 transactions with a pause between, so that a writer waiting for the store, a run's last
 write at stop above all, gets in within its timeout.
 """
@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import psutil
 
+from sampler.store import schema
 from sampler.store.reader import RUN_COLUMNS, Run, decode_run
 from sampler.store.writer import process_started_after_boot
 
@@ -44,6 +45,7 @@ class Prunable(NamedTuple):
     status: str
     """``ended`` or ``lost``."""
     points: int
+    """Its points, and the readings of its records."""
     postmortems: int
 
 
@@ -109,9 +111,20 @@ def prunable(db: sqlite3.Connection, cutoff: float) -> list[Prunable]:
     found = []
     for run in _ended_or_lost(db, cutoff):
         ((points,),) = db.execute("SELECT COUNT(*) FROM points WHERE run_id = ?", (run.id,))
+        points += _readings(db, run.id)
         ((postmortems,),) = db.execute("SELECT COUNT(*) FROM postmortems WHERE run_id = ?", (run.id,))
         found.append(Prunable(run, run.status, points, postmortems))
     return found
+
+
+def _readings(db: sqlite3.Connection, run_id: int) -> int:
+    """The readings the run's records hold (none before schema version 6)."""
+    columns = schema.record_columns(db)
+    if not columns:
+        return 0
+    counted = " + ".join(f"COUNT({schema.quoted(name)})" for name in columns)
+    ((readings,),) = db.execute(f"SELECT {counted} FROM records WHERE run_id = ?", (run_id,))
+    return int(readings)
 
 
 def remove(db: sqlite3.Connection, cutoff: float) -> list[Prunable]:
@@ -137,10 +150,18 @@ def remove(db: sqlite3.Connection, cutoff: float) -> list[Prunable]:
 
 
 def delete_points(db: sqlite3.Connection) -> None:
-    """Delete the points whose run has no row (the runs just removed, or by a prune cut short),
-    in transactions of about ``BATCH_SECONDS``, with a pause between. No run takes such an id
-    again (schema version 4), and a writer whose row is gone goes on in a new run. Raises
-    ``sqlite3.Error``; what is left goes with the next call."""
+    """Delete the points and records whose run has no row (the runs just removed, or by a prune
+    cut short), in transactions of about ``BATCH_SECONDS``, with a pause between. No run takes
+    such an id again (schema version 4), and a writer whose row is gone goes on in a new run.
+    Raises ``sqlite3.Error``; what is left goes with the next call."""
+    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'records'").fetchone() is not None:
+        run_id = -1
+        while True:
+            ((run_id,),) = db.execute("SELECT MIN(run_id) FROM records WHERE run_id > ?", (run_id,))
+            if run_id is None:
+                break
+            if db.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
+                _delete_run_records(db, run_id)
     run_id = -1
     while True:
         # Each run's points are found by the index, one seek a run, not by reading them all.
@@ -151,20 +172,22 @@ def delete_points(db: sqlite3.Connection) -> None:
             _delete_run_points(db, run_id)
 
 
-def _delete_run_points(db: sqlite3.Connection, run_id: int) -> None:
-    """Delete the points of ``run_id`` (see ``delete_points``) by ranges of rowids: the points
-    of one sample lie side by side in the table and in the index, so this touches half the
-    pages that deleting in the index's order (signal by signal) does."""
-    ((low, high),) = db.execute("SELECT MIN(rowid), MAX(rowid) FROM points WHERE run_id = ?", (run_id,))
+def _delete_run_records(db: sqlite3.Connection, run_id: int) -> None:
+    """Delete the records of ``run_id`` (see ``delete_points``) by ranges of ``seq``: each a
+    range of the table's primary key."""
+    ((low, high),) = db.execute("SELECT MIN(seq), MAX(seq) FROM records WHERE run_id = ?", (run_id,))
+    _in_batches(db, "DELETE FROM records WHERE run_id = ? AND seq >= ? AND seq < ?", run_id, low, high)
+
+
+def _in_batches(db: sqlite3.Connection, delete: str, run_id: int, low: int | None, high: int | None) -> None:
+    """Run ``delete`` (parameters: the run id, a range's low end and its high end, past it) over
+    ``low`` to ``high``, in transactions of about ``BATCH_SECONDS`` with a pause after each."""
     width = FIRST_BATCH
-    while low is not None and low <= high:
+    while low is not None and high is not None and low <= high:
         began = time.monotonic()
         db.execute("BEGIN IMMEDIATE")
         try:
-            db.execute(  # +run_id: by the rowids, not by the index
-                "DELETE FROM points WHERE rowid >= ? AND rowid < ? AND +run_id = ?",
-                (low, low + width, run_id),
-            )
+            db.execute(delete, (run_id, low, low + width))
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
@@ -174,6 +197,15 @@ def _delete_run_points(db: sqlite3.Connection, run_id: int) -> None:
         time.sleep(random.uniform(*PAUSE_SECONDS))
         low += width
         width = max(FIRST_BATCH // 10, min(2 * width, int(width * BATCH_SECONDS / max(took, 1e-4))))
+
+
+def _delete_run_points(db: sqlite3.Connection, run_id: int) -> None:
+    """Delete the points of ``run_id`` (see ``delete_points``) by ranges of rowids: the points
+    of one sample lie side by side in the table and in the index, so this touches half the
+    pages that deleting in the index's order (signal by signal) does."""
+    ((low, high),) = db.execute("SELECT MIN(rowid), MAX(rowid) FROM points WHERE run_id = ?", (run_id,))
+    # +run_id: by the rowids, not by the index
+    _in_batches(db, "DELETE FROM points WHERE +run_id = ? AND rowid >= ? AND rowid < ?", run_id, low, high)
 
 
 def size(path: str) -> int:

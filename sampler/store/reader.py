@@ -2,17 +2,23 @@
 ``top``, ``export``, ``postmortem``); safe while a backend writes it (WAL readers never block
 the writer and see whole transactions only). Every column is checked as it is read
 (``sampler.store.decoding``): a malformed value is said once and read as a fallback, and a
-malformed point is left out (``POINT_IS_VALID``), so one bad row never hides the rest."""
+malformed point is left out (``POINT_IS_VALID``, ``RECORD_IS_VALID``), so one bad row never
+hides the rest. ``records`` reads a run's resource records as columns, straight into numpy."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import socket
 import sqlite3
 import time
+import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import psutil
 
 from sampler import catalogue
@@ -23,6 +29,10 @@ from sampler.util.quoting import printable
 
 ENERGY_GLOB = catalogue.PREFIX + catalogue.GPU_KEY_PREFIX.replace(catalogue.DEVICE, "*") + "energy_joules"
 """Every GPU's energy counter, as a GLOB pattern over signal names."""
+CHUNK_ROWS = 8192
+"""Rows read at a time into numpy."""
+COLUMNS_PER_QUERY = 1000
+"""Signal columns read by one query: SQLite returns 2,000 at most."""
 LOST_AFTER_INTERVALS = 3
 """A run that has not written for this many intervals (and at least 30 s) without
 an end time was lost: its backend died or hangs."""
@@ -167,12 +177,44 @@ def _launch(runs: list[Run], count: dict[str, int]) -> Launch:
 
 @dataclass(frozen=True)
 class Series:
-    """One signal of one run, in step order."""
+    """One signal of one run, in step order (lists from ``StoreReader.series``; numpy arrays
+    where they are cut from ``Records``)."""
 
     name: str
-    steps: list[int]
-    wall_times: list[float]
-    values: list[float]
+    steps: list[int] | npt.NDArray[np.int64]
+    wall_times: list[float] | npt.NDArray[np.float64]
+    values: list[float] | npt.NDArray[np.float64]
+
+    def points(self) -> list[tuple[str, int, float, float | None]]:
+        """(name, step, wall time, value) per point."""
+        return [
+            (self.name, int(step), float(wall), None if value != value else float(value))
+            for step, wall, value in zip(self.steps, self.wall_times, self.values, strict=True)
+        ]
+
+
+@dataclass(frozen=True)
+class Records:
+    """A run's resource records as columns, in time order."""
+
+    steps: npt.NDArray[np.int64]
+    """The step each record was sampled at."""
+    walls: npt.NDArray[np.float64]
+    """When, s since the epoch on the run's clock."""
+    values: dict[str, npt.NDArray[np.float64]]
+    """Signal name -> its reading in each record, NaN where the record has none; only the
+    names the run has a reading of."""
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def series(self, name: str) -> Series:
+        """``name``'s readings (the records that hold one) as a ``Series`` of arrays, in time order."""
+        column = self.values.get(name)
+        if column is None:
+            return Series(name, [], [], [])
+        kept = ~np.isnan(column)
+        return Series(name, self.steps[kept], self.walls[kept], column[kept])
 
 
 @dataclass(frozen=True)
@@ -206,6 +248,10 @@ class StoreReader:
         self._run_columns = (
             RUN_COLUMNS if "elapsed" in columns else RUN_COLUMNS.removesuffix("elapsed") + "NULL"
         )
+        self._has_records = (
+            self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'records'").fetchone() is not None
+        )
+        """Schema version 6 or later: resource records are rows of ``records``."""
         self._checked: set[int | None] = set()
         """The runs whose points were checked (``check_points``); None: the signal names."""
 
@@ -250,12 +296,18 @@ class StoreReader:
 
     def check_points(self, run_id: int) -> None:
         """Say once (``malformed``) what the run holds that the queries here leave out: for each
-        column, the points whose value is malformed (``POINT_PROBLEMS``); and ``check_names``.
-        It reads every point of the run."""
+        column of ``points``, the points whose value is malformed (``POINT_PROBLEMS``); the records
+        that are (``RECORD_IS_VALID``) and the readings that are no number; and ``check_names``.
+        It reads every point and record of the run."""
         self.check_names()
         if run_id in self._checked:
             return
         self._checked.add(run_id)
+        self._check_records(run_id)
+        self._check_point_rows(run_id)
+
+    def _check_point_rows(self, run_id: int) -> None:
+        """The points part of ``check_points``."""
         malformed_points = f"FROM points WHERE run_id = ? AND NOT ({POINT_IS_VALID})"
         if not self.db.execute(f"SELECT COUNT(*) {malformed_points}", (run_id,)).fetchone()[0]:
             return  # the common case, in one pass that tests less
@@ -273,6 +325,59 @@ class StoreReader:
                 instead = f"{first} of {name}; left out"
                 malformed(self.path, f"run {run_id}: {points}", value, problem, instead)
 
+    def _check_records(self, run_id: int) -> None:
+        """The records part of ``check_points``, in one pass over the run's records."""
+        columns = list(self.columns())
+        tests = [f"typeof({schema.quoted(name)}) NOT IN ('integer', 'real', 'null')" for name in columns]
+        if not self._has_records:
+            return
+        sums = ", ".join(f"COALESCE(SUM({test}), 0)" for test in [f"NOT ({RECORD_IS_VALID})", *tests])
+        counts = self.db.execute(f"SELECT {sums} FROM records WHERE run_id = ?", (run_id,)).fetchone()
+        if counts[0]:
+            step, wall = self.db.execute(
+                f"SELECT step, wall_ms FROM records WHERE run_id = ? AND NOT ({RECORD_IS_VALID}) LIMIT 1",
+                (run_id,),
+            ).fetchone()
+            first = "it is" if counts[0] == 1 else "the first"
+            malformed(
+                self.path,
+                f"run {run_id}: {counts[0]} record{'s' * (counts[0] != 1)} whose step or wall_ms",
+                (step, wall),
+                "not a whole number (wall_ms: of ms since the epoch)",
+                f"{first}; left out",
+            )
+        for name, count in zip(columns, counts[1:], strict=True):
+            if count:
+                (value,) = self.db.execute(
+                    f"SELECT {schema.quoted(name)} FROM records WHERE run_id = ?"
+                    f" AND typeof({schema.quoted(name)}) NOT IN ('integer', 'real', 'null') LIMIT 1",
+                    (run_id,),
+                ).fetchone()
+                first = "it is" if count == 1 else "the first"
+                malformed(
+                    self.path,
+                    f"run {run_id}: {count} reading{'s' * (count != 1)} of {name}",
+                    value,
+                    "not a number",
+                    f"{first}; read as none",
+                )
+
+    def columns(self) -> dict[str, int]:
+        """The signal columns of ``records`` now (writers add more): name -> scale."""
+        return schema.record_columns(self.db) if self._has_records else {}
+
+    def _recorded(self, run_id: int) -> tuple[int, dict[str, int]]:
+        """(valid records of the run, column name -> its readings there, those with none left out),
+        in one pass over the run's records."""
+        columns = list(self.columns())
+        if not self._has_records:
+            return 0, {}
+        counts = ", ".join(f"COUNT({schema.quoted(name)})" for name in ["step", *columns])
+        row = self.db.execute(
+            f"SELECT {counts} FROM records WHERE run_id = ? AND {RECORD_IS_VALID}", (run_id,)
+        ).fetchone()
+        return int(row[0]), {name: n for name, n in zip(columns, row[1:], strict=True) if n}
+
     def names(self, run_id: int) -> list[str]:
         """Signal names the run logged, sorted."""
         self.check_names()
@@ -281,25 +386,163 @@ class StoreReader:
             " WHERE id IN (SELECT DISTINCT name_id FROM points WHERE run_id = ?) ORDER BY 1",
             (run_id,),
         )
-        return [name for (name,) in rows]
+        return sorted({name for (name,) in rows} | set(self._recorded(run_id)[1]))
 
     def series(self, run_id: int, name: str) -> Series:
+        """One signal of a run by step (then time): its points, and its readings in ``records``."""
         self.check_points(run_id)
         rows = self.db.execute(
             f"SELECT step, wall_time, value FROM points WHERE run_id = ? AND {POINT_IS_VALID}"
             f" AND name_id = (SELECT id FROM signal_names AS n WHERE {NAME} = ?) ORDER BY step, wall_time",
             (run_id, name),
         ).fetchall()
+        scale = self.columns().get(name)
+        if scale is not None:
+            column = schema.quoted(name)
+            rows += self.db.execute(
+                f"SELECT step, wall_ms / 1000.0, {schema.decoded(name, scale)} FROM records"
+                f" WHERE run_id = ? AND {RECORD_IS_VALID} AND typeof({column}) IN ('integer', 'real')"
+                " ORDER BY step, wall_ms",
+                (run_id,),
+            ).fetchall()
+            rows.sort(key=lambda row: (row[0], row[1]))
         return Series(name, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
 
     def resource_points(self, run_id: int) -> list[tuple[str, int, float, float | None]]:
-        """Every resource point of a run: (name, step, wall time, value), in no set order."""
+        """Every resource point of a run: (name, step, wall time, value), in no set order; one
+        Python tuple per reading (``records`` reads them as columns)."""
         self.check_points(run_id)
-        return self.db.execute(
+        found: list[tuple[str, int, float, float | None]] = self.db.execute(
             f"SELECT {NAME}, p.step, p.wall_time, p.value FROM points AS p JOIN signal_names AS n"
             f" ON n.id = p.name_id WHERE p.run_id = ? AND n.name LIKE 'resource/%' AND {POINT_IS_VALID}",
             (run_id,),
         ).fetchall()
+        for name in self._recorded(run_id)[1]:
+            found += self.series(run_id, name).points()
+        return found
+
+    def records(self, run_id: int, names: Iterable[str] | None = None) -> Records:
+        """The run's resource records as columns, in time order (``names``: only these
+        signals). Read ``CHUNK_ROWS`` rows at a time straight into numpy: one Python object
+        per record, none per reading. Readings stored as points (runs older than schema
+        version 6) are read name by name and matched to records by their (time, step)."""
+        self.check_names()
+        if run_id not in self._checked:
+            self._check_point_rows(run_id)  # the records are checked as they are read
+        wanted = None if names is None else set(names)
+        columns = {name: scale for name, scale in self.columns().items() if wanted is None or name in wanted}
+        recorded = self._record_rows(run_id, columns) if self._has_records else None
+        pointed = self.db.execute(
+            f"SELECT id, {NAME} FROM signal_names AS n WHERE n.name LIKE 'resource/%'"
+            " AND id IN (SELECT DISTINCT name_id FROM points WHERE run_id = ?)",
+            (run_id,),
+        ).fetchall()
+        # Every resource signal's points, for the records they make; the values of ``names`` alone.
+        parts = [
+            self._point_rows(run_id, n_id, name, wanted is None or name in wanted) for n_id, name in pointed
+        ]
+        if not any(len(part) for part in parts):  # a run of schema version 6 (its rows by seq: in time order)
+            return recorded or Records(np.empty(0, np.int64), np.empty(0), {})
+        return _merged(([recorded] if recorded else []) + parts)
+
+    def records_since(self, run_id: int, seq: int = -1, last: int | None = None) -> tuple[Records, int]:
+        """The run's rows of ``records`` written after record ``seq`` (-1: from its first), only
+        the ``last`` of them when given, in order; and the ``seq`` of the newest (``seq`` when
+        there is none): what a view that follows a live run (``top``) reads at each poll. Empty
+        for a store older than schema version 6, whose readings are points."""
+        if not self._has_records:
+            return Records(np.empty(0, np.int64), np.empty(0), {}), seq
+        ((newest,),) = self.db.execute("SELECT MAX(seq) FROM records WHERE run_id = ?", (run_id,))
+        if newest is None or newest <= seq:
+            return Records(np.empty(0, np.int64), np.empty(0), {}), seq
+        first = seq + 1 if last is None else max(seq + 1, newest - last + 1)
+        return self._record_rows(run_id, self.columns(), first), int(newest)
+
+    def _record_rows(self, run_id: int, columns: dict[str, int], first: int = 0) -> Records:
+        """The run's rows of ``records`` from ``seq`` ``first`` on, by ``seq``, with the
+        ``columns`` that hold a reading, as one read transaction sees them (a writer may add
+        more meanwhile)."""
+        began = not self.db.in_transaction
+        if began:
+            self.db.execute("BEGIN")
+        try:
+            return self._record_chunks(run_id, columns, first)
+        finally:
+            if began:
+                self.db.execute("COMMIT")
+
+    def _record_chunks(self, run_id: int, columns: dict[str, int], first: int) -> Records:
+        """``_record_rows``: each range of ``CHUNK_ROWS`` seqs comes from SQLite as one text per
+        column (``group_concat``), parsed by numpy: no Python object per reading. A malformed row
+        or reading is left out (``check_points`` says so)."""
+        names = list(columns)
+        ((low, high),) = self.db.execute(
+            "SELECT MIN(seq), MAX(seq) FROM records WHERE run_id = ? AND seq >= ?", (run_id, first)
+        )
+        valid = RECORD_IS_VALID
+        groups = [names[i : i + COLUMNS_PER_QUERY] for i in range(0, len(names), COLUMNS_PER_QUERY)] or [[]]
+        queries = [
+            f"SELECT COUNT(*), SUM(NOT ({valid})), group_concat(IIF({valid}, seq, -1)),"
+            f" group_concat(IIF({valid}, step, 0)), group_concat(IIF({valid}, wall_ms, 0))"
+            + "".join(f", group_concat(IFNULL({schema.quoted(name)}, 'nan'))" for name in group)
+            + " FROM records WHERE run_id = ? AND seq >= ? AND seq < ?"
+            for group in groups
+        ]
+        steps: list[npt.NDArray[np.int64]] = []
+        walls: list[npt.NDArray[np.float64]] = []
+        parts: list[list[npt.NDArray[np.float64]]] = [[] for _ in names]
+        whole = True
+        while low is not None and low <= high:
+            bounds = (run_id, low, low + CHUNK_ROWS)
+            low += CHUNK_ROWS
+            count, bad, seqs, step_text, wall_text, *found = self.db.execute(queries[0], bounds).fetchone()
+            if not count:
+                continue
+            for query in queries[1:]:  # the same rows: one read transaction
+                found += self.db.execute(query, bounds).fetchone()[5:]
+            # By seq (SQLite does not promise group_concat's order); a malformed row's -1 first, left out.
+            order = np.argsort(np.fromstring(seqs, dtype=np.int64, sep=","), kind="stable")[bad:]
+            steps.append(np.fromstring(step_text, dtype=np.int64, sep=",")[order])
+            walls.append(np.fromstring(wall_text, dtype=np.float64, sep=",")[order] / 1000.0)
+            whole = whole and not bad
+            for name, text, part in zip(names, found, parts, strict=True):
+                column = _parsed(text, count)
+                if column is None:  # a reading that is no number: this range read as SQL decodes it
+                    whole = False
+                    part.append(self._decoded_column(bounds, name, columns[name]))
+                else:
+                    part.append(column[order] / columns[name])
+        if not whole:
+            self.check_points(run_id)
+        values = {}
+        for name, part in zip(names, parts, strict=True):
+            column = _joined(part, np.float64)
+            part.clear()
+            if not np.isnan(column).all():
+                values[name] = column
+        return Records(_joined(steps, np.int64), _joined(walls, np.float64), values)
+
+    def _decoded_column(self, bounds: tuple[int, int, int], name: str, scale: int) -> npt.NDArray[np.float64]:
+        """Column ``name`` of the valid records of a run in a range of seqs (``bounds``: run id,
+        first seq, past the last), by seq, as ``schema.decoded`` reads it: NaN for no number."""
+        rows = self.db.execute(
+            f"SELECT {schema.decoded(name, scale)} FROM records WHERE run_id = ? AND seq >= ? AND seq < ?"
+            f" AND {RECORD_IS_VALID} ORDER BY seq",
+            bounds,
+        ).fetchall()
+        return np.array([np.nan if value is None else value for (value,) in rows], dtype=np.float64)
+
+    def _point_rows(self, run_id: int, name_id: int, name: str, kept: bool = True) -> Records:
+        """One resource signal's points, as rows of one signal (``kept`` False: without its values)."""
+        cursor = self.db.execute(
+            "SELECT step, wall_time, value FROM points WHERE run_id = ? AND name_id = ?"
+            f" AND {POINT_IS_VALID}",
+            (run_id, name_id),
+        )
+        steps, table = _chunks(cursor, 3)
+        values = table[:, 2]
+        held = kept and not np.isnan(values).all()
+        return Records(steps, table[:, 1].copy(), {name: values.copy()} if held else {})
 
     def counts(self, run_id: int) -> tuple[int, int | None]:
         """(resource samples recorded, last step logged) of a run."""
@@ -311,18 +554,40 @@ class StoreReader:
         (last,) = self.db.execute(
             "SELECT MAX(step) FROM points WHERE run_id = ? AND typeof(step) = 'integer'", (run_id,)
         ).fetchone()
+        if self._has_records:
+            (records, last_recorded) = self.db.execute(
+                f"SELECT COUNT(*), MAX(step) FROM records WHERE run_id = ? AND {RECORD_IS_VALID}", (run_id,)
+            ).fetchone()
+            samples = max(samples, records)
+            if last_recorded is not None:
+                last = last_recorded if last is None else max(last, last_recorded)
         return int(samples), last
 
     def energy_joules(self, run_id: int) -> float | None:
         """The energy the run's GPUs used while it was recorded (J): each GPU's energy
         counter from its first record to its last, summed; None where no GPU counted it."""
-        (total,) = self.db.execute(
-            "SELECT SUM(used) FROM (SELECT MAX(p.value) - MIN(p.value) AS used FROM points AS p"
+        ranges = self.db.execute(
+            "SELECT CAST(n.name AS TEXT), MIN(p.value), MAX(p.value) FROM points AS p"
             " JOIN signal_names AS n ON n.id = p.name_id"
-            f" WHERE p.run_id = ? AND n.name GLOB ? AND {POINT_IS_VALID} GROUP BY p.name_id)",
+            f" WHERE p.run_id = ? AND n.name GLOB ? AND {POINT_IS_VALID} AND p.value IS NOT NULL"
+            " GROUP BY p.name_id",
             (run_id, ENERGY_GLOB),
-        ).fetchone()
-        return None if total is None else float(total)
+        ).fetchall()
+        for name, scale in self.columns().items():
+            if fnmatch.fnmatchcase(name, ENERGY_GLOB):
+                ranges.append(
+                    (name, *self.db.execute(
+                        f"SELECT MIN({schema.decoded(name, scale)}), MAX({schema.decoded(name, scale)})"
+                        f" FROM records WHERE run_id = ? AND {RECORD_IS_VALID}",
+                        (run_id,),
+                    ).fetchone())
+                )  # fmt: skip
+        spans: dict[str, tuple[float, float]] = {}
+        for name, low, high in ranges:
+            if low is not None:
+                was = spans.get(name, (low, high))
+                spans[name] = (min(was[0], low), max(was[1], high))
+        return sum(high - low for low, high in spans.values()) if spans else None
 
     def postmortems(self, unread_only: bool = False) -> list[PostmortemRow]:
         """The store's postmortems (all, or those not read yet), oldest death first."""
@@ -435,3 +700,56 @@ POINT_PROBLEMS = (
 """(column of ``points``, the SQL test that its value is malformed, what it is not)."""
 POINT_IS_VALID = " AND ".join(f"NOT ({test})" for _, test, _ in POINT_PROBLEMS)
 """SQL: the point is none of ``POINT_PROBLEMS``."""
+RECORD_IS_VALID = (
+    "typeof(step) = 'integer' AND typeof(wall_ms) = 'integer'"
+    f" AND wall_ms >= 0 AND wall_ms < {int(MAX_TIME * 1000)}"
+)
+"""SQL: a row of ``records`` whose step and time are whole numbers, the time one a clock gives."""
+
+
+def _chunks(cursor: sqlite3.Cursor, width: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """A query's rows (step, then ``width - 1`` numbers or NULLs) as (steps, a float table of
+    ``width`` columns, NaN for NULL), fetched ``CHUNK_ROWS`` at a time."""
+    steps: list[npt.NDArray[np.int64]] = []
+    tables: list[npt.NDArray[np.float64]] = []
+    while rows := cursor.fetchmany(CHUNK_ROWS):
+        steps.append(np.fromiter((row[0] for row in rows), np.int64, len(rows)))
+        tables.append(np.array(rows, dtype=np.float64).reshape(len(rows), width))
+    if not tables:
+        return np.empty(0, np.int64), np.empty((0, width))
+    return np.concatenate(steps), np.concatenate(tables)
+
+
+def _parsed(text: str, count: int) -> npt.NDArray[np.float64] | None:
+    """``count`` numbers from SQLite's ``group_concat`` of them; None where the text holds
+    something else (a reading that is no number)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # numpy's word for text it stopped at
+        try:
+            found = np.fromstring(text, dtype=np.float64, sep=",")
+        except ValueError:
+            return None
+    return found if len(found) == count else None
+
+
+def _joined(parts: list[npt.NDArray[Any]], dtype: type) -> npt.NDArray[Any]:
+    return np.concatenate(parts) if parts else np.empty(0, dtype)
+
+
+def _merged(parts: list[Records]) -> Records:
+    """One ``Records`` of several, their rows matched by (time, step), in that order; where
+    two hold one signal at one row, the later part's reading."""
+    keys = np.empty(sum(len(part) for part in parts), dtype=[("wall", np.float64), ("step", np.int64)])
+    keys["wall"] = np.concatenate([part.walls for part in parts])
+    keys["step"] = np.concatenate([part.steps for part in parts])
+    unique, where = np.unique(keys, return_inverse=True)
+    values: dict[str, npt.NDArray[np.float64]] = {}
+    offset = 0
+    for part in parts:
+        rows = where[offset : offset + len(part)]
+        offset += len(part)
+        for name, column in part.values.items():
+            merged = values.setdefault(name, np.full(len(unique), np.nan))
+            present = ~np.isnan(column)
+            merged[rows[present]] = column[present]
+    return Records(unique["step"].copy(), unique["wall"].copy(), values)

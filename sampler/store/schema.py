@@ -1,6 +1,6 @@
 """The run store's SQLite schema: a public interface, versioned.
 
-Schema version 5 (``PRAGMA user_version``)::
+Schema version 6 (``PRAGMA user_version``)::
 
     runs          one row per monitor run
       id            INTEGER PRIMARY KEY AUTOINCREMENT: never given twice, not even after
@@ -32,14 +32,35 @@ Schema version 5 (``PRAGMA user_version``)::
                              it could not be read)
     signal_names  one row per signal name
       id, name (UNIQUE)
-    points        one row per logged value
+    points        one row per value logged through the pipeline (the user's own signals), and
+                  the resource readings of runs written before version 6 (or of a name past
+                  SQLite's column limit: ``records`` below)
       run_id      INTEGER  -> runs.id
       name_id     INTEGER  -> signal_names.id
       step        INTEGER  the x axis it was logged at
       wall_time   REAL     s since the epoch, on the run's clock (below)
       value       REAL     NULL where the value logged was NaN (a diverged loss, say)
       index points_by_signal (run_id, name_id, step): one signal of one run by step
-    signals       VIEW of points with the name spelled out: run_id, name, step, wall_time, value
+    records       one row per resource record (version 6), WITHOUT ROWID
+      run_id      INTEGER  -> runs.id
+      seq         INTEGER  the record's number in its run: 0, 1, 2...
+      step        INTEGER  the step it was sampled at
+      wall_ms     INTEGER  when, in ms since the epoch on the run's clock
+      "<name>"    one column per resource signal any run logged, named by the signal's full
+                  name (``resource/cpu/utilization_percent``) and added the first time it is
+                  logged: the reading as the INTEGER ``round(value * scale)`` (``scale``:
+                  ``record_columns``); NULL where the record has none or it was NaN; the
+                  REAL ``value * scale`` where that is no integer a double holds exactly
+                  (``abs >= SAFE_INTEGER``, infinite). The value is the stored one over scale
+      PRIMARY KEY (run_id, seq)
+    record_columns  one row per signal column of ``records``, in their order (rowid)
+      name        TEXT PRIMARY KEY  the column's (the signal's) name
+      scale       INTEGER  steps of resolution per unit: the stored integer over it is the
+                  value (``sampler.catalogue.RESOLUTION`` of the signal's unit when written)
+    resource_records VIEW of records decoded: run_id, seq, step, wall_time (s), and each
+                  signal's column as a REAL value
+    signals       VIEW: run_id, name, step, wall_time, value over ``points`` (the name spelled
+                  out) and the readings of ``records``, one row per non-NULL one
     postmortems   one row per backend that died under its monitor (version 2), written by
                   the sampling child (``sampler.child.postmortem``)
       id            INTEGER PRIMARY KEY
@@ -60,7 +81,11 @@ them are durations even where the wall clock stepped meanwhile (NTP, an administ
 and after such a step they differ from the wall clock by it; updated_at alone is the wall
 clock's, for readers to judge how long ago a run last wrote.
 
-Version 4 is version 5 without ``elapsed``; version 3 is version 4 with ids that a
+Both views are made anew with each column added. A store created by this release has pages
+of ``PAGE_SIZE`` (a wide record stays in its page); an older one keeps its own.
+
+Version 5 is version 6 without ``records`` and ``record_columns`` (every reading a row of
+``points``); version 4 is version 5 without ``elapsed``; version 3 is version 4 with ids that a
 run removed by pruning gave back (the next new run took the highest again) and without
 ``pid_started_after_boot``; version 2 is version 3 without the five placement columns of
 ``runs`` (a migrated row reads rank 0 of a world of one); version 1 is version 2 without
@@ -81,11 +106,20 @@ import time
 import urllib.parse
 from collections.abc import Callable
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 READABLE_FROM = 3
 """The oldest version readers take as it is (older ones are migrated by opening them for writing)."""
 STEPS = range(-(2**63), 2**63)
 """The steps a point can have: SQLite's INTEGER, a signed 64-bit word."""
+SAFE_INTEGER = 2**53
+"""A scaled reading at or beyond this (either sign) is stored as REAL: a double holds every
+whole number below it exactly."""
+UNPIVOT_TERMS = 400
+"""Columns per compound SELECT of the ``signals`` view: SQLite allows 500 terms in one."""
+PAGE_SIZE = 16384
+"""A new store's page size (B). SQLite keeps a row of a WITHOUT ROWID table in its page up to about
+a quarter of the page, the rest in overflow pages of its own: at 16 KiB, a record of 8 GPUs'
+readings (about 2 KB) stays in place, where at the default 4 KiB it took a page more."""
 MODE = 0o600
 """A new store's mode, and so its ``-wal`` and ``-shm`` files' (SQLite gives them
 the database's): it keeps every run's command line and configuration."""
@@ -181,6 +215,76 @@ _V4 = (
 )
 
 
+_V6 = (
+    """CREATE TABLE records (
+        run_id INTEGER NOT NULL REFERENCES runs(id),
+        seq INTEGER NOT NULL,
+        step INTEGER NOT NULL,
+        wall_ms INTEGER NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    ) WITHOUT ROWID""",
+    "CREATE TABLE record_columns (name TEXT PRIMARY KEY, scale INTEGER NOT NULL)",
+)
+_POINTS_VIEW = """SELECT p.run_id AS run_id, n.name AS name, p.step AS step, p.wall_time AS wall_time,
+               p.value AS value
+        FROM points p JOIN signal_names n ON n.id = p.name_id"""
+
+
+def quoted(name: str) -> str:
+    """``name`` as an SQL identifier (a column of ``records``)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def literal(text: str) -> str:
+    """``text`` as an SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def decoded(name: str, scale: int) -> str:
+    """SQL: the reading of column ``name`` as a REAL (NULL where it is none, or no number)."""
+    column = quoted(name)
+    return f"IIF(typeof({column}) IN ('integer', 'real'), {column} / {float(scale)!r}, NULL)"
+
+
+def record_columns(db: sqlite3.Connection) -> dict[str, int]:
+    """The signal columns of ``records``, in their order: name -> scale (empty before version 6)."""
+    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'record_columns'").fetchone() is None:
+        return {}
+    return {
+        name: scale for name, scale in db.execute("SELECT name, scale FROM record_columns ORDER BY rowid")
+    }
+
+
+def add_column(db: sqlite3.Connection, name: str, scale: int) -> None:
+    """Add ``name``'s column to ``records``, inside the caller's transaction, which then makes
+    the views anew (``make_views``). Raises ``sqlite3.OperationalError`` where SQLite takes no
+    such column (past its column limit; a name that differs from another's in case alone)."""
+    db.execute(f"ALTER TABLE records ADD COLUMN {quoted(name)}")
+    db.execute("INSERT INTO record_columns (name, scale) VALUES (?, ?)", (name, scale))
+
+
+def make_views(db: sqlite3.Connection) -> None:
+    """(Re)make ``resource_records`` and ``signals`` over the columns ``records`` has now."""
+    columns = record_columns(db)
+    db.execute("DROP VIEW IF EXISTS resource_records")
+    db.execute("DROP VIEW IF EXISTS signals")
+    values = "".join(f", {decoded(name, scale)} AS {quoted(name)}" for name, scale in columns.items())
+    db.execute(
+        "CREATE VIEW resource_records AS SELECT run_id, seq, step, wall_ms / 1000.0 AS wall_time"
+        f"{values} FROM records"
+    )
+    terms = [
+        f"SELECT run_id, {literal(name)}, step, wall_ms / 1000.0, {decoded(name, scale)} FROM records"
+        f" WHERE {quoted(name)} IS NOT NULL"
+        for name, scale in columns.items()
+    ]
+    parts = [_POINTS_VIEW] + [
+        "SELECT * FROM (" + " UNION ALL ".join(terms[i : i + UNPIVOT_TERMS]) + ")"
+        for i in range(0, len(terms), UNPIVOT_TERMS)
+    ]
+    db.execute("CREATE VIEW signals AS " + " UNION ALL ".join(parts))
+
+
 def _create_v1(db: sqlite3.Connection) -> None:
     # One statement at a time: executescript() would commit the migration's transaction.
     for statement in _V1:
@@ -206,12 +310,19 @@ def _add_elapsed(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE runs ADD COLUMN elapsed REAL")
 
 
+def _add_records(db: sqlite3.Connection) -> None:
+    for statement in _V6:
+        db.execute(statement)
+    make_views(db)
+
+
 _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     0: _create_v1,
     1: _add_postmortems,
     2: _add_placement,
     3: _keep_ids,
     4: _add_elapsed,
+    5: _add_records,
 }
 """``_MIGRATIONS[v]`` takes a store from version v to v + 1 (0: an empty file)."""
 
@@ -261,6 +372,8 @@ def connect(path: str, *, readonly: bool = False, timeout: float = 0.0) -> sqlit
                 f"it has schema version {version}, written by a newer release; this one knows up to "
                 f"{SCHEMA_VERSION}"
             )
+        if version == 0 and not readonly:
+            db.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # an empty file: it takes effect
         if readonly:
             if version < READABLE_FROM:
                 raise StoreVersionError("not a run store (or an older one: open it for writing once)")

@@ -16,6 +16,11 @@ tried again ``FLUSH_SECONDS`` later, whether it was being opened or written, and
 last write, at stop, always makes one attempt that waits for the lock up to
 ``FINAL_TIMEOUT_SECONDS``.
 
+Each sample's readings are one row of ``records`` (``schema``), each reading a whole number
+of its unit's resolution (``encoded``); a signal no run logged before gets its column then,
+in the same transaction. A name SQLite takes no column for (past its column limit) is said
+once, and its readings go to ``points``, as the pipeline's own signals do.
+
 The run's row is inserted with its first write. Should it be gone at a later one (a
 prune that found the run lost), the writer says so once and goes on in a new run,
 never into another's: run ids are never given twice (``schema``).
@@ -26,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import operator
 import os
 import sqlite3
@@ -37,6 +43,7 @@ from typing import Any
 
 import psutil
 
+from sampler import catalogue
 from sampler.settings.placement import Placement, host_name
 from sampler.store import schema
 from sampler.util.clock import RunClock
@@ -47,7 +54,10 @@ log = logging.getLogger("sampler")
 RESOURCE_PREFIX = "resource/"
 """Names the monitor logs itself: written from its samples, not from the pipeline."""
 MAX_QUEUED_POINTS = 200_000
-"""Points held while the store cannot be written (about 10 MB)."""
+"""Points (a record's readings each count one) held while the store cannot be written
+(about 10 MB)."""
+UNKNOWN_RESOLUTION = 1_000_000
+"""Steps per unit of a resource signal the catalogue does not know (10⁻⁶ of its unit)."""
 REOPEN_SECONDS = 10.0
 """How often a store that could not be opened or written for another reason than another
 writer's lock (a full disk, a read-only directory, a corrupt file) is tried again."""
@@ -67,6 +77,29 @@ TOUCH_EVERY_SECONDS = 5.0
 
 Point = tuple[str, int, float, float]
 """(name, step, wall time in s since the epoch, value)."""
+Record = tuple[int, float, dict[str, float]]
+"""(step, wall time in s since the epoch, signal name -> reading): one sample."""
+
+
+def resolution(name: str) -> int:
+    """Steps per unit that the store keeps of resource signal ``name``: its unit's
+    ``catalogue.RESOLUTION``, ``UNKNOWN_RESOLUTION`` for a name the catalogue does not know."""
+    reading = catalogue.lookup(name)
+    if reading is None:
+        return UNKNOWN_RESOLUTION
+    return catalogue.RESOLUTION.get(reading.signal.unit, UNKNOWN_RESOLUTION)
+
+
+def encoded(value: float, scale: int) -> int | float | None:
+    """How a reading is stored in a ``records`` column of ``scale``: the whole number
+    ``round(value * scale)``; None for NaN; ``value * scale`` as a float where that is at or
+    beyond ``schema.SAFE_INTEGER`` (or infinite). Either way the value is the stored one over ``scale``."""
+    if math.isnan(value):
+        return None
+    scaled = value * scale
+    if abs(scaled) < schema.SAFE_INTEGER:
+        return round(scaled)
+    return scaled
 
 
 @dataclass(frozen=True)
@@ -134,6 +167,18 @@ class RunWriter:
         """The latest failure to open or write, None once a write succeeds."""
         self._logged: deque[Point] = deque()
         self._queued: list[Point] = []
+        self._records: list[Record] = []
+        """Samples not written yet, oldest first."""
+        self._readings = 0
+        """Readings in ``_records``."""
+        self._seq = 0
+        """The ``records.seq`` of the run's next record."""
+        self._columns: dict[str, int] = {}
+        """The signal columns ``records`` is known to have: name -> scale."""
+        self._overflow: set[str] = set()
+        """Names SQLite took no column for: their readings go to ``points``."""
+        self._added = False
+        """The write under way added a column: it makes the views anew."""
         self._db: sqlite3.Connection | None = None
         self._names: dict[str, int] = {}
         self._write_lock = threading.Lock()
@@ -206,10 +251,8 @@ class RunWriter:
             if self._ended:
                 return
             points = self._take_logged()
-            if values:
-                wall = self._clock.at(timestamp_ns)
-                points += [(name, step, wall, value) for name, value in values.items()]
-            self._queue(points)
+            record = self._clean_record(values, step, self._clock.at(timestamp_ns)) if values else None
+            self._queue(points, record)
             if stats is not None or time.monotonic() - self._written_at >= WRITE_EVERY_SECONDS:
                 self._write(stats)
 
@@ -236,16 +279,17 @@ class RunWriter:
             self._queue(self._take_logged())
             self._next_open = 0.0  # the last chance: an open is tried whenever the last one was
             self._write(stats, ended=True)
-            if self._queued:
-                self.points_dropped += len(self._queued)
+            if self._queued or self._records:
+                lost = len(self._queued) + self._readings
+                self.points_dropped += lost
                 self._report(
                     "lost",
                     "resource monitor: %d points could not be written to %s before stop (%s)",
-                    len(self._queued),
+                    lost,
                     self.path,
                     self.error,
                 )
-                self._queued = []
+                self._queued, self._records, self._readings = [], [], 0
             if self._db is not None:
                 self._db.close()
                 self._db = None
@@ -265,12 +309,14 @@ class RunWriter:
         logged = self._logged
         return [logged.popleft() for _ in range(len(logged))]  # only this thread pops
 
-    def _queue(self, points: list[Point]) -> None:
+    def _queue(self, points: list[Point], record: Record | None = None) -> None:
         self._queued += [clean for point in points if (clean := self._clean(point)) is not None]
-        excess = len(self._queued) - MAX_QUEUED_POINTS
+        if record is not None:
+            self._records.append(record)
+            self._readings += len(record[2])
+        excess = len(self._queued) + self._readings - MAX_QUEUED_POINTS
         if excess > 0:
-            del self._queued[:excess]
-            self.points_dropped += excess
+            self._drop(excess)
             self._report(
                 "dropped",
                 "resource monitor: the store %s could not be written for a while (%s); dropping the "
@@ -279,6 +325,22 @@ class RunWriter:
                 self.error,
                 MAX_QUEUED_POINTS,
             )
+
+    def _drop(self, excess: int) -> None:
+        """Drop the oldest ``excess`` points or more (a record goes whole), counted."""
+        dropped = 0
+        points = 0
+        queued, records = self._queued, self._records
+        while dropped < excess:
+            if records and (points >= len(queued) or records[0][1] <= queued[points][2]):
+                readings = len(records.pop(0)[2])
+                self._readings -= readings
+                dropped += readings
+            else:
+                points += 1
+                dropped += 1
+        del queued[:points]
+        self.points_dropped += dropped
 
     def _clean(self, point: Point) -> Point | None:
         """The point as SQLite takes it: a UTF-8 name (``_spelled``), an int step within
@@ -301,6 +363,17 @@ class RunWriter:
                 bounded_repr(exc),
             )
             return None
+
+    def _clean_record(self, values: dict[str, float], step: int, wall: float) -> Record | None:
+        """A sample as SQLite takes it, reading by reading (``_clean``: one that is not is
+        left out and said); None where no reading is left (its step is none SQLite takes)."""
+        cleaned = {}
+        for name, value in values.items():
+            point = self._clean((name, step, wall, value))
+            if point is not None:
+                cleaned[point[0]] = point[3]
+                step = point[1]
+        return (step, wall, cleaned) if cleaned else None
 
     def _spelled(self, name: str) -> str:
         """``name`` as it is stored: ``utf8``; an escaped one is said once."""
@@ -331,8 +404,10 @@ class RunWriter:
         now = time.time()  # updated_at: what readers anywhere compare with their wall clock
         elapsed = self._clock.elapsed()
         touch = time.monotonic() - self._touched_at >= TOUCH_EVERY_SECONDS
-        if db is None or (not self._queued and stats is None and not ended and not touch):
+        idle = not self._queued and not self._records and stats is None and not ended
+        if db is None or (idle and not touch):
             return
+        seq = self._seq
         try:
             if self._row is None:  # made before the lock is taken: the version takes a while to find
                 self._row = self._run_values()
@@ -341,7 +416,10 @@ class RunWriter:
             db.execute("BEGIN IMMEDIATE")
             try:
                 run_id = self._run_row(db, (now, elapsed), self._row)
-                rows = [(run_id, self._name_id(db, n), s, w, v) for n, s, w, v in self._queued]
+                if run_id != self.run_id:
+                    self._seq = 0
+                overflow = self._insert_records(db, run_id)
+                rows = [(run_id, self._name_id(db, n), s, w, v) for n, s, w, v in self._queued + overflow]
                 db.executemany("INSERT INTO points VALUES (?, ?, ?, ?, ?)", rows)
                 if stats is not None:
                     end = self._clock.started_at + elapsed if ended else None
@@ -358,6 +436,8 @@ class RunWriter:
                 if db.in_transaction:  # SQLite rolls back by itself on some errors (a full disk)
                     db.execute("ROLLBACK")
                 self._names = {}  # ids inserted by the rolled-back transaction are gone
+                self._columns = {}  # and so are the columns it added
+                self._seq = seq
                 raise
         except Exception as exc:  # sqlite3.Error, or anything unforeseen: said, never the store off
             self._fail("write", exc)
@@ -372,8 +452,8 @@ class RunWriter:
                 run_id,
             )
         self.run_id = run_id
-        self.points_written += len(self._queued)
-        self._queued = []
+        self.points_written += len(self._queued) + self._readings
+        self._queued, self._records, self._readings = [], [], 0
         self.error = None
         self._retry_at = 0.0
         if stats is not None or touch:
@@ -403,6 +483,65 @@ class RunWriter:
             (*now, *row),
         )
         return int(cursor.lastrowid or 0)
+
+    def _insert_records(self, db: sqlite3.Connection, run_id: int) -> list[Point]:
+        """Insert the queued samples as rows of ``records`` (numbered from ``_seq`` on), adding
+        the columns they need; returns the readings of names SQLite took no column for, as points."""
+        overflow: list[Point] = []
+        statements: dict[tuple[str, ...], list[tuple[object, ...]]] = {}
+        self._added = False
+        for step, wall, values in self._records:
+            wall_ms = round(wall * 1000)
+            names = tuple(name for name in values if self._column(db, name))
+            encoded_values = [encoded(values[name], self._columns[name]) for name in names]
+            statements.setdefault(names, []).append((run_id, self._seq, step, wall_ms, *encoded_values))
+            self._seq += 1
+            overflow += [
+                (name, step, wall_ms / 1000, values[name]) for name in self._overflow & values.keys()
+            ]
+        if self._added:
+            schema.make_views(db)
+        for names, rows in statements.items():
+            columns = "".join(f", {schema.quoted(name)}" for name in names)
+            marks = ", ?" * len(names)
+            db.executemany(
+                f"INSERT INTO records (run_id, seq, step, wall_ms{columns}) VALUES (?, ?, ?, ?{marks})", rows
+            )
+        return overflow
+
+    def _column(self, db: sqlite3.Connection, name: str) -> bool:
+        """Whether ``records`` has a column for ``name``, added now if it has none (another
+        writer's may have come meanwhile); False for a name SQLite takes none for (said once)."""
+        if name in self._columns:
+            return True
+        if name in self._overflow:
+            return False
+        self._columns = schema.record_columns(db)
+        if name in self._columns:
+            return True
+        scale = resolution(name)
+        try:
+            db.execute("SAVEPOINT add_column")
+            schema.add_column(db, name, scale)
+            db.execute("RELEASE add_column")
+        except sqlite3.OperationalError as exc:
+            db.execute("ROLLBACK TO add_column")
+            db.execute("RELEASE add_column")
+            if "column" not in str(exc):  # too many columns, a duplicate name: else the store failed
+                raise
+            self._overflow.add(name)
+            self._report(
+                "column",
+                "resource monitor: the store %s takes no column for %s (%s); its readings, and those"
+                " of any other signal past it, are stored as points, one row each",
+                self.path,
+                bounded_repr(name),
+                bounded_repr(exc),
+            )
+            return False
+        self._columns[name] = scale
+        self._added = True
+        return True
 
     def _name_id(self, db: sqlite3.Connection, name: str) -> int:
         known = self._names.get(name)

@@ -45,18 +45,22 @@ def _spreads(
     panel with a finite value."""
     available = {rank.run.id: set(reader.names(rank.run.id)) for rank in ranks.ranks}
     selected = [name for name in set().union(*available.values()) if plot.matches(name, pattern)]
-    found = []
-    for panel in plot.panels(selected):
-        rows, having = [], 0
-        for rank in ranks.ranks:
+    chosen = plot.panels(selected)
+    rows: list[list[np.ndarray]] = [[] for _ in chosen]
+    having = [0] * len(chosen)
+    for rank in ranks.ranks:  # one rank's records read at a time
+        loaded = plot.RunPoints(reader, rank.run)
+        for i, panel in enumerate(chosen):
             names = [name for name in panel.names.values() if name in available[rank.run.id]]
-            having += bool(names)
+            having[i] += bool(names)
             for name in names:
-                xs, ys = plot.points(reader.series(rank.run.id, name), rank.run, "step", panel)
-                rows.append(on_grid(ranks.steps, xs, ys))
-        if rows and np.isfinite(np.vstack(rows)).any():
-            found.append((panel, having, np.vstack(rows)))
-    return found
+                xs, ys = plot.points(loaded.series(name), rank.run, "step", panel)
+                rows[i].append(on_grid(ranks.steps, xs, ys))
+    return [
+        (panel, count, np.vstack(found))
+        for panel, count, found in zip(chosen, having, rows, strict=True)
+        if found and np.isfinite(np.vstack(found)).any()
+    ]
 
 
 def figure(reader: StoreReader, ranks: Ranks, *, pattern: str | None = None) -> Figure:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from sampler import catalogue
 from sampler.analysis.stretches import PAUSE, Stretch
-from sampler.store.reader import Run, Series, StoreReader
+from sampler.store.reader import Records, Run, Series, StoreReader
 from sampler.util import atomicfile
 
 if TYPE_CHECKING:
@@ -206,8 +206,25 @@ Line = tuple[Run, str, str, list[float], list[float]]
 """(run, device, variant (``""``, ``peak`` or ``mean``), xs, ys)."""
 
 
+class RunPoints:
+    """One run's points as the plots read them: its resource records once, as columns
+    (``StoreReader.records``), the pipeline's own signals name by name."""
+
+    def __init__(self, reader: StoreReader, run: Run) -> None:
+        self.reader = reader
+        self.run = run
+        self._records: Records | None = None
+
+    def series(self, name: str) -> Series:
+        if not name.startswith(catalogue.PREFIX):
+            return self.reader.series(self.run.id, name)
+        if self._records is None:
+            self._records = self.reader.records(self.run.id)
+        return self._records.series(name)
+
+
 def _lines(
-    reader: StoreReader, runs: Sequence[Run], panel: Panel, x: str, available: dict[int, set[str]]
+    loaded: dict[int, RunPoints], runs: Sequence[Run], panel: Panel, x: str, available: dict[int, set[str]]
 ) -> list[Line]:
     """Every line of ``panel`` with at least one finite point."""
     lines = []
@@ -222,7 +239,7 @@ def _lines(
             for kind, name in names:
                 if name not in available[run.id]:
                     continue
-                xs, ys = points(reader.series(run.id, name), run, x, panel)
+                xs, ys = points(loaded[run.id].series(name), run, x, panel)
                 if any(math.isfinite(y) for y in ys):
                     lines.append((run, device, kind, xs, ys))
     return lines
@@ -314,8 +331,9 @@ def figure(
     selected = [name for name in everything if matches(name, pattern)]
     which = ("runs " if len(runs) > 1 else "run ") + ", ".join(str(run.id) for run in runs)
     drawn = []
+    loaded = {run.id: RunPoints(reader, run) for run in runs}
     for panel in panels(selected):
-        lines = _lines(reader, runs, panel, x, available)
+        lines = _lines(loaded, runs, panel, x, available)
         if lines:
             drawn.append((panel, lines))
     if not drawn:
