@@ -1,12 +1,14 @@
 """What ``top`` reads: a run of a store that a backend may be writing, followed as it grows.
 
 ``StoreWatch`` follows a run: a first read takes the latest ``WINDOW_POINTS``
-points of each signal through the store's index, and every later ``poll`` reads
-only the points written since (by rowid), into the ``View`` it returns.
+points of each signal (the resource records' latest rows, and the user's own points
+through the store's index), and every later ``poll`` reads only what was written
+since (records by their ``seq``, points by rowid), into the ``View`` it returns.
 """
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from collections import deque
 from dataclasses import dataclass, field
@@ -75,6 +77,7 @@ class StoreWatch:
         self._reader: StoreReader | None = None
         self._view = View(store=path, window=window)
         self._last_rowid = 0
+        self._last_seq = -1
         self._names: dict[int, str] = {}
 
     def poll(self) -> View:
@@ -113,6 +116,7 @@ class StoreWatch:
     def _reset(self, waiting: str | None = None) -> None:
         self._view = View(store=self.path, waiting=waiting, window=self.window)
         self._last_rowid = 0
+        self._last_seq = -1
 
     def _read(self, db: sqlite3.Connection) -> None:
         assert self._reader is not None
@@ -147,6 +151,7 @@ class StoreWatch:
                 rows.reverse()
                 view.points[name] = deque(((w, v) for _, w, v in rows), maxlen=self.window)
                 self._note(rows[-1][0], max(w for _, w, _ in rows))
+        self._take_records(run_id, last=self.window)
 
     def _follow(self, db: sqlite3.Connection, run_id: int) -> None:
         """The run's points written since the last poll."""
@@ -165,6 +170,24 @@ class StoreWatch:
             self._last_rowid = rowid
         (top,) = db.execute("SELECT MAX(rowid) FROM points").fetchone()
         self._last_rowid = max(self._last_rowid, top or 0)
+        self._take_records(run_id)
+
+    def _take_records(self, run_id: int, last: int | None = None) -> None:
+        """The run's resource records written since the last poll (the ``last`` of them at
+        most), each reading added to its signal's points (a NaN, no reading, is not)."""
+        assert self._reader is not None
+        records, self._last_seq = self._reader.records_since(run_id, self._last_seq, last)
+        if not len(records.steps):
+            return
+        points = self._view.points
+        walls = records.walls.tolist()
+        for name, values in records.values.items():
+            kept = points.get(name)
+            if kept is None:
+                kept = points[name] = deque(maxlen=self.window)
+            readings = zip(walls, values.tolist(), strict=True)
+            kept.extend((wall, value) for wall, value in readings if not math.isnan(value))
+        self._note(int(records.steps.max()), max(walls))
 
     def _note(self, step: int, wall: float) -> None:
         view = self._view
