@@ -28,6 +28,7 @@ from sampler import catalogue
 from sampler.collectors import gpu as gpu_module
 from sampler.collectors import gpu_errors
 from sampler.collectors import gpu_gpm as gpm_module
+from sampler.collectors import nvml as nvml_module
 from sampler.collectors.gpu import GpuCollector
 from sampler.store.reader import StoreReader
 
@@ -57,6 +58,8 @@ HW_THERMAL = fake_nvml.nvmlClocksEventReasonHwThermalSlowdown
 HW_POWER_BRAKE = fake_nvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
 UUID_A1 = "GPU-aaaa1111-0000-4000-8000-000000000000"
 UUID_A2 = "GPU-aaaa2222-0000-4000-8000-000000000000"
+GPU_SUFFIXES = tuple(s.suffix for s in catalogue.record_layout("gpu", catalogue.sampled("gpu")))
+"""Every signal of a GPU's record, after ``gpu/<i>/``."""
 UUID_B = "GPU-bbbb3333-0000-4000-8000-000000000000"
 MIG_C = "MIG-cccc4444-0000-4000-8000-000000000000"
 MIG_D = "MIG-dddd5555-0000-4000-8000-000000000000"
@@ -680,9 +683,9 @@ def test_the_reason_bits_are_nvmls() -> None:
             assert getattr(module, f"nvmlClocksEventReason{name}") == ours
             assert getattr(module, f"nvmlClocksThrottleReason{name}") == ours
     for code in ("NOT_SUPPORTED", "NOT_FOUND", "FUNCTION_NOT_FOUND", "GPU_IS_LOST"):
-        assert getattr(gpu_module, f"NVML_ERROR_{code}") == getattr(pynvml, f"NVML_ERROR_{code}")
+        assert getattr(nvml_module, f"NVML_ERROR_{code}") == getattr(pynvml, f"NVML_ERROR_{code}")
         assert getattr(fake_nvml, f"NVML_ERROR_{code}") == getattr(pynvml, f"NVML_ERROR_{code}")
-    assert gpu_module.NVML_ERROR_RESET_REQUIRED == pynvml.NVML_ERROR_RESET_REQUIRED
+    assert nvml_module.NVML_ERROR_RESET_REQUIRED == pynvml.NVML_ERROR_RESET_REQUIRED
 
 
 def test_power_limit_is_in_watts(opened: Opener) -> None:
@@ -974,7 +977,7 @@ def test_a_device_an_earlier_child_read_that_this_one_cannot_open_is_said_and_co
     assert gpu is not None and device_indices(gpu) == [0, 1]
     for _ in range(3):
         values = readings(gpu)
-        assert all(math.isnan(values[f"resource/gpu/1/{suffix}"]) for suffix in gpu_module.GPU_SIGNALS)
+        assert all(math.isnan(values[f"resource/gpu/1/{suffix}"]) for suffix in GPU_SUFFIXES)
         assert values[TEMPERATURE.format(0)] == fake_nvml.DEFAULT_DEVICE["temp"]
     assert calls("nvmlDeviceGetHandleByIndex_v2", 1) == 3  # opening, then samples 1 and 3 (backoff)
     (line,) = [r.getMessage() for r in caplog.records]

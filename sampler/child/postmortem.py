@@ -43,7 +43,6 @@ import errno
 import json
 import math
 import os
-import re
 import select
 import socket
 import sqlite3
@@ -58,10 +57,11 @@ import numpy as np
 import numpy.typing as npt
 
 from ringbuf import Ring
-from sampler.catalogue import PEAK_SUFFIX
+from sampler import catalogue
+from sampler.catalogue import MIB, PEAK_SUFFIX
 from sampler.child import exitinfo
-from sampler.collectors.base import MB, attempt
-from sampler.collectors.container import ERRORS, MEMORY_NAMES, MemoryCgroup
+from sampler.collectors.base import attempt
+from sampler.collectors.container import ERRORS, MemoryCgroup
 from sampler.ipc.channel import ChildParams, PostmortemTarget
 from sampler.ipc.status import ChildStatus
 from sampler.postmortems.files import (
@@ -91,8 +91,7 @@ socket closes while it exits, a moment before its pidfd signals."""
 EXIT_WAIT_SECONDS = 0.5
 """The longest the child waits for the backend's exit status: the kernel has it only once the
 backend's parent has reaped it."""
-_LIMIT, _USED, _ = MEMORY_NAMES
-_XID = re.compile(r"^resource/gpu/(\d+)/xid_critical$")
+_LIMIT, _USED = catalogue.CONTAINER_MEMORY_LIMIT.name, catalogue.CONTAINER_MEMORY_USED.name
 XIDS_KEPT = 8
 """The latest critical XIDs a postmortem's header names."""
 
@@ -200,7 +199,7 @@ def _last_memory(snap: Snapshot) -> tuple[float | None, float | None]:
         used = [r for r in readings if math.isfinite(r)]
         if used:
             limit = row[columns[_LIMIT]] if _LIMIT in columns else math.nan
-            return float(max(used)) * MB, float(limit) * MB if math.isfinite(limit) else None
+            return float(max(used)) * MIB, float(limit) * MIB if math.isfinite(limit) else None
     return None, None
 
 
@@ -266,7 +265,14 @@ def lines(snap: Snapshot, target: PostmortemTarget, written_at: float) -> list[s
 def _xids(snap: Snapshot) -> list[dict[str, int]]:
     """The critical XID errors the ring's records hold, oldest first (the latest
     ``XIDS_KEPT``): each one's GPU, its XID and the record it came in."""
-    columns = [(int(m.group(1)), i) for i, name in enumerate(snap.fields) if (m := _XID.match(name))]
+    columns = [
+        (int(reading.device), i)
+        for i, name in enumerate(snap.fields)
+        if (reading := catalogue.lookup(name)) is not None
+        and reading.signal is catalogue.GPU_XID
+        and not reading.variant
+        and reading.device.isdigit()
+    ]
     found = [
         {"gpu": gpu, "xid": int(row[i]), "record": index}
         for index, row in zip(snap.indices, snap.values.tolist(), strict=True)

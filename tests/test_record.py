@@ -1,0 +1,153 @@
+"""The record the catalogue lays out: the fields in the order records have always had them, and
+one rate rule, a counter's change per second, for the child and for every view."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from sampler import catalogue
+
+RECORDED = {
+    "cpu": ["cpu/utilization_percent"],
+    "memory": [
+        "memory/system_utilization_percent",
+        "memory/swap_used_mb",
+        "memory/swapped_in_mb",
+        "memory/swapped_out_mb",
+        "memory/swapped_in_mb_per_second",
+        "memory/swapped_out_mb_per_second",
+    ],
+    "gpu": [
+        f"gpu/<i>/{suffix}"
+        for suffix in (
+            "memory_clock_mhz",
+            "sm_clock_mhz",
+            "memory_allocated_bytes",
+            "memory_allocated_percent",
+            "temperature_celsius",
+            "utilization_percent",
+            "power_watts",
+            "process_memory_bytes",
+            "tree_memory_bytes",
+            "clock_throttle_reasons",
+            "throttle_power",
+            "throttle_thermal",
+            "throttle_hw_slowdown",
+            "power_limit_watts",
+            "throttled_sw_power_cap_seconds",
+            "throttled_hw_power_brake_seconds",
+            "throttled_sw_thermal_seconds",
+            "throttled_hw_thermal_seconds",
+            "throttled_sw_power_cap_seconds_per_second",
+            "throttled_hw_power_brake_seconds_per_second",
+            "throttled_sw_thermal_seconds_per_second",
+            "throttled_hw_thermal_seconds_per_second",
+            "energy_joules",
+            "energy_joules_per_second",
+            "xid_critical",
+            "sm_activity_percent",
+            "sm_occupancy_percent",
+            "tensor_activity_percent",
+            "dram_bandwidth_percent",
+            "pcie_tx_mb_per_second",
+            "pcie_rx_mb_per_second",
+            "nvlink_tx_mb_per_second",
+            "nvlink_rx_mb_per_second",
+        )
+    ],
+    "disk": [
+        "disk/utilization_percent",
+        "disk/utilization_gb",
+        "disk/read_mb",
+        "disk/written_mb",
+        "disk/read_mb_per_second",
+        "disk/written_mb_per_second",
+    ],
+    "network": [
+        "network/bytes_sent",
+        "network/bytes_received",
+        "network/bytes_sent_per_second",
+        "network/bytes_received_per_second",
+    ],
+    "process": [
+        "process/cpu_utilization_percent",
+        "process/cpu_threads_in_use",
+        "process/memory_in_use_mb",
+        "process/memory_in_use_percent",
+        "process/memory_available_mb",
+        "process/cpu_cores_allowed",
+        "process/cpu_wait_percent",
+        "process/cpu_seconds",
+    ],
+    "process_tree": [
+        "process_tree/process_count",
+        "process_tree/cpu_utilization_percent",
+        "process_tree/memory_in_use_mb",
+        "process_tree/cpu_seconds",
+    ],
+    "container": [
+        "container/memory_limit_mb",
+        "container/memory_used_mb",
+        "container/memory_used_percent",
+        "container/cpu_quota_cores",
+        "container/cpu_throttled_seconds",
+        "container/cpu_throttled_seconds_per_second",
+    ],
+    "pressure": [
+        f"pressure/{scope}{part}_percent"
+        for scope in ("", "cgroup_")
+        for part in ("cpu_some", "memory_some", "memory_full", "io_some", "io_full")
+    ],
+}
+"""Each category's fields as records laid them out before the catalogue did (the collectors'
+own name tuples): the ring's, the store's and the endpoint's order, which must not change."""
+
+
+@pytest.mark.parametrize("category", catalogue.DEFAULT_CATEGORIES)
+def test_every_category_keeps_its_record_order(category: str) -> None:
+    layout = catalogue.record_layout(category, catalogue.sampled(category))
+    assert [signal.key for signal in layout] == RECORDED[category]
+
+
+def test_a_counter_brings_its_rate_and_nothing_else_does() -> None:
+    layout = catalogue.record_layout("disk", [catalogue.DISK_WRITTEN, catalogue.DISK_FULL])
+    assert [s.key for s in layout] == [
+        "disk/utilization_percent",
+        "disk/written_mb",
+        "disk/written_mb_per_second",
+    ]
+    assert catalogue.rate_of(catalogue.DISK_FULL) is None
+    assert catalogue.rate_of(catalogue.PROCESS_CPU_SECONDS) is None  # its rate is a gauge of its own
+    assert catalogue.counter_of(catalogue.rate_of(catalogue.DISK_WRITTEN)) is catalogue.DISK_WRITTEN  # type: ignore[arg-type]
+    assert catalogue.counter_of(catalogue.GPU_PCIE_SENT) is None  # a gauge in MiB/s, no counter's
+
+
+def test_a_rate_is_the_change_per_second_or_none() -> None:
+    assert catalogue.rate(30.0, 10.0, 2.0) == 10.0
+    assert catalogue.rate(10.0, 10.0, 2.0) == 0.0
+    for value, last, seconds in [
+        (5.0, 10.0, 2.0),  # went back: a reset, a wrap
+        (10.0, math.nan, 2.0),  # the first reading, or the last one failed
+        (math.nan, 10.0, 2.0),  # this one failed
+        (30.0, 10.0, 0.0),  # no time passed
+        (30.0, 10.0, -1.0),
+    ]:
+        assert math.isnan(catalogue.rate(value, last, seconds)), (value, last, seconds)
+
+
+def test_the_vectorized_rates_are_the_scalar_rule_pair_by_pair() -> None:
+    values = np.array([10.0, 30.0, 5.0, math.nan, 25.0, 45.0, 50.0, 50.0])
+    seconds = np.array([0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 10.0, 12.0])
+    got = catalogue.rates(values, seconds)
+    expected = [math.nan] + [
+        catalogue.rate(values[i], values[i - 1], seconds[i] - seconds[i - 1]) for i in range(1, len(values))
+    ]
+    assert np.array_equal(got, expected, equal_nan=True)
+    assert np.array_equal(
+        got, [math.nan, 10.0, math.nan, math.nan, math.nan, 10.0, math.nan, 0.0], equal_nan=True
+    )
+    assert catalogue.rates(np.array([]), np.array([])).size == 0
+    assert np.isnan(catalogue.rates(np.array([1.0]), np.array([0.0]))).all()
