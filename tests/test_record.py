@@ -4,11 +4,15 @@ one rate rule, a counter's change per second, for the child and for every view."
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
+from typing import cast
 
 import numpy as np
 import pytest
 
 from sampler import catalogue
+from sampler.store.reader import Run, Series
+from sampler.views import plot, top
 
 RECORDED = {
     "cpu": ["cpu/utilization_percent"],
@@ -151,3 +155,27 @@ def test_the_vectorized_rates_are_the_scalar_rule_pair_by_pair() -> None:
     )
     assert catalogue.rates(np.array([]), np.array([])).size == 0
     assert np.isnan(catalogue.rates(np.array([1.0]), np.array([0.0]))).all()
+
+
+def _drawn(walls: list[float], values: list[float]) -> list[float]:
+    """``plot.points``' y for a disk-read counter read at ``walls`` (step = index)."""
+    (panel,) = plot.panels([catalogue.DISK_READ.name])
+    assert panel.rate
+    series = Series(catalogue.DISK_READ.name, list(range(len(walls))), walls, values)
+    run = cast(Run, SimpleNamespace(started_at=0.0))
+    _, ys = plot.points(series, run, "seconds", panel)
+    return ys
+
+
+def test_plot_draws_a_counter_by_the_one_rate_rule() -> None:
+    # The first reading has none, a counter that went back and a failed reading leave gaps.
+    ys = _drawn([0.0, 1.0, 2.0, 3.0, 4.0, 5.0], [0.0, 2.0, 1.0, 3.0, math.nan, 9.0])
+    assert np.array_equal(ys, [2.0, math.nan, 2.0, math.nan, math.nan], equal_nan=True)
+    # A reading at the same instant as the one before has no rate: the earlier stays the base.
+    assert _drawn([0.0, 1.0, 1.0, 2.0], [0.0, 2.0, 5.0, 4.0]) == [2.0, 2.0]
+
+
+def test_top_shows_a_counter_by_the_one_rate_rule() -> None:
+    points = [(0.0, 0.0), (1.0, 2.0), (2.0, 1.0), (3.0, 3.0), (4.0, math.nan), (5.0, 9.0), (5.0, 10.0)]
+    assert top.rates(points) == [(1.0, 2.0), (3.0, 2.0)]
+    assert top.rates([]) == [] and top.rates([(0.0, 1.0)]) == []
