@@ -26,6 +26,8 @@ DEVICE_LABEL = re.compile(r"(\d+)(?:-mig(\d+))?")
 """A device label: a GPU's NVML index, or ``<index>-mig<slot>`` for one of its MIG devices."""
 GPU_KEY_PREFIX = f"gpu/{DEVICE}/"
 """A GPU signal's key is this and its suffix (``power_watts``)."""
+GPU_NAME_PREFIX = PREFIX + GPU_KEY_PREFIX.removesuffix(f"{DEVICE}/")
+"""What a GPU signal's recorded name starts with, its device label next (``resource/gpu/``)."""
 PEAK = "peak"
 MEAN = "mean"
 VARIANTS = (PEAK, MEAN)
@@ -247,11 +249,11 @@ _SIGNALS = (
         "Written out to swap since boot.",
         metric="memory_swapped_out_bytes_total", scale=MIB,
     ),
-    Signal(
+    SWAPPED_IN_RATE := Signal(
         "memory/swapped_in_mb_per_second", "MiB/s", RATE, "swap-in rate", "swapped in /s",
         "Read back from swap per second since the previous sample.",
     ),
-    Signal(
+    SWAPPED_OUT_RATE := Signal(
         "memory/swapped_out_mb_per_second", "MiB/s", RATE, "swap-out rate", "swapped out /s",
         "Written out to swap per second since the previous sample.",
     ),
@@ -265,11 +267,11 @@ _SIGNALS = (
         "Bytes received over every interface since boot.",
         metric="network_received_bytes_total", scale=1.0, seed=True,
     ),
-    Signal(
+    NETWORK_SENT_RATE := Signal(
         "network/bytes_sent_per_second", "bytes/s", RATE, "network send rate", "sent /s",
         "Bytes sent per second since the previous sample.",
     ),
-    Signal(
+    NETWORK_RECEIVED_RATE := Signal(
         "network/bytes_received_per_second", "bytes/s", RATE, "network receive rate", "received /s",
         "Bytes received per second since the previous sample.",
     ),
@@ -293,11 +295,11 @@ _SIGNALS = (
         "Written to every disk since boot.",
         metric="disk_written_bytes_total", scale=MIB, seed=True,
     ),
-    Signal(
+    DISK_READ_RATE := Signal(
         "disk/read_mb_per_second", "MiB/s", RATE, "disk read rate", "read /s",
         "Read per second since the previous sample.",
     ),
-    Signal(
+    DISK_WRITTEN_RATE := Signal(
         "disk/written_mb_per_second", "MiB/s", RATE, "disk write rate", "written /s",
         "Written per second since the previous sample.",
     ),
@@ -389,7 +391,7 @@ _SIGNALS = (
         "Time the cgroup's CPU was throttled (only under a CPU quota).",
         metric="container_cpu_throttled_seconds_total", scale=1.0,
     ),
-    Signal(
+    CONTAINER_CPU_THROTTLED_RATE := Signal(
         "container/cpu_throttled_seconds_per_second", "s/s", RATE, "container CPU throttled rate",
         "CPU throttled /s", "Throttled seconds per second since the previous sample.",
     ),
@@ -528,7 +530,7 @@ _SIGNALS = (
         "absent where the driver has none, never estimated).",
         metric="gpu_energy_joules_total", kind=COUNTER,
     ),
-    _gpu(
+    GPU_ENERGY_RATE := _gpu(
         "energy_joules" + RATE_SUFFIX, "W", "GPU mean power", "mean power",
         "Mean power since the previous sample, from the energy counter: exact where power_watts is "
         "one reading.",
@@ -581,7 +583,7 @@ _SIGNALS = (
         "NVLink traffic to the GPU over all its links since the previous sample (GPM).",
         metric="gpu_nvlink_received_bytes_per_second",
     ),
-    _gpu(
+    GPU_ENERGY_PER_STEP := _gpu(
         "energy_joules" + PER_STEP_SUFFIX, "J/step", "GPU energy per step", "J/step",
         "Energy the GPU used per training step between this logged record and the previous one.",
         metric=None,
@@ -631,7 +633,7 @@ RECORD_ORDER: dict[str, tuple[Signal, ...]] = {
         GPU_UTILIZATION, GPU_POWER, GPU_PROCESS_MEMORY, GPU_TREE_MEMORY, GPU_THROTTLE_REASONS,
         GPU_THROTTLE_POWER, GPU_THROTTLE_THERMAL, GPU_THROTTLE_HW_SLOWDOWN, GPU_POWER_LIMIT,
         *THROTTLED.values(), *(SIGNALS[s.key + RATE_SUFFIX] for s in THROTTLED.values()),
-        GPU_ENERGY, SIGNALS[GPU_ENERGY.key + RATE_SUFFIX], GPU_XID,
+        GPU_ENERGY, GPU_ENERGY_RATE, GPU_XID,
         GPU_SM_ACTIVITY, GPU_SM_OCCUPANCY, GPU_TENSOR_ACTIVITY, GPU_DRAM_BANDWIDTH,
         GPU_PCIE_SENT, GPU_PCIE_RECEIVED, GPU_NVLINK_SENT, GPU_NVLINK_RECEIVED,
     ),

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from sampler.catalogue import PREFIX
 from sampler.pipeline import weightslab as wl_adapter
 from sampler.store.schema import STEPS
 from sampler.util.quoting import bounded_repr
@@ -26,7 +27,7 @@ log = logging.getLogger("sampler")
 
 Subscriber = Callable[[str, float, int], object]
 
-RESOURCE_PREFIX = "resource/"
+RESOURCE_PREFIX = PREFIX
 """The monitor's own signals; every other name is the training's."""
 
 _lock = threading.Lock()

@@ -50,7 +50,8 @@ def error_name(nvml: ModuleType | None, code: int) -> str:
 
 def gpu_labels(fields: Sequence[str]) -> tuple[str, ...]:
     """The device labels of ``resource/gpu/<label>/...`` among ``fields``, in their order."""
-    found = (name.split("/")[2] for name in fields if name.startswith("resource/gpu/"))
+    prefix = catalogue.GPU_NAME_PREFIX
+    found = (name.removeprefix(prefix).split("/")[0] for name in fields if name.startswith(prefix))
     return tuple(dict.fromkeys(label for label in found if catalogue.DEVICE_LABEL.fullmatch(label)))
 
 

@@ -35,7 +35,7 @@ class Sample:
     """The host and rank of the backend that logged it."""
 
 
-THROUGHPUT = catalogue.SIGNALS["progress/steps_per_second"].name
+THROUGHPUT = catalogue.THROUGHPUT.name
 """Logged with every record but the first of a run: steps per second since the previous logged one."""
 
 
