@@ -27,8 +27,6 @@ log = logging.getLogger("sampler")
 
 Subscriber = Callable[[str, float, int], object]
 
-RESOURCE_PREFIX = PREFIX
-"""The monitor's own signals; every other name is the training's."""
 
 _lock = threading.Lock()
 _subscribers: tuple[Subscriber, ...] = ()
@@ -103,7 +101,7 @@ def log_signal(name: str, value: float, step: int) -> None:
             _refuse(name, step)
             return
         step = checked
-    if not name.startswith(RESOURCE_PREFIX):
+    if not name.startswith(PREFIX):  # the monitor's own signals; every other name is the training's
         _note_step(step)
     for fn in _subscribers:
         try:
