@@ -77,8 +77,11 @@ class CpuCollector(Collector):
         self._times = attempt(psutil.cpu_times)
 
     def read(self) -> Readings:
+        readings: Readings = {}
         value = attempt(lambda: psutil.cpu_percent(interval=None))
-        return {} if value is None else {catalogue.CPU_UTILIZATION: float(value)}
+        if value is not None:
+            readings[catalogue.CPU_UTILIZATION] = float(value)
+        return readings
 
     def read_tracked(self) -> list[Readings]:
         times, before = attempt(psutil.cpu_times), self._times
