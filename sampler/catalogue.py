@@ -750,16 +750,6 @@ def entry(name: str) -> Signal:
     return reading.signal
 
 
-def peaked(names: Iterable[str]) -> tuple[str, ...]:
-    """Those of ``names`` whose records carry a ``_peak`` (read between records), in their order."""
-    return tuple(name for name in names if entry(name).peak)
-
-
-def averaged(names: Iterable[str]) -> tuple[str, ...]:
-    """Those of ``names`` whose records carry a ``_mean``, in their order."""
-    return tuple(name for name in names if entry(name).mean)
-
-
 _TIMES = "\N{MULTIPLICATION SIGN}"
 _SCALES = {
     PERCENT_TO_RATIO: "÷ 100",

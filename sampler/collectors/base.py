@@ -161,22 +161,25 @@ class Collector:
     def _peaked(self) -> tuple[Signal, ...]:
         return tuple(signal for signal in self.layout if signal.peak)
 
+    @functools.cached_property
+    def _fields(self) -> tuple[tuple[Signal, Signal | None], ...]:
+        """Each of ``layout`` with the counter it is the rate of (None: read, not derived)."""
+        return tuple((signal, catalogue.counter_of(signal)) for signal in self.layout)
+
     def sample(self) -> list[float]:
         """``read_devices()`` laid out as ``names``, with each counter's rate since the previous call."""
         devices = self.read_devices()
         now = monotonic()
         seconds = now - self._counted_at
+        rate = catalogue.rate
         values: list[float] = []
         for index, readings in enumerate(devices):
             last = self._counted[index] if index < len(self._counted) else {}
-            for signal in self.layout:
-                counter = catalogue.counter_of(signal)
+            for signal, counter in self._fields:
                 if counter is None:
                     values.append(readings.get(signal, MISSING))
                 else:
-                    values.append(
-                        catalogue.rate(readings.get(counter, MISSING), last.get(counter, MISSING), seconds)
-                    )
+                    values.append(rate(readings.get(counter, MISSING), last.get(counter, MISSING), seconds))
         self._counted, self._counted_at = tuple(devices), now
         return values
 
