@@ -1053,6 +1053,23 @@ def test_a_lost_device_that_answers_again_resumes(
     )
 
 
+def test_a_device_back_from_lost_has_no_rate_at_its_first_sample_back(
+    opened: Opener, nvml: fake_driver.Driver
+) -> None:
+    """A counter's rate needs a reading at the sample before (catalogue.rate): the first sample
+    after a device stopped reading has none, not a mean over the outage; the next has one."""
+    gpu = opened(devices=[{"lost_after": OPENING_CALLS + READ_CALLS_PER_SAMPLE}])
+    assert gpu is not None
+    energy = "resource/gpu/0/energy_joules"
+    rate = energy + catalogue.RATE_SUFFIX
+    assert readings(gpu)[energy] > 0
+    assert math.isnan(readings(gpu)[energy])  # lost
+    nvml.configure(devices=[{}])  # back on the bus
+    skipped, probed, next_one = (readings(gpu) for _ in range(3))
+    assert math.isnan(skipped[energy]) and probed[energy] > 0
+    assert math.isnan(probed[rate]) and next_one[rate] >= 0
+
+
 # --- choosing devices ---------------------------------------------------------------------------
 
 
