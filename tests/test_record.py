@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from sampler import catalogue
+from sampler.pipeline.derived import THROUGHPUT, PerStep
 from sampler.store.reader import Run, Series
 from sampler.views import plot, top
 
@@ -179,3 +180,18 @@ def test_top_shows_a_counter_by_the_one_rate_rule() -> None:
     points = [(0.0, 0.0), (1.0, 2.0), (2.0, 1.0), (3.0, 3.0), (4.0, math.nan), (5.0, 9.0), (5.0, 10.0)]
     assert top.rates(points) == [(1.0, 2.0), (3.0, 2.0)]
     assert top.rates([]) == [] and top.rates([(0.0, 1.0)]) == []
+
+
+def test_a_counters_change_per_step_follows_the_one_rate_rule() -> None:
+    energy = catalogue.name_of(catalogue.GPU_ENERGY, "0")
+    per_step = catalogue.name_of(catalogue.GPU_ENERGY_PER_STEP, "0")
+    fields = ("resource/cpu/utilization_percent", energy)
+    derived = PerStep()
+    second = 1_000_000_000
+    assert derived.derive(fields, [1.0, 100.0], 10, 1 * second) == []  # a run's first logged record
+    assert derived.derive(fields, [1.0, 160.0], 13, 2 * second) == [(THROUGHPUT, 3.0), (per_step, 20.0)]
+    assert derived.derive(fields, [1.0, 40.0], 14, 3 * second) == [(THROUGHPUT, 1.0)]  # a driver reload
+    assert derived.derive(fields, [1.0, math.nan], 15, 4 * second) == [(THROUGHPUT, 1.0)]  # failed
+    assert derived.derive(fields, [1.0, 50.0], 16, 5 * second) == [(THROUGHPUT, 1.0)]  # none before
+    assert derived.derive(fields, [1.0, 52.0], 16, 6 * second) == []  # the step did not move on
+    assert derived.derive(list(fields), [1.0, 60.0], 18, 7 * second) == [(THROUGHPUT, 2.0)]  # a new ring
