@@ -6,6 +6,11 @@ as ``CATEGORIES`` (the small ones first), then each category's signals. ``lookup
 a recorded name (``resource/gpu/3/utilization_percent_peak``) against it. The README's
 tables of signals and of Prometheus metrics are ``signals_table()`` and ``metrics_table()``.
 Signal names never change; labels, titles and the units shown may.
+
+The entries the collectors read are named (``GPU_POWER``): a collector keys its readings by
+them, ``record_layout`` lays them out as a record, and ``rate`` (``rates`` over arrays, for the
+views) is the one rule a counter's ``_per_second`` is derived by. No other module writes a
+signal's name.
 """
 
 from __future__ import annotations
