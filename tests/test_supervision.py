@@ -107,6 +107,26 @@ def test_a_hanging_call_is_killed_at_its_deadline_and_quarantined(nvml: fake_dri
     assert stats["restarts_by_cause"]["hang"] == 3
 
 
+def test_a_hang_is_said_with_its_device_and_its_nvml_call(
+    nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 26: the line about a hung child names the GPU and the NVML call it hung in."""
+    driver(nvml, devices=[{}, {}], hang={"nvmlDeviceGetPowerUsage": [1]})
+    with sampler.ResourceMonitor(
+        categories=["cpu", "gpu"],
+        sink=Recorder(),
+        step_source="seconds",
+        hang_deadline_seconds=0.5,
+        **FAST,
+        **QUICK_RESTARTS,
+    ) as monitor:
+        wait_for(lambda: monitor.stats()["deaths"], what="the hang to be detected")
+        (death, *_) = monitor.stats()["deaths"]
+    assert death["call"] == "nvmlDeviceGetPowerUsage on GPU 1"
+    (said, *_) = [r.getMessage() for r in caplog.records if "hung" in r.getMessage()]
+    assert "in nvmlDeviceGetPowerUsage on GPU 1" in said, said
+
+
 @pytest.mark.parametrize("holding_gil", [False, True], ids=["gil-free", "gil-held"])
 def test_stop_during_a_hang_is_bounded(
     monkeypatch: pytest.MonkeyPatch, nvml: fake_driver.Driver, tmp_path: Path, holding_gil: bool

@@ -32,7 +32,7 @@ from ringbuf import Ring
 from sampler.child import postmortem, snapshot
 from sampler.child.cadence import Cadence
 from sampler.child.peaks import PeakTracker
-from sampler.collectors import Collector, build_collector
+from sampler.collectors import Collector, build_collector, nvml
 from sampler.collectors.base import starvation
 from sampler.collectors.container import memory_cgroup
 from sampler.collectors.gpu import GpuCollector
@@ -140,6 +140,7 @@ class Child:
 
     def run(self) -> int:
         p = self.params
+        nvml.report_calls(self.status.note_call)  # a call that hangs or crashes is named
         for category in p.categories:
             self.status.enter(phase_of(category))
             try:

@@ -98,8 +98,6 @@ SAMPLE_CALLS = {_samples_of(signal): ("nvmlDeviceGetSamples",) for signal in BUF
 
 @dataclass
 class _Device(CallState):
-    label: str = ""
-    """Its NVML index, or ``<index>-mig<slot>`` for a MIG device (``catalogue.DEVICE_LABEL``)."""
     backoff: int = 0
     """Samples skipped after the latest failed probe of a lost device."""
     skip: int = 0
@@ -254,7 +252,9 @@ class GpuCollector(Collector):
         if code is not None:
             refused[None] = ("nvmlDeviceGetCount", code)
         for index in range(count or 0):
-            outcome = attempt(functools.partial(call, nvml.nvmlDeviceGetHandleByIndex, (index,), errors))
+            outcome = attempt(
+                functools.partial(call, nvml.nvmlDeviceGetHandleByIndex, (index,), errors, None, str(index))
+            )
             handle, code = outcome or (None, None)
             if handle is not None:
                 handles[index] = handle
@@ -339,7 +339,9 @@ class GpuCollector(Collector):
                 dev.failed = self._init_failed
                 raise Stopped
         index, _, slot = dev.label.partition("-mig")
-        outcome = attempt(functools.partial(call, nvml.nvmlDeviceGetHandleByIndex, (int(index),), errors))
+        outcome = attempt(
+            functools.partial(call, nvml.nvmlDeviceGetHandleByIndex, (int(index),), errors, None, index)
+        )
         gpu, code = outcome or (None, NVML_ERROR_UNKNOWN)
         handle = gpu
         if slot and gpu is not None:

@@ -54,6 +54,23 @@ CALLS: dict[str, tuple[str, ...]] = {
 }
 
 
+_note: Callable[[bytes], None] | None = None
+"""Where each NVML call is made known as it starts (and b"" once it returns): the sampling child
+puts it in its status block, so that a call that never returns is named (``report_calls``)."""
+
+
+def report_calls(note: Callable[[bytes], None] | None) -> None:
+    """Have every NVML call made through ``call`` told to ``note`` (None: to nothing)."""
+    global _note
+    _note = note
+
+
+@functools.cache
+def where(function: str, device: str) -> bytes:
+    """``<function> on GPU <device>`` (or ``<function>`` alone: no device), ASCII."""
+    return (f"{function} on GPU {device}" if device else function).encode("ascii", "replace")
+
+
 class Stopped(Exception):
     """A reading found the device gone, or still failing; the rest of its readings are skipped."""
 
@@ -63,6 +80,8 @@ class CallState:
     """What one device's calls answered."""
 
     handle: Any
+    label: str = ""
+    """Its NVML index, or ``<index>-mig<slot>`` for a MIG device (``catalogue.DEVICE_LABEL``)."""
     unsupported: set[str] = field(default_factory=set)
     """Readings the device answered NOT_SUPPORTED before they ever answered: never asked again."""
     answered: set[str] = field(default_factory=set)
@@ -100,7 +119,9 @@ class Calls:
         functions = self._functions[reading]
         while functions:
             result = attempt(
-                functools.partial(call, functions[0], (dev.handle, *args), self._errors, self._mismatch)
+                functools.partial(
+                    call, functions[0], (dev.handle, *args), self._errors, self._mismatch, dev.label
+                )
             )
             if result is None:  # not an NVML error: a bug, reported once by attempt()
                 return None
@@ -131,9 +152,14 @@ def call(
     args: Sequence[Any],
     errors: tuple[type[BaseException], ...],
     mismatch: type[BaseException] | None = None,
+    device: str = "",
 ) -> tuple[Any, int | None]:
     """``function(*args)`` and None, or None and the NVML error code it failed with (a
-    ``mismatch``, the binding's NVMLLibraryMismatchError: FUNCTION_NOT_FOUND)."""
+    ``mismatch``, the binding's NVMLLibraryMismatchError: FUNCTION_NOT_FOUND). ``device``:
+    the label of the device it asks about, told to ``report_calls``'s note with the call."""
+    note = _note
+    if note is not None:
+        note(where(getattr(function, "__name__", "an NVML call"), device))
     try:
         return function(*args), None
     except errors as exc:
@@ -141,6 +167,9 @@ def call(
             return None, NVML_ERROR_FUNCTION_NOT_FOUND
         code = getattr(exc, "value", None)
         return None, code if isinstance(code, int) else NVML_ERROR_UNKNOWN
+    finally:
+        if note is not None:
+            note(b"")
 
 
 def value(union: Any, value_type: int) -> float | None:

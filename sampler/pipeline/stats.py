@@ -39,6 +39,9 @@ class Death:
     killed: bool = True
     """It left without declaring an exit status in its status block: a signal
     (SIGKILL, SIGSEGV, ...) ended it, whatever the exit status says."""
+    call: str | None = None
+    """The NVML call it was in, with the device asked (``nvmlDeviceGetPowerUsage on GPU 1``),
+    None if it was in none."""
 
     def describe_exit(self) -> str:
         if self.exit_code is not None and self.exit_code < 0:

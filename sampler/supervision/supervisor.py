@@ -168,6 +168,8 @@ class Supervisor:
             failures += 1
             delay = min(self.plan.backoff_cap, self.plan.backoff_base * 2 ** (failures - 1))
             where = f"in the {result.category} collector" if result.category else "outside any collector"
+            if result.call is not None:
+                where += f", in {result.call}"
             log.warning(
                 "resource monitor: sampling child %s %s (%s); restarting it in %g s",
                 {"crash": "crashed", "hang": "hung and was killed", "start": "died starting"}[result.cause],
@@ -228,6 +230,7 @@ class Supervisor:
             child.stop()
             self.child = None
             snap = status.read()
+            call = status.call()
             self._carry_gpus(reader, status)
             reader.close()
             status.close()
@@ -243,7 +246,8 @@ class Supervisor:
             return _Fallback("the sampling child cannot create its ring in shared memory")
         phase = reader.hung_phase if reader.hung_phase is not None else snap.phase
         cause = "start" if phase == PHASE_STARTING else "hang" if outcome is Outcome.HUNG else "crash"
-        return Death(cause, category_of(phase), code, time.monotonic() - started, killed=declared is None)
+        lifetime = time.monotonic() - started
+        return Death(cause, category_of(phase), code, lifetime, killed=declared is None, call=call)
 
     def _carry_gpus(self, reader: ChildReader, status: ChildStatus) -> None:
         """Tell the next child which GPU devices this one read and which it left stopped."""
@@ -266,7 +270,7 @@ class Supervisor:
                 "monitor (stop() then start(), or restart the backend) once the cause is fixed.",
                 category,
                 strikes,
-                death.cause,
+                death.cause + ("" if death.call is None else f" in {death.call}"),
                 category,
             )
 
