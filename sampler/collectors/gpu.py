@@ -34,6 +34,7 @@ from sampler.collectors.nvml import (
     CallState,
     Stopped,
     call,
+    quarantined,
     value,
 )
 from sampler.util.quoting import bounded_repr
@@ -214,6 +215,7 @@ class GpuCollector(Collector):
         share: tuple[int, int] | None = None,
         read_before: tuple[str, ...] = (),
         stopped_before: tuple[str, ...] = (),
+        left_out: tuple[str, ...] = (),
     ) -> GpuCollector | None:
         """Import the binding, initialise NVML and choose the devices: ``all``,
         ``visible`` (``CUDA_VISIBLE_DEVICES``, read as CUDA reads it) or those
@@ -224,25 +226,27 @@ class GpuCollector(Collector):
         a no-op) or no device is chosen. ``read_before`` and ``stopped_before``:
         the devices earlier children read, and those of them stopped
         (``Sources``): one of them this child cannot open is said to have stopped
-        reading, and then a collector of no devices keeps them counted."""
+        reading, and then a collector of no devices keeps them counted. ``left_out``: the
+        quarantined devices (``Sources.gpus_quarantined``), never opened."""
         try:
             nvml = importlib.import_module(module_name)
         except Exception as exc:
             log.debug("resource monitor: no NVML via %r: %s", module_name, exc)
             return None
         health = GpuHealth(nvml, read_before, stopped_before)
+        expected = tuple(label for label in read_before if not quarantined(label, left_out))
         try:
             nvml.nvmlInit()
         except Exception as exc:
-            if not read_before:
+            if not expected:
                 log.debug("resource monitor: no NVML via %r: %s", module_name, exc)
                 return None
             code = getattr(exc, "value", None)
             if not isinstance(code, int):
                 code = None
             cause = bounded_repr(exc) if code is None else error_name(nvml, code)
-            health.unopened(read_before, f"nvmlInit failed with {cause}", code)
-            return cls(nvml, dict.fromkeys(read_before), pid, health, initialised=False)
+            health.unopened(expected, f"nvmlInit failed with {cause}", code)
+            return cls(nvml, dict.fromkeys(expected), pid, health, initialised=False)
         handles: dict[int, Any] = {}
         errors = nvml_errors(nvml)
         counted = attempt(functools.partial(call, nvml.nvmlDeviceGetCount, (), errors))
@@ -272,8 +276,9 @@ class GpuCollector(Collector):
             for slot, mig in mig_devices(nvml, handles[index], errors).items():
                 if index not in only or slot in only[index]:
                     labelled[f"{index}-mig{slot}"] = mig
+        labelled = {label: handle for label, handle in labelled.items() if not quarantined(label, left_out)}
         unopened: dict[tuple[str, int] | None, list[str]] = {}
-        for label in read_before:
+        for label in expected:
             if label not in labelled:
                 index = int(label.split("-", 1)[0])
                 unopened.setdefault(refused.get(index) or refused.get(None), []).append(label)

@@ -65,10 +65,23 @@ def report_calls(note: Callable[[bytes], None] | None) -> None:
     _note = note
 
 
+_ON_GPU = " on GPU "
+
+
 @functools.cache
 def where(function: str, device: str) -> bytes:
     """``<function> on GPU <device>`` (or ``<function>`` alone: no device), ASCII."""
-    return (f"{function} on GPU {device}" if device else function).encode("ascii", "replace")
+    return (f"{function}{_ON_GPU}{device}" if device else function).encode("ascii", "replace")
+
+
+def device_of(call: str) -> str | None:
+    """The device label a ``where`` names, None if it names none."""
+    return call.partition(_ON_GPU)[2] or None
+
+
+def quarantined(label: str, devices: Sequence[str]) -> bool:
+    """Device ``label`` is one of ``devices``, or a MIG device of a GPU among them."""
+    return label in devices or label.split("-", 1)[0] in devices
 
 
 class Stopped(Exception):
