@@ -438,6 +438,54 @@ def test_an_error_stopping_one_gpu_is_said_once_counted_and_its_recovery_said(
     assert "GPU 0" not in err
 
 
+@pytest.mark.parametrize(
+    ("code", "name"), [(18, "NVML_ERROR_LIB_RM_VERSION_MISMATCH"), (999, "NVML_ERROR_UNKNOWN")]
+)
+def test_nvml_failing_to_start_in_the_first_child_is_said_once_and_counted(
+    nvml: fake_driver.Driver, capfd: pytest.CaptureFixture[str], code: int, name: str
+) -> None:
+    """Issue 26: nvmlInit failing with anything but "no driver" is said, naming the error, and
+    counted; the other categories flow."""
+    cpu = "resource/cpu/utilization_percent"
+    nvml.configure(devices=[{}, {}], init_error=code)
+    sink = Recorder()
+    with sampler.ResourceMonitor(
+        sink=sink, categories=["cpu", "gpu"], step_source="seconds", **FAST
+    ) as monitor:
+        wait_for(lambda: len(sink.values(cpu)) >= 3, what="the CPU's readings")
+        wait_for(lambda: monitor.stats()["gpu_errors"] == 1, what="stats() to count the failure")
+    assert not sink.gpus()
+    (failed,) = said(capfd.readouterr().err, f"{name} ({code})")
+    assert "nvmlInit" in failed
+
+
+def test_no_driver_at_all_is_not_said(nvml: fake_driver.Driver, capfd: pytest.CaptureFixture[str]) -> None:
+    """A machine without NVIDIA's driver (DRIVER_NOT_LOADED) has nothing wrong to say."""
+    nvml.configure(devices=[{}], init_error=9)
+    sink, stats = run_monitor(categories=["cpu", "gpu"])
+    assert stats["gpu_errors"] == 0 and not sink.gpus()
+    assert "NVML" not in capfd.readouterr().err
+
+
+def test_a_device_that_cannot_be_opened_in_the_first_child_is_said_once_and_counted(
+    nvml: fake_driver.Driver, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 26: GPU 1's handle failing as the first child starts is said, naming the call, the
+    error and the device, and counted; GPU 0 reads."""
+    nvml.configure(
+        devices=[{}, {}],
+        fail={"nvmlDeviceGetHandleByIndex_v2": [1]},
+        fail_code={"nvmlDeviceGetHandleByIndex_v2": 999},
+    )
+    sink = Recorder()
+    with sampler.ResourceMonitor(sink=sink, categories=["gpu"], step_source="seconds", **FAST) as monitor:
+        wait_for(lambda: len(sink.values(TEMPERATURE.format(0))) >= 3, what="GPU 0's readings")
+        wait_for(lambda: monitor.stats()["gpu_errors"] == 1, what="stats() to count GPU 1")
+    assert sink.gpus() == {"0"}
+    (failed,) = said(capfd.readouterr().err, "NVML_ERROR_UNKNOWN (999)")
+    assert "GPU 1" in failed and "nvmlDeviceGetHandleByIndex" in failed
+
+
 def test_nvml_failing_to_start_in_a_restarted_child_is_said_counted_and_so_is_its_return(
     nvml: fake_driver.Driver, capfd: pytest.CaptureFixture[str]
 ) -> None:

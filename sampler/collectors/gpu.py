@@ -22,7 +22,7 @@ from sampler import catalogue
 from sampler.catalogue import Signal
 from sampler.collectors.base import MISSING, Collector, Readings, attempt
 from sampler.collectors.gpu_devices import choose, mig_devices, nvml_errors, owned, uuid_of
-from sampler.collectors.gpu_errors import GpuHealth, error_name
+from sampler.collectors.gpu_errors import NO_DRIVER, GpuHealth, error_name
 from sampler.collectors.gpu_events import XidWatch
 from sampler.collectors.gpu_gpm import GpmPair
 from sampler.collectors.nvml import (
@@ -238,14 +238,17 @@ class GpuCollector(Collector):
         try:
             nvml.nvmlInit()
         except Exception as exc:
-            if not expected:
-                log.debug("resource monitor: no NVML via %r: %s", module_name, exc)
-                return None
             code = getattr(exc, "value", None)
             if not isinstance(code, int):
                 code = None
-            cause = bounded_repr(exc) if code is None else error_name(nvml, code)
-            health.unopened(expected, f"nvmlInit failed with {cause}", code)
+            if not expected and code in NO_DRIVER:
+                log.debug("resource monitor: no NVML via %r: %s", module_name, exc)
+                return None
+            cause = f"nvmlInit failed with {bounded_repr(exc) if code is None else error_name(nvml, code)}"
+            if expected:
+                health.unopened(expected, cause, code)
+            else:
+                health.refused("NVIDIA's NVML", cause, code)
             return cls(nvml, dict.fromkeys(expected), pid, health, initialised=False)
         handles: dict[int, Any] = {}
         errors = nvml_errors(nvml)
@@ -289,7 +292,13 @@ class GpuCollector(Collector):
             else:
                 function, code = failed
                 health.unopened(labels, f"{function} failed with {error_name(nvml, code)}", code)
-        if not labelled:
+        for at, (function, code) in refused.items():  # those no child read: not said above
+            gpu = (str(at),)
+            known = expected if at is None else [x for x in (*expected, *left_out) if quarantined(x, gpu)]
+            if not known:
+                what = "any GPU" if at is None else f"GPU {at}"
+                health.refused(what, f"{function} failed with {error_name(nvml, code)}", code)
+        if not labelled and not health.stops:
             attempt(nvml.nvmlShutdown, errors)
             return None
         return cls(
@@ -297,6 +306,8 @@ class GpuCollector(Collector):
         )
 
     def read_devices(self) -> list[Readings]:
+        if not self._devices:  # none could be opened (said as it opened)
+            return []
         self._tree = self._scan_tree()
         self._xid_latest = None if self._xids is None else self._xids.take()
         self._attributable = True
