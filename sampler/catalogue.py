@@ -6,13 +6,21 @@ as ``CATEGORIES`` (the small ones first), then each category's signals. ``lookup
 a recorded name (``resource/gpu/3/utilization_percent_peak``) against it. The README's
 tables of signals and of Prometheus metrics are ``signals_table()`` and ``metrics_table()``.
 Signal names never change; labels, titles and the units shown may.
+
+The entries the collectors read are named (``GPU_POWER``): a collector keys its readings by
+them, ``record_layout`` lays them out as a record, and ``rate`` (``rates`` over arrays, for the
+views) is the one rule a counter's ``_per_second`` is derived by. No other module writes a
+signal's name.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Container, Iterable
 from dataclasses import dataclass
+
+import numpy as np
 
 PREFIX = "resource/"
 """What every resource signal's name starts with."""
@@ -23,6 +31,8 @@ DEVICE_LABEL = re.compile(r"(\d+)(?:-mig(\d+))?")
 """A device label: a GPU's NVML index, or ``<index>-mig<slot>`` for one of its MIG devices."""
 GPU_KEY_PREFIX = f"gpu/{DEVICE}/"
 """A GPU signal's key is this and its suffix (``power_watts``)."""
+GPU_NAME_PREFIX = PREFIX + GPU_KEY_PREFIX.removesuffix(f"{DEVICE}/")
+"""What a GPU signal's recorded name starts with, its device label next (``resource/gpu/``)."""
 PEAK = "peak"
 MEAN = "mean"
 VARIANTS = (PEAK, MEAN)
@@ -116,9 +126,11 @@ DERIVED_CATEGORIES: tuple[str, ...] = ("progress",)
 """Categories of signals the backend derives from the step axis, not sampled by the child."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Signal:
-    """One signal: its unit and kind, its ``_peak``/``_mean``, its metric, title and label."""
+    """One signal: its unit and kind, its ``_peak``/``_mean``, its metric, title and label.
+
+    Each is one object, compared and hashed as such: collectors key their readings by it."""
 
     key: str
     """The name less ``resource/``; a GPU's with ``<i>`` for its index."""
@@ -167,6 +179,11 @@ class Signal:
         return self.key.split("/", 1)[0]
 
     @property
+    def suffix(self) -> str:
+        """Its key after the category (and a GPU's ``<i>/``): ``power_watts``."""
+        return self.key.rpartition("/")[2]
+
+    @property
     def variants(self) -> tuple[str, ...]:
         """``peak`` and ``mean`` where records carry them."""
         return tuple(v for v, has in ((PEAK, self.peak), (MEAN, self.mean)) if has)
@@ -203,11 +220,16 @@ THROTTLE_REASONS = (
 the part of ``throttled_<part>_seconds``, a short label, what slows the clocks."""
 
 
+def _throttled(part: str) -> str:
+    """The suffix of reason ``part``'s cumulative time throttled."""
+    return f"throttled_{part}_seconds"
+
+
 def _throttle_durations() -> tuple[Signal, ...]:
     """Per reason: the driver's cumulative time throttled, and its share of each interval."""
     signals: list[Signal] = []
     for part, label, cause in THROTTLE_REASONS:
-        suffix = f"throttled_{part}_seconds"
+        suffix = _throttled(part)
         signals += [
             _gpu(
                 suffix,
@@ -234,366 +256,366 @@ def _throttle_durations() -> tuple[Signal, ...]:
 
 # fmt: off
 _SIGNALS = (
-    Signal(
+    CPU_UTILIZATION := Signal(
         "cpu/utilization_percent", "%", GAUGE, "CPU utilization", "utilization",
         "System-wide CPU busy since the previous sample (every core busy: 100 %).",
         peak=True, mean=True, metric="cpu_utilization_ratio", scale=PERCENT_TO_RATIO, seed=True,
     ),
-    Signal(
+    MEMORY_USED := Signal(
         "memory/system_utilization_percent", "%", GAUGE, "system memory used", "system used",
         "System memory in use.",
         peak=True, metric="memory_utilization_ratio", scale=PERCENT_TO_RATIO, seed=True,
     ),
-    Signal(
+    SWAP_USED := Signal(
         "memory/swap_used_mb", "MiB", GAUGE, "swap used", "swap used",
         "Swap space in use (only where the machine has swap).",
         metric="memory_swap_used_bytes", scale=MIB,
     ),
-    Signal(
+    SWAPPED_IN := Signal(
         "memory/swapped_in_mb", "MiB", COUNTER, "swapped in", "swapped in",
         "Read back from swap since boot: memory the machine had pushed out and needed again.",
         metric="memory_swapped_in_bytes_total", scale=MIB,
     ),
-    Signal(
+    SWAPPED_OUT := Signal(
         "memory/swapped_out_mb", "MiB", COUNTER, "swapped out", "swapped out",
         "Written out to swap since boot.",
         metric="memory_swapped_out_bytes_total", scale=MIB,
     ),
-    Signal(
+    SWAPPED_IN_RATE := Signal(
         "memory/swapped_in_mb_per_second", "MiB/s", RATE, "swap-in rate", "swapped in /s",
         "Read back from swap per second since the previous sample.",
     ),
-    Signal(
+    SWAPPED_OUT_RATE := Signal(
         "memory/swapped_out_mb_per_second", "MiB/s", RATE, "swap-out rate", "swapped out /s",
         "Written out to swap per second since the previous sample.",
     ),
-    Signal(
+    NETWORK_SENT := Signal(
         "network/bytes_sent", "bytes", COUNTER, "network sent", "sent",
         "Bytes sent over every interface since boot.",
         metric="network_sent_bytes_total", scale=1.0, seed=True,
     ),
-    Signal(
+    NETWORK_RECEIVED := Signal(
         "network/bytes_received", "bytes", COUNTER, "network received", "received",
         "Bytes received over every interface since boot.",
         metric="network_received_bytes_total", scale=1.0, seed=True,
     ),
-    Signal(
+    NETWORK_SENT_RATE := Signal(
         "network/bytes_sent_per_second", "bytes/s", RATE, "network send rate", "sent /s",
         "Bytes sent per second since the previous sample.",
     ),
-    Signal(
+    NETWORK_RECEIVED_RATE := Signal(
         "network/bytes_received_per_second", "bytes/s", RATE, "network receive rate", "received /s",
         "Bytes received per second since the previous sample.",
     ),
-    Signal(
+    DISK_FULL := Signal(
         "disk/utilization_percent", "%", GAUGE, "disk full", "full",
         "Share of the disk_path filesystem in use.",
         metric="disk_utilization_ratio", scale=PERCENT_TO_RATIO, seed=True,
     ),
-    Signal(
+    DISK_USED := Signal(
         "disk/utilization_gb", "GiB", GAUGE, "disk used", "used",
         "Space used on the disk_path filesystem.",
         metric="disk_used_bytes", scale=GIB, seed=True,
     ),
-    Signal(
+    DISK_READ := Signal(
         "disk/read_mb", "MiB", COUNTER, "disk reads", "read",
         "Read from every disk since boot.",
         metric="disk_read_bytes_total", scale=MIB, seed=True,
     ),
-    Signal(
+    DISK_WRITTEN := Signal(
         "disk/written_mb", "MiB", COUNTER, "disk writes", "written",
         "Written to every disk since boot.",
         metric="disk_written_bytes_total", scale=MIB, seed=True,
     ),
-    Signal(
+    DISK_READ_RATE := Signal(
         "disk/read_mb_per_second", "MiB/s", RATE, "disk read rate", "read /s",
         "Read per second since the previous sample.",
     ),
-    Signal(
+    DISK_WRITTEN_RATE := Signal(
         "disk/written_mb_per_second", "MiB/s", RATE, "disk write rate", "written /s",
         "Written per second since the previous sample.",
     ),
-    Signal(
+    PROCESS_CPU := Signal(
         "process/cpu_utilization_percent", "%", GAUGE, "process CPU (100 % per core)", "CPU",
         "The backend's CPU use (each busy core: 100 %).",
         peak=True, mean=True, seed=True,
     ),
-    Signal(
+    PROCESS_CPU_SECONDS := Signal(
         "process/cpu_seconds", "s", COUNTER, "process CPU time", "CPU time",
         "CPU time (user + system) the backend has used since it started.",
         metric="process_cpu_seconds_total", scale=1.0, shown_as="process/cpu_utilization_percent",
     ),
-    Signal(
+    PROCESS_THREADS := Signal(
         "process/cpu_threads_in_use", "threads", GAUGE, "process threads", "threads",
         "The backend's threads.",
         metric="process_threads", scale=1.0, seed=True,
     ),
-    Signal(
+    PROCESS_RSS := Signal(
         "process/memory_in_use_mb", "MiB", GAUGE, "process memory (RSS)", "memory (RSS)",
         "The backend's resident memory (RSS).",
         peak=True, mean=True, metric="process_memory_in_use_bytes", scale=MIB, seed=True,
     ),
-    Signal(
+    PROCESS_RSS_PERCENT := Signal(
         "process/memory_in_use_percent", "%", GAUGE, "process memory (% of RAM)", "memory % of RAM",
         "The backend's RSS over system memory.",
         metric="process_memory_in_use_ratio", scale=PERCENT_TO_RATIO, seed=True,
     ),
-    Signal(
+    PROCESS_MEMORY_AVAILABLE := Signal(
         "process/memory_available_mb", "MiB", GAUGE, "system memory available", "memory available",
         "System memory available, as the backend sees it.",
         metric="process_memory_available_bytes", scale=MIB, seed=True, host_wide=True,
     ),
-    Signal(
+    PROCESS_CPU_WAIT := Signal(
         "process/cpu_wait_percent", "%", GAUGE, "process CPU wait", "CPU wait",
         "Share of the time since the previous sample that the backend's main thread was ready to run "
         "but waited for a CPU (the kernel's schedstat).",
         metric="process_cpu_wait_ratio", scale=PERCENT_TO_RATIO,
     ),
-    Signal(
+    PROCESS_CORES := Signal(
         "process/cpu_cores_allowed", "cores", GAUGE, "process CPUs allowed", "CPUs allowed",
         "CPUs the backend may run on (its affinity), which its workers inherit.",
         metric="process_cpu_cores_allowed", scale=1.0,
     ),
-    Signal(
+    TREE_PROCESSES := Signal(
         "process_tree/process_count", "processes", GAUGE, "processes in the tree", "processes",
         "The backend and its descendants (DataLoader and compile workers), never the sampling child.",
         metric="process_tree_processes", scale=1.0,
     ),
-    Signal(
+    TREE_CPU := Signal(
         "process_tree/cpu_utilization_percent", "%", GAUGE, "tree CPU (100 % per core)", "CPU",
         "CPU use of the backend and its descendants, summed (each busy core: 100 %).",
         peak=True, mean=True,
     ),
-    Signal(
+    TREE_CPU_SECONDS := Signal(
         "process_tree/cpu_seconds", "s", COUNTER, "tree CPU time", "CPU time",
         "CPU time (user + system) of the backend and its descendants, those that exited too where a "
         "process of the tree waited for them; never falls.",
         metric="process_tree_cpu_seconds_total", scale=1.0,
         shown_as="process_tree/cpu_utilization_percent",
     ),
-    Signal(
+    TREE_MEMORY := Signal(
         "process_tree/memory_in_use_mb", "MiB", GAUGE, "tree memory (PSS)", "memory (PSS)",
         "PSS of the backend and its descendants, summed: pages they share count once.",
         peak=True, mean=True, metric="process_tree_memory_in_use_bytes", scale=MIB,
     ),
-    Signal(
+    CONTAINER_MEMORY_LIMIT := Signal(
         "container/memory_limit_mb", "MiB", GAUGE, "container memory limit", "memory limit",
         "The cgroup's memory limit (only under one).",
         metric="container_memory_limit_bytes", scale=MIB,
     ),
-    Signal(
+    CONTAINER_MEMORY_USED := Signal(
         "container/memory_used_mb", "MiB", GAUGE, "container memory used", "memory used",
         "Memory the cgroup uses (only under a memory limit).",
         peak=True, metric="container_memory_used_bytes", scale=MIB,
     ),
-    Signal(
+    CONTAINER_MEMORY_PERCENT := Signal(
         "container/memory_used_percent", "%", GAUGE, "container memory (% of limit)", "memory % of limit",
         "Memory the cgroup uses over its limit.",
         metric="container_memory_used_ratio", scale=PERCENT_TO_RATIO,
     ),
-    Signal(
+    CONTAINER_CPU_QUOTA := Signal(
         "container/cpu_quota_cores", "cores", GAUGE, "container CPU quota", "CPU quota",
         "The cgroup's CPU quota (only under one).",
         metric="container_cpu_quota_cores", scale=1.0,
     ),
-    Signal(
+    CONTAINER_CPU_THROTTLED := Signal(
         "container/cpu_throttled_seconds", "s", COUNTER, "container CPU throttled", "CPU throttled",
         "Time the cgroup's CPU was throttled (only under a CPU quota).",
         metric="container_cpu_throttled_seconds_total", scale=1.0,
     ),
-    Signal(
+    CONTAINER_CPU_THROTTLED_RATE := Signal(
         "container/cpu_throttled_seconds_per_second", "s/s", RATE, "container CPU throttled rate",
         "CPU throttled /s", "Throttled seconds per second since the previous sample.",
     ),
-    Signal(
+    PRESSURE_CPU_SOME := Signal(
         "pressure/cpu_some_percent", "%", GAUGE, "CPU pressure (some)", "CPU some",
         "Share of the time since the previous sample the host had a task waiting for a CPU.",
         metric="pressure_cpu_some_ratio", scale=PERCENT_TO_RATIO, host_wide=True,
     ),
-    Signal(
+    PRESSURE_MEMORY_SOME := Signal(
         "pressure/memory_some_percent", "%", GAUGE, "memory pressure (some)", "memory some",
         "Share of the time since the previous sample the host had a task stalled on memory.",
         metric="pressure_memory_some_ratio", scale=PERCENT_TO_RATIO, host_wide=True,
     ),
-    Signal(
+    PRESSURE_MEMORY_FULL := Signal(
         "pressure/memory_full_percent", "%", GAUGE, "memory pressure (full)", "memory full",
         "Share of the time since the previous sample the host had every non-idle task stalled on memory.",
         metric="pressure_memory_full_ratio", scale=PERCENT_TO_RATIO, host_wide=True,
     ),
-    Signal(
+    PRESSURE_IO_SOME := Signal(
         "pressure/io_some_percent", "%", GAUGE, "I/O pressure (some)", "I/O some",
         "Share of the time since the previous sample the host had a task waiting for I/O.",
         metric="pressure_io_some_ratio", scale=PERCENT_TO_RATIO, host_wide=True,
     ),
-    Signal(
+    PRESSURE_IO_FULL := Signal(
         "pressure/io_full_percent", "%", GAUGE, "I/O pressure (full)", "I/O full",
         "Share of the time since the previous sample the host had every non-idle task waiting for I/O.",
         metric="pressure_io_full_ratio", scale=PERCENT_TO_RATIO, host_wide=True,
     ),
-    Signal(
+    PRESSURE_CGROUP_CPU_SOME := Signal(
         "pressure/cgroup_cpu_some_percent", "%", GAUGE, "cgroup CPU pressure (some)", "cgroup CPU some",
         "Share of the time since the previous sample the backend's cgroup had a task waiting for a CPU.",
         metric="pressure_cgroup_cpu_some_ratio", scale=PERCENT_TO_RATIO,
     ),
-    Signal(
+    PRESSURE_CGROUP_MEMORY_SOME := Signal(
         "pressure/cgroup_memory_some_percent", "%", GAUGE, "cgroup memory pressure (some)",
         "cgroup memory some",
         "Share of the time since the previous sample the backend's cgroup had a task stalled on memory.",
         metric="pressure_cgroup_memory_some_ratio", scale=PERCENT_TO_RATIO,
     ),
-    Signal(
+    PRESSURE_CGROUP_MEMORY_FULL := Signal(
         "pressure/cgroup_memory_full_percent", "%", GAUGE, "cgroup memory pressure (full)",
         "cgroup memory full",
         "Share of the time since the previous sample the backend's cgroup had every non-idle task "
         "stalled on memory.",
         metric="pressure_cgroup_memory_full_ratio", scale=PERCENT_TO_RATIO,
     ),
-    Signal(
+    PRESSURE_CGROUP_IO_SOME := Signal(
         "pressure/cgroup_io_some_percent", "%", GAUGE, "cgroup I/O pressure (some)", "cgroup I/O some",
         "Share of the time since the previous sample the backend's cgroup had a task waiting for I/O.",
         metric="pressure_cgroup_io_some_ratio", scale=PERCENT_TO_RATIO,
     ),
-    Signal(
+    PRESSURE_CGROUP_IO_FULL := Signal(
         "pressure/cgroup_io_full_percent", "%", GAUGE, "cgroup I/O pressure (full)", "cgroup I/O full",
         "Share of the time since the previous sample the backend's cgroup had every non-idle task "
         "waiting for I/O.",
         metric="pressure_cgroup_io_full_ratio", scale=PERCENT_TO_RATIO,
     ),
-    Signal(
+    THROUGHPUT := Signal(
         "progress/steps_per_second", "steps/s", GAUGE, "training throughput", "steps /s",
         "Steps per second between this logged record and the previous one (from the step axis).",
     ),
-    _gpu(
+    GPU_UTILIZATION := _gpu(
         "utilization_percent", "%", "GPU utilization", "util",
         "Time a kernel ran on the GPU (its peak also from the driver's own sample buffer).",
         metric="gpu_utilization_ratio", peak=True, mean=True, seed=True,
     ),
-    _gpu(
+    GPU_MEMORY_PERCENT := _gpu(
         "memory_allocated_percent", "%", "GPU memory full", "mem %",
         "GPU memory in use over its total.",
         metric="gpu_memory_allocated_ratio", seed=True,
     ),
-    _gpu(
+    GPU_MEMORY_USED := _gpu(
         "memory_allocated_bytes", "bytes", "GPU memory allocated", "memory",
         "GPU memory in use (every process).",
         metric="gpu_memory_allocated_bytes", peak=True, seed=True,
     ),
-    _gpu(
+    GPU_POWER := _gpu(
         "power_watts", "W", "GPU power", "power",
         "GPU power draw (its peak from the driver's own sample buffer, where it keeps one).",
         metric="gpu_power_watts", peak=True, seed=True,
     ),
-    _gpu(
+    GPU_TEMPERATURE := _gpu(
         "temperature_celsius", "°C", "GPU temperature", "temp",
         "GPU temperature.",
         metric="gpu_temperature_celsius", seed=True,
     ),
-    _gpu(
+    GPU_SM_CLOCK := _gpu(
         "sm_clock_mhz", "MHz", "GPU SM clock", "sm clock",
         "The GPU's SM clock (its peak from the driver's own sample buffer, where it keeps one).",
         metric="gpu_sm_clock_hertz", peak=True, seed=True,
     ),
-    _gpu(
+    GPU_MEMORY_CLOCK := _gpu(
         "memory_clock_mhz", "MHz", "GPU memory clock", "mem clock",
         "The GPU's memory clock.",
         metric="gpu_memory_clock_hertz", seed=True,
     ),
-    _gpu(
+    GPU_PROCESS_MEMORY := _gpu(
         "process_memory_bytes", "bytes", "GPU memory of the backend", "own mem",
         "GPU memory the backend holds.",
         metric="gpu_process_memory_bytes", peak=True,
     ),
-    _gpu(
+    GPU_TREE_MEMORY := _gpu(
         "tree_memory_bytes", "bytes", "GPU memory of the process tree", "tree mem",
         "GPU memory the backend and its descendants hold.",
         metric="gpu_process_tree_memory_bytes",
     ),
-    _gpu(
+    GPU_POWER_LIMIT := _gpu(
         "power_limit_watts", "W", "GPU power limit", "power cap",
         "The enforced GPU power limit.",
         metric="gpu_power_limit_watts",
     ),
-    _gpu(
+    GPU_THROTTLE_REASONS := _gpu(
         "clock_throttle_reasons", "bitmask", "GPU throttle reasons (NVML bitmask)", "thr reasons",
         "NVML's clocks event reasons (nvmlClocksEventReason bits), as a number.",
         metric="gpu_clock_event_reasons",
     ),
-    _gpu(
+    GPU_THROTTLE_POWER := _gpu(
         "throttle_power", "0/1", "GPU power throttling", "pwr thr",
         "1 while a power cap or power brake slows the clocks.",
         metric="gpu_throttle_power",
     ),
-    _gpu(
+    GPU_THROTTLE_THERMAL := _gpu(
         "throttle_thermal", "0/1", "GPU thermal throttling", "heat thr",
         "1 while a software or hardware thermal slowdown slows the clocks.",
         metric="gpu_throttle_thermal",
     ),
-    _gpu(
+    GPU_THROTTLE_HW_SLOWDOWN := _gpu(
         "throttle_hw_slowdown", "0/1", "GPU hardware slowdown", "hw slow",
         "1 while hardware slowdown is engaged.",
         metric="gpu_throttle_hw_slowdown",
     ),
     *_throttle_durations(),
-    _gpu(
+    GPU_ENERGY := _gpu(
         "energy_joules", "J", "GPU energy", "energy",
         "Energy the GPU used since its driver loaded (NVML's total energy counter, Volta and later; "
         "absent where the driver has none, never estimated).",
         metric="gpu_energy_joules_total", kind=COUNTER,
     ),
-    _gpu(
+    GPU_ENERGY_RATE := _gpu(
         "energy_joules" + RATE_SUFFIX, "W", "GPU mean power", "mean power",
         "Mean power since the previous sample, from the energy counter: exact where power_watts is "
         "one reading.",
         metric=None, kind=RATE,
     ),
-    _gpu(
+    GPU_XID := _gpu(
         "xid_critical", "XID", "GPU critical XID error", "xid",
         "The latest critical XID error the driver reported for the GPU since the previous sample (0: "
         "none; 79: fell off the bus, 48: double-bit ECC, 13 and 43: a kernel fault), from NVML's events.",
         metric="gpu_xid_critical",
     ),
-    _gpu(
+    GPU_SM_ACTIVITY := _gpu(
         "sm_activity_percent", "%", "GPU SM activity (GPM)", "sm active",
         "Share of the time the SMs were busy since the previous sample (GPM, Hopper and later): unlike "
         "utilization, a GPU waiting in a collective reads low.",
         metric="gpu_sm_activity_ratio",
     ),
-    _gpu(
+    GPU_SM_OCCUPANCY := _gpu(
         "sm_occupancy_percent", "%", "GPU SM occupancy (GPM)", "occupancy",
         "Warps resident on the SMs over the most they can hold, since the previous sample (GPM).",
         metric="gpu_sm_occupancy_ratio",
     ),
-    _gpu(
+    GPU_TENSOR_ACTIVITY := _gpu(
         "tensor_activity_percent", "%", "GPU tensor core activity (GPM)", "tensor",
         "Share of the time the tensor cores were busy since the previous sample (GPM).",
         metric="gpu_tensor_activity_ratio",
     ),
-    _gpu(
+    GPU_DRAM_BANDWIDTH := _gpu(
         "dram_bandwidth_percent", "%", "GPU memory bandwidth used (GPM)", "dram bw",
         "DRAM bandwidth used over its peak since the previous sample (GPM).",
         metric="gpu_dram_bandwidth_ratio",
     ),
-    _gpu(
+    GPU_PCIE_SENT := _gpu(
         "pcie_tx_mb_per_second", "MiB/s", "GPU PCIe sent (GPM)", "pcie tx",
         "PCIe traffic from the GPU since the previous sample (GPM).",
         metric="gpu_pcie_sent_bytes_per_second",
     ),
-    _gpu(
+    GPU_PCIE_RECEIVED := _gpu(
         "pcie_rx_mb_per_second", "MiB/s", "GPU PCIe received (GPM)", "pcie rx",
         "PCIe traffic to the GPU since the previous sample (GPM).",
         metric="gpu_pcie_received_bytes_per_second",
     ),
-    _gpu(
+    GPU_NVLINK_SENT := _gpu(
         "nvlink_tx_mb_per_second", "MiB/s", "GPU NVLink sent (GPM)", "nvlink tx",
         "NVLink traffic from the GPU over all its links since the previous sample (GPM).",
         metric="gpu_nvlink_sent_bytes_per_second",
     ),
-    _gpu(
+    GPU_NVLINK_RECEIVED := _gpu(
         "nvlink_rx_mb_per_second", "MiB/s", "GPU NVLink received (GPM)", "nvlink rx",
         "NVLink traffic to the GPU over all its links since the previous sample (GPM).",
         metric="gpu_nvlink_received_bytes_per_second",
     ),
-    _gpu(
+    GPU_ENERGY_PER_STEP := _gpu(
         "energy_joules" + PER_STEP_SUFFIX, "J/step", "GPU energy per step", "J/step",
         "Energy the GPU used per training step between this logged record and the previous one.",
         metric=None,
@@ -607,6 +629,87 @@ RANKS = {key: rank for rank, key in enumerate(SIGNALS)}
 """Key -> its place in display order."""
 CATEGORIES = tuple(dict.fromkeys(signal.category for signal in _SIGNALS))
 """The categories in display order: the small ones first, gpu last."""
+THROTTLED = {part: SIGNALS[GPU_KEY_PREFIX + _throttled(part)] for part, _, _ in THROTTLE_REASONS}
+"""Each ``THROTTLE_REASONS`` part's cumulative time throttled (its counter)."""
+
+
+def rate_of(signal: Signal) -> Signal | None:
+    """A counter's ``_per_second``; None for any other signal, or a counter without one."""
+    if signal.kind != COUNTER:
+        return None
+    return SIGNALS.get(signal.key + RATE_SUFFIX)
+
+
+def counter_of(signal: Signal) -> Signal | None:
+    """The counter whose ``_per_second`` ``signal`` is; None for any other signal."""
+    if signal.kind != RATE:
+        return None
+    counter = SIGNALS.get(signal.key.removesuffix(RATE_SUFFIX))
+    return counter if counter is not None and counter.kind == COUNTER else None
+
+
+def sampled(category: str) -> tuple[Signal, ...]:
+    """The signals of ``category`` a collector reads (gauges and counters, neither rates, which
+    are derived from their counters, nor what the backend derives), in display order."""
+    return tuple(s for s in _SIGNALS if s.category == category and s.kind != RATE and not s.derived)
+
+
+RECORD_ORDER: dict[str, tuple[Signal, ...]] = {
+    "process": (
+        PROCESS_CPU, PROCESS_THREADS, PROCESS_RSS, PROCESS_RSS_PERCENT, PROCESS_MEMORY_AVAILABLE,
+        PROCESS_CORES, PROCESS_CPU_WAIT, PROCESS_CPU_SECONDS,
+    ),
+    "process_tree": (TREE_PROCESSES, TREE_CPU, TREE_MEMORY, TREE_CPU_SECONDS),
+    "gpu": (
+        GPU_MEMORY_CLOCK, GPU_SM_CLOCK, GPU_MEMORY_USED, GPU_MEMORY_PERCENT, GPU_TEMPERATURE,
+        GPU_UTILIZATION, GPU_POWER, GPU_PROCESS_MEMORY, GPU_TREE_MEMORY, GPU_THROTTLE_REASONS,
+        GPU_THROTTLE_POWER, GPU_THROTTLE_THERMAL, GPU_THROTTLE_HW_SLOWDOWN, GPU_POWER_LIMIT,
+        *THROTTLED.values(), *(SIGNALS[s.key + RATE_SUFFIX] for s in THROTTLED.values()),
+        GPU_ENERGY, GPU_ENERGY_RATE, GPU_XID,
+        GPU_SM_ACTIVITY, GPU_SM_OCCUPANCY, GPU_TENSOR_ACTIVITY, GPU_DRAM_BANDWIDTH,
+        GPU_PCIE_SENT, GPU_PCIE_RECEIVED, GPU_NVLINK_SENT, GPU_NVLINK_RECEIVED,
+    ),
+}  # fmt: skip
+"""The categories whose records keep an order of their own (their first releases'), not the
+display order; a signal added to one of them goes after these."""
+
+
+def record_layout(category: str, read: Iterable[Signal]) -> tuple[Signal, ...]:
+    """The fields of a record of ``category`` from a collector that reads ``read`` (gauges and
+    counters): those, and each counter's ``_per_second``, in record order (``RECORD_ORDER``, or
+    the display order)."""
+    wanted = set(read)
+    wanted |= {rate for signal in wanted if (rate := rate_of(signal)) is not None}
+    first = RECORD_ORDER.get(category, ())
+    order = (*first, *(s for s in _SIGNALS if s.category == category and s not in first))
+    return tuple(signal for signal in order if signal in wanted)
+
+
+def name_of(signal: Signal, device: str = "") -> str:
+    """The recorded name of ``signal``, a GPU's on ``device`` (its label)."""
+    return PREFIX + (signal.key.replace(DEVICE, device) if device else signal.key)
+
+
+def rate(value: float, last: float, seconds: float) -> float:
+    """A counter's change per second from ``last`` to ``value``, ``seconds`` apart; NaN where
+    either reading failed (NaN), the counter went back, or no time passed: never negative,
+    never invented."""
+    if seconds > 0 and value >= last:
+        return (value - last) / seconds
+    return math.nan
+
+
+def rates(values: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """``rate`` between each consecutive pair of a counter's readings ``values`` taken at
+    ``seconds``: element ``i`` is the rate from reading ``i - 1`` to ``i``, the first NaN."""
+    values = np.asarray(values, dtype=np.float64)
+    seconds = np.asarray(seconds, dtype=np.float64)
+    out = np.full(values.shape, math.nan)
+    if values.size > 1:
+        delta, elapsed = np.diff(values), np.diff(seconds)
+        valid = (delta >= 0) & (elapsed > 0)
+        out[1:][valid] = delta[valid] / elapsed[valid]
+    return out
 
 
 @dataclass(frozen=True)
@@ -677,16 +780,6 @@ def entry(name: str) -> Signal:
     if reading is None or reading.variant:
         raise KeyError(name)
     return reading.signal
-
-
-def peaked(names: Iterable[str]) -> tuple[str, ...]:
-    """Those of ``names`` whose records carry a ``_peak`` (read between records), in their order."""
-    return tuple(name for name in names if entry(name).peak)
-
-
-def averaged(names: Iterable[str]) -> tuple[str, ...]:
-    """Those of ``names`` whose records carry a ``_mean``, in their order."""
-    return tuple(name for name in names if entry(name).mean)
 
 
 _TIMES = "\N{MULTIPLICATION SIGN}"

@@ -1,7 +1,9 @@
 """The signal pipeline that losses, metrics and resource signals share.
 
 ``log_signal(name, value, step)`` hands a value to every subscriber and, when
-the backend runs WeightsLab with a logger registered, to WeightsLab's own logger.
+the backend runs WeightsLab with a logger registered, to WeightsLab's own logger
+(through the forwarder ``sampler.pipeline.weightslab`` hands this module as it is
+imported: the pipeline sits above the signals, never the other way round).
 A step is an integer the run store can hold (``valid_step``); a value logged at
 anything else is refused, said once per signal name.
 """
@@ -17,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from sampler.pipeline import weightslab as wl_adapter
+from sampler.catalogue import PREFIX
 from sampler.store.schema import STEPS
 from sampler.util.quoting import bounded_repr
 from sampler.util.ratelimit import RateLimitedWarning
@@ -26,8 +28,20 @@ log = logging.getLogger("sampler")
 
 Subscriber = Callable[[str, float, int], object]
 
-RESOURCE_PREFIX = "resource/"
-"""The monitor's own signals; every other name is the training's."""
+
+def _never() -> bool:
+    return False
+
+
+def _nowhere(name: str, value: float, step: int) -> None:
+    """No forwarder yet: nothing to forward to."""
+
+
+_forward: Subscriber = _nowhere
+"""Hands a signal to WeightsLab's logger (``forward_through``)."""
+_forwarding: Callable[[], bool] = _never
+"""Whether ``_forward`` reaches a logger now."""
+
 
 _lock = threading.Lock()
 _subscribers: tuple[Subscriber, ...] = ()
@@ -66,6 +80,13 @@ def subscribe(fn: Subscriber) -> Callable[[], None]:
     return unsubscribe
 
 
+def forward_through(forward: Subscriber, forwarding: Callable[[], bool]) -> None:
+    """Hand every signal to ``forward`` too, which reaches WeightsLab's logger while
+    ``forwarding()`` (``sampler.pipeline.weightslab``'s, set as it is imported)."""
+    global _forward, _forwarding
+    _forward, _forwarding = forward, forwarding
+
+
 def has_subscribers() -> bool:
     """Whether anything listens to the pipeline (besides WeightsLab's logger)."""
     return bool(_subscribers)
@@ -102,7 +123,7 @@ def log_signal(name: str, value: float, step: int) -> None:
             _refuse(name, step)
             return
         step = checked
-    if not name.startswith(RESOURCE_PREFIX):
+    if not name.startswith(PREFIX):  # the monitor's own signals; every other name is the training's
         _note_step(step)
     for fn in _subscribers:
         try:
@@ -110,7 +131,7 @@ def log_signal(name: str, value: float, step: int) -> None:
         except Exception as exc:
             _failures.warn(_SUBSCRIBER_RAISED, fn, exc)
     try:
-        wl_adapter.forward_signal(name, value, step)
+        _forward(name, value, step)
     except Exception as exc:
         _failures.warn(_FORWARDING_RAISED, name, exc)
 
@@ -136,11 +157,11 @@ def log_batch(
 ) -> bool:
     """What ``log_signal`` does for each of ``readings``, resource signals from the monitor
     thread (no step to note), one subscriber at a time, then WeightsLab's logger: appends
-    (receiver, seconds it took) to ``spent`` (``wl_adapter.forward_signal`` for the logger). Once
+    (receiver, seconds it took) to ``spent`` (the forwarder for the logger). Once
     ``stopping()``, the rest is left undelivered and False returned. What a receiver raises,
     anything at all, is reported (rate-limited) as ``log_signal`` reports it."""
-    forward = wl_adapter.forward_signal
-    receivers = [*_subscribers, forward] if wl_adapter.forwarding() else _subscribers
+    forward = _forward
+    receivers = [*_subscribers, forward] if _forwarding() else _subscribers
     if len(receivers) > 1:
         readings = tuple(readings)  # gone through once per receiver
     clock = time.perf_counter

@@ -31,7 +31,7 @@ from conftest import gone, run_command, wait_for
 from test_container import PID, layout
 from test_postmortem import Backend, child_side, files, parse, write_postmortem
 
-from sampler.child import exitinfo, postmortem
+from sampler.child import exitinfo, postmortem_text, postmortem_write, snapshot
 from sampler.collectors.container import MemoryCgroup
 from sampler.collectors.container import memory_cgroup as find_memory_cgroup
 from sampler.commands import postmortem as command
@@ -303,19 +303,19 @@ def test_without_a_high_water_mark_the_last_record_tells_the_memory(tmp_path: Pa
         },
     )
     assert cgroup is not None and cgroup.v2 and cgroup.name == "/job" and cgroup.memory_bytes() is None
-    witness = postmortem.Witness(None, cgroup)
+    witness = snapshot.Witness(None, cgroup)
     events.write_text(V2_EVENTS.format(kills=3))  # the backend's OOM kill
     with child_side([USED, USED + "_peak", LIMIT], 3, tmp_path, None) as (params, ring, status):
         ring.write([250.0, 291.5, 300.0])
         ring.write([float("nan"), float("nan"), 300.0])  # the reading of the backend torn down
-        snap = witness.learn(postmortem.take(params, ring, status, 100.0))
+        snap = witness.learn(snapshot.take(params, ring, status, 100.0))
     assert snap.memory_cgroup == CgroupAtDeath(
         name="/job", directory=str(tmp_path / "cgroup/job"), version=2, oom_kills_at_start=2,
         oom_kills_at_death=3, memory_used_bytes=291.5 * MiB, memory_limit_bytes=300 * MiB,
         memory_from=postmortem_files.MEMORY_FROM_RECORD,
     )  # fmt: skip
     assert params.postmortem is not None
-    header, _ = parse("\n".join(postmortem.lines(snap, params.postmortem, 101.0)))
+    header, _ = parse("\n".join(postmortem_text.lines(snap, params.postmortem, 101.0)))
     assert header["peaks"] == {}  # the last record's peak read nothing: left out
     assert (
         cause_of_death(header)
@@ -334,11 +334,11 @@ def test_a_cgroup_whose_kills_cannot_be_counted_claims_nothing(tmp_path: Path) -
         },
     )
     assert cgroup is not None and not cgroup.v2
-    witness = postmortem.Witness(None, cgroup)
+    witness = snapshot.Witness(None, cgroup)
     with child_side([USED], 3, tmp_path, None) as (params, ring, status):
-        snap = witness.learn(postmortem.take(params, ring, status, 100.0))
+        snap = witness.learn(snapshot.take(params, ring, status, 100.0))
     assert snap.memory_cgroup is None and snap.exit is not None and snap.exit.unknown is not None
-    assert params.postmortem is not None and postmortem.write(snap, params.postmortem) is not None
+    assert params.postmortem is not None and postmortem_write.write(snap, params.postmortem) is not None
     first, *rest = shown("--dir", str(tmp_path))
     assert first == "vanished at step 3; the cause could not be learned"
     assert f"its exit status could not be learned: {snap.exit.unknown}" in rest

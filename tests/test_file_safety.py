@@ -22,7 +22,7 @@ import pytest
 from conftest import FAST, Recorder, default_sigint, free_ports, old_store, run_command, wait_for
 
 import sampler
-from sampler.child import postmortem
+from sampler.child import postmortem_write, snapshot
 from sampler.commands import export, plot
 from sampler.postmortems import files as postmortem_files
 from sampler.prometheus import discovery
@@ -81,11 +81,11 @@ def test_a_symlink_planted_at_a_postmortem_s_names_is_never_followed(tmp_path: P
     directory = tmp_path / "postmortems"
     directory.mkdir()
     with child_side([MEMORY], 3, directory, None) as (params, ring, status):
-        snap = postmortem.take(params, ring, status, 1_700_000_000.25)
+        snap = snapshot.take(params, ring, status, 1_700_000_000.25)
     assert params.postmortem is not None
     name = directory / postmortem_files.file_name(snap.vanished_at, os.getpid())
     plant([name, name.with_name(name.stem + f"-{os.getpid()}.jsonl")], victim)
-    written = postmortem.write(snap, params.postmortem)
+    written = postmortem_write.write(snap, params.postmortem)
     assert untouched(victim)
     assert written is not None and not Path(written).is_symlink()
     assert json.loads(Path(written).read_text().splitlines()[0])["records"] == 3

@@ -28,6 +28,7 @@ from sampler import catalogue
 from sampler.collectors import gpu as gpu_module
 from sampler.collectors import gpu_errors
 from sampler.collectors import gpu_gpm as gpm_module
+from sampler.collectors import nvml as nvml_module
 from sampler.collectors.gpu import GpuCollector
 from sampler.store.reader import StoreReader
 
@@ -57,6 +58,8 @@ HW_THERMAL = fake_nvml.nvmlClocksEventReasonHwThermalSlowdown
 HW_POWER_BRAKE = fake_nvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
 UUID_A1 = "GPU-aaaa1111-0000-4000-8000-000000000000"
 UUID_A2 = "GPU-aaaa2222-0000-4000-8000-000000000000"
+GPU_SUFFIXES = tuple(s.suffix for s in catalogue.record_layout("gpu", catalogue.sampled("gpu")))
+"""Every signal of a GPU's record, after ``gpu/<i>/``."""
 UUID_B = "GPU-bbbb3333-0000-4000-8000-000000000000"
 MIG_C = "MIG-cccc4444-0000-4000-8000-000000000000"
 MIG_D = "MIG-dddd5555-0000-4000-8000-000000000000"
@@ -435,6 +438,54 @@ def test_an_error_stopping_one_gpu_is_said_once_counted_and_its_recovery_said(
     assert "GPU 0" not in err
 
 
+@pytest.mark.parametrize(
+    ("code", "name"), [(18, "NVML_ERROR_LIB_RM_VERSION_MISMATCH"), (999, "NVML_ERROR_UNKNOWN")]
+)
+def test_nvml_failing_to_start_in_the_first_child_is_said_once_and_counted(
+    nvml: fake_driver.Driver, capfd: pytest.CaptureFixture[str], code: int, name: str
+) -> None:
+    """Issue 26: nvmlInit failing with anything but "no driver" is said, naming the error, and
+    counted; the other categories flow."""
+    cpu = "resource/cpu/utilization_percent"
+    nvml.configure(devices=[{}, {}], init_error=code)
+    sink = Recorder()
+    with sampler.ResourceMonitor(
+        sink=sink, categories=["cpu", "gpu"], step_source="seconds", **FAST
+    ) as monitor:
+        wait_for(lambda: len(sink.values(cpu)) >= 3, what="the CPU's readings")
+        wait_for(lambda: monitor.stats()["gpu_errors"] == 1, what="stats() to count the failure")
+    assert not sink.gpus()
+    (failed,) = said(capfd.readouterr().err, f"{name} ({code})")
+    assert "nvmlInit" in failed
+
+
+def test_no_driver_at_all_is_not_said(nvml: fake_driver.Driver, capfd: pytest.CaptureFixture[str]) -> None:
+    """A machine without NVIDIA's driver (DRIVER_NOT_LOADED) has nothing wrong to say."""
+    nvml.configure(devices=[{}], init_error=9)
+    sink, stats = run_monitor(categories=["cpu", "gpu"])
+    assert stats["gpu_errors"] == 0 and not sink.gpus()
+    assert "NVML" not in capfd.readouterr().err
+
+
+def test_a_device_that_cannot_be_opened_in_the_first_child_is_said_once_and_counted(
+    nvml: fake_driver.Driver, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 26: GPU 1's handle failing as the first child starts is said, naming the call, the
+    error and the device, and counted; GPU 0 reads."""
+    nvml.configure(
+        devices=[{}, {}],
+        fail={"nvmlDeviceGetHandleByIndex_v2": [1]},
+        fail_code={"nvmlDeviceGetHandleByIndex_v2": 999},
+    )
+    sink = Recorder()
+    with sampler.ResourceMonitor(sink=sink, categories=["gpu"], step_source="seconds", **FAST) as monitor:
+        wait_for(lambda: len(sink.values(TEMPERATURE.format(0))) >= 3, what="GPU 0's readings")
+        wait_for(lambda: monitor.stats()["gpu_errors"] == 1, what="stats() to count GPU 1")
+    assert sink.gpus() == {"0"}
+    (failed,) = said(capfd.readouterr().err, "NVML_ERROR_UNKNOWN (999)")
+    assert "GPU 1" in failed and "nvmlDeviceGetHandleByIndex" in failed
+
+
 def test_nvml_failing_to_start_in_a_restarted_child_is_said_counted_and_so_is_its_return(
     nvml: fake_driver.Driver, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -680,9 +731,9 @@ def test_the_reason_bits_are_nvmls() -> None:
             assert getattr(module, f"nvmlClocksEventReason{name}") == ours
             assert getattr(module, f"nvmlClocksThrottleReason{name}") == ours
     for code in ("NOT_SUPPORTED", "NOT_FOUND", "FUNCTION_NOT_FOUND", "GPU_IS_LOST"):
-        assert getattr(gpu_module, f"NVML_ERROR_{code}") == getattr(pynvml, f"NVML_ERROR_{code}")
+        assert getattr(nvml_module, f"NVML_ERROR_{code}") == getattr(pynvml, f"NVML_ERROR_{code}")
         assert getattr(fake_nvml, f"NVML_ERROR_{code}") == getattr(pynvml, f"NVML_ERROR_{code}")
-    assert gpu_module.NVML_ERROR_RESET_REQUIRED == pynvml.NVML_ERROR_RESET_REQUIRED
+    assert nvml_module.NVML_ERROR_RESET_REQUIRED == pynvml.NVML_ERROR_RESET_REQUIRED
 
 
 def test_power_limit_is_in_watts(opened: Opener) -> None:
@@ -974,7 +1025,7 @@ def test_a_device_an_earlier_child_read_that_this_one_cannot_open_is_said_and_co
     assert gpu is not None and device_indices(gpu) == [0, 1]
     for _ in range(3):
         values = readings(gpu)
-        assert all(math.isnan(values[f"resource/gpu/1/{suffix}"]) for suffix in gpu_module.GPU_SIGNALS)
+        assert all(math.isnan(values[f"resource/gpu/1/{suffix}"]) for suffix in GPU_SUFFIXES)
         assert values[TEMPERATURE.format(0)] == fake_nvml.DEFAULT_DEVICE["temp"]
     assert calls("nvmlDeviceGetHandleByIndex_v2", 1) == 3  # opening, then samples 1 and 3 (backoff)
     (line,) = [r.getMessage() for r in caplog.records]
@@ -1048,6 +1099,23 @@ def test_a_lost_device_that_answers_again_resumes(
     assert any(
         f"GPU 0 ({fake_driver.default_uuid(0)}) is {RESUMED}" in r.getMessage() for r in caplog.records
     )
+
+
+def test_a_device_back_from_lost_has_no_rate_at_its_first_sample_back(
+    opened: Opener, nvml: fake_driver.Driver
+) -> None:
+    """A counter's rate needs a reading at the sample before (catalogue.rate): the first sample
+    after a device stopped reading has none, not a mean over the outage; the next has one."""
+    gpu = opened(devices=[{"lost_after": OPENING_CALLS + READ_CALLS_PER_SAMPLE}])
+    assert gpu is not None
+    energy = "resource/gpu/0/energy_joules"
+    rate = energy + catalogue.RATE_SUFFIX
+    assert readings(gpu)[energy] > 0
+    assert math.isnan(readings(gpu)[energy])  # lost
+    nvml.configure(devices=[{}])  # back on the bus
+    skipped, probed, next_one = (readings(gpu) for _ in range(3))
+    assert math.isnan(skipped[energy]) and probed[energy] > 0
+    assert math.isnan(probed[rate]) and next_one[rate] >= 0
 
 
 # --- choosing devices ---------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from ringbuf import Ring
 from ringbuf import ring as ring_module
 from sampler.pipeline import emit as emit_module
-from sampler.pipeline.emit import THROUGHPUT, WEIGHTSLAB_CHECK_EVERY, Emitter, Sample
+from sampler.pipeline.derived import THROUGHPUT
+from sampler.pipeline.emit import WEIGHTSLAB_CHECK_EVERY, Emitter, Sample
 from sampler.pipeline.stats import MonitorStats
 from sampler.pipeline.steps import StepStamper
 

@@ -78,7 +78,7 @@ def test_names_follow_prometheus_conventions(nvml: fake_driver.Driver) -> None:
     every = [e.metric for e in exposed] + list(metrics.OWN_METRICS)
     for metric in every:
         assert METRIC_NAME.match(metric.name) and metric.name.startswith("wl_resource_"), metric.name
-        assert metric.name.endswith("_total") == (metric.kind == metrics.COUNTER), metric.name
+        assert metric.name.endswith("_total") == (metric.kind == catalogue.COUNTER), metric.name
         assert not re.search(r"_(percent|mb|gb|mhz)(_|$)", metric.name), metric.name
     # One metric per (name, gpu): no two signals of a device collide.
     keys = [(e.metric.name, e.gpu) for e in exposed]

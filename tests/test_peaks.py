@@ -16,9 +16,10 @@ from cgroups import cgroup_skip_reason, memory_cgroup
 from conftest import FAST, Recorder, wait_for
 
 import sampler
+from sampler import catalogue
 from sampler.child.peaks import PeakTracker
-from sampler.collectors import process
-from sampler.collectors.base import Collector, Rates
+from sampler.collectors import base, process
+from sampler.collectors.base import Collector, Readings
 from sampler.collectors.container import ContainerCollector
 from sampler.collectors.host import CpuCollector, NetworkCollector
 from sampler.collectors.process import ProcessCollector
@@ -101,13 +102,39 @@ def test_no_tracked_readings_no_fields() -> None:
 # --------------------------------------------------------------------------- rates
 
 
-def test_rates_need_two_readings_and_a_forward_counter() -> None:
-    rates = Rates(2)
-    assert all(math.isnan(r) for r in rates.update([10.0, 10.0], 100.0))  # the first has none
-    assert rates.update([30.0, 14.0], 102.0) == [10.0, 2.0]
-    reset, failed = rates.update([5.0, math.nan], 104.0)  # a NIC reset; a failed reading
+class Counting(Collector):
+    """Network counters as given, at times as given: the base class derives their rates."""
+
+    category = "network"
+
+    def __init__(self, readings: list[dict[catalogue.Signal, float]]) -> None:
+        self._readings = iter(readings)
+
+    def read(self) -> Readings:
+        return next(self._readings)
+
+
+def test_rates_need_two_readings_and_a_forward_counter(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent, received = catalogue.NETWORK_SENT, catalogue.NETWORK_RECEIVED
+    collector = Counting(
+        [
+            {sent: 10.0, received: 10.0},
+            {sent: 30.0, received: 14.0},
+            {sent: 5.0},  # a NIC reset; a failed reading
+            {sent: 25.0, received: 20.0},
+        ]
+    )
+    clock = iter([100.0, 102.0, 104.0, 106.0])
+    monkeypatch.setattr(base, "monotonic", lambda: next(clock))
+    assert collector.names[2:] == (
+        "resource/network/bytes_sent_per_second",
+        "resource/network/bytes_received_per_second",
+    )
+    assert all(math.isnan(r) for r in collector.sample()[2:])  # the first has none
+    assert collector.sample()[2:] == [10.0, 2.0]
+    reset, failed = collector.sample()[2:]
     assert math.isnan(reset) and math.isnan(failed)
-    again, after_failure = rates.update([25.0, 20.0], 106.0)
+    again, after_failure = collector.sample()[2:]
     assert again == 10.0 and math.isnan(after_failure)  # from the counter's new base; none yet
 
 

@@ -34,7 +34,7 @@ from conftest import FAST, Recorder, backend_script, gone, old_store, run_comman
 
 import sampler
 from ringbuf import Ring
-from sampler.child import postmortem
+from sampler.child import postmortem, postmortem_text, postmortem_write, snapshot
 from sampler.collectors import Sources
 from sampler.commands import postmortem as command
 from sampler.commands.common import EXIT_USAGE
@@ -47,7 +47,7 @@ from sampler.store import schema
 from sampler.store.reader import StoreReader
 from sampler.supervision import spawn
 
-FALLBACK = f"{postmortem.FALLBACK_DIR_NAME}-{os.geteuid()}"
+FALLBACK = f"{postmortem_write.FALLBACK_DIR_NAME}-{os.geteuid()}"
 """The fallback directory's name under the temporary directory."""
 
 MEMORY = "resource/process/memory_in_use_mb"
@@ -615,20 +615,20 @@ def child_side(
 def test_a_ring_closed_or_never_made_gives_a_postmortem_without_records(tmp_path: Path) -> None:
     with child_side([MEMORY], 3, tmp_path, None) as (params, ring, status):
         ring.close()  # the main thread found the channel broken first
-        closed = postmortem.take(params, ring, status, 100.0)
-        never = postmortem.take(params, None, status, 100.0)
+        closed = snapshot.take(params, ring, status, 100.0)
+        never = snapshot.take(params, None, status, 100.0)
     assert closed.fields == (MEMORY,) and closed.indices == [] and never.fields == () and never.indices == []
     assert params.postmortem is not None
-    header, records = parse("\n".join(postmortem.lines(closed, params.postmortem, 101.0)))
+    header, records = parse("\n".join(postmortem_text.lines(closed, params.postmortem, 101.0)))
     assert header["records"] == 0 and records == [] and header["last_logged_record"] == 1
 
 
 def test_two_monitors_of_one_backend_dying_in_one_millisecond_keep_both(tmp_path: Path) -> None:
     with child_side([MEMORY], 20, tmp_path, None) as (params, ring, status):
-        snap = postmortem.take(params, ring, status, 1_700_000_000.25)
+        snap = snapshot.take(params, ring, status, 1_700_000_000.25)
     assert params.postmortem is not None
-    first = postmortem.write(snap, params.postmortem)
-    second = postmortem.write(snap, params.postmortem)
+    first = postmortem_write.write(snap, params.postmortem)
+    second = postmortem_write.write(snap, params.postmortem)
     assert first is not None and second is not None and first != second
     found = postmortems.in_directory(str(tmp_path))
     assert [f.path for f in found] == sorted([first, second]) and {f.backend_pid for f in found} == {
@@ -645,9 +645,9 @@ def test_a_store_without_the_run_gets_the_postmortem_with_no_run(tmp_path: Path)
     store = tmp_path / "new.sqlite"
     with child_side([MEMORY, MEMORY + "_peak"], 3, None, store) as (params, ring, status):
         ring.write([3.0, math.nan])  # a reading that failed: left out, JSON has no NaN
-        snap = postmortem.take(params, ring, status, 100.0)
+        snap = snapshot.take(params, ring, status, 100.0)
     assert params.postmortem is not None
-    assert postmortem.write(snap, params.postmortem) == f"the run store {store} (postmortem 1)"
+    assert postmortem_write.write(snap, params.postmortem) == f"the run store {store} (postmortem 1)"
     with StoreReader(str(store)) as reader:
         [row] = reader.postmortems()
         header, records = parse(reader.postmortem_body(row.id))
@@ -655,13 +655,13 @@ def test_a_store_without_the_run_gets_the_postmortem_with_no_run(tmp_path: Path)
     assert [r["values"] for r in records[-2:]] == [{MEMORY: 2.0, MEMORY + "_peak": 2.0}, {MEMORY: 3.0}]
 
 
-def unwritable_postmortem(tmp_path: Path) -> tuple[Path, postmortem.Snapshot, PostmortemTarget]:
+def unwritable_postmortem(tmp_path: Path) -> tuple[Path, snapshot.Snapshot, PostmortemTarget]:
     """A postmortem taken, whose directory cannot be made (a file ``a-file`` is in its
     way): (that file, the snapshot, its target), for the fallback to take."""
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     with child_side([MEMORY], 3, blocker / "postmortems", None) as (params, ring, status):
-        snap = postmortem.take(params, ring, status, 100.0)
+        snap = snapshot.take(params, ring, status, 100.0)
     assert params.postmortem is not None
     return blocker, snap, params.postmortem
 
@@ -672,7 +672,7 @@ def test_nowhere_to_write_says_so_and_writes_nothing(
     blocker, snap, target = unwritable_postmortem(tmp_path)
     with monkeypatch.context() as patch:
         patch.setattr(tempfile, "tempdir", str(blocker))  # the fallback lies under it too
-        assert postmortem.write(snap, target) is None
+        assert postmortem_write.write(snap, target) is None
     err = capfd.readouterr().err
     assert f"cannot write a postmortem into {blocker / 'postmortems'}" in err
     assert f"cannot write a postmortem into {blocker / FALLBACK}" in err
@@ -711,7 +711,7 @@ def test_a_fallback_directory_planted_by_another_user_is_refused(
     _, snap, target = unwritable_postmortem(tmp_path)
     with monkeypatch.context() as patch:
         patch.setattr(tempfile, "tempdir", str(shared))
-        assert postmortem.write(snap, target) is None
+        assert postmortem_write.write(snap, target) is None
     err = capfd.readouterr().err
     assert f"cannot write a postmortem into {shared / FALLBACK}" in err and "not a private directory" in err
     assert list(victim.iterdir()) == [] and list((shared / FALLBACK).iterdir()) == []
@@ -720,7 +720,7 @@ def test_a_fallback_directory_planted_by_another_user_is_refused(
 def test_the_fallback_directory_is_made_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _, snap, target = unwritable_postmortem(tmp_path)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    path = postmortem.write(snap, target)
+    path = postmortem_write.write(snap, target)
     assert path is not None and Path(path).parent == tmp_path / FALLBACK
     assert stat.S_IMODE((tmp_path / FALLBACK).stat().st_mode) == 0o700
 
@@ -730,9 +730,9 @@ def test_a_postmortem_s_planted_text_is_shown_escaped(tmp_path: Path) -> None:
     directory = tmp_path / "postmortems"
     evil = "\x1b]0;owned\x07\x1b[2J\u202e"
     with child_side([MEMORY], 3, directory, None) as (params, ring, status):
-        snap = postmortem.take(params, ring, status, 100.0)
+        snap = snapshot.take(params, ring, status, 100.0)
     assert params.postmortem is not None
-    [path] = [Path(p) for p in [postmortem.write(snap, params.postmortem)] if p is not None]
+    [path] = [Path(p) for p in [postmortem_write.write(snap, params.postmortem)] if p is not None]
     header, *rest = path.read_text().splitlines()
     fields = json.loads(header)
     cgroup = postmortem_files.CgroupAtDeath(evil, evil, 1, 0, 1, None, None, evil)

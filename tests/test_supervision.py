@@ -61,11 +61,11 @@ def test_a_killed_child_is_replaced() -> None:
     assert stats["quarantined"] == []
 
 
-@pytest.mark.parametrize("where", ["nvmlDeviceGetTemperatureV", "nvmlInitWithFlags"])
-def test_a_segfaulting_nvml_is_quarantined_after_three_crashes(
-    nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture, where: str
+def test_a_segfaulting_nvml_init_quarantines_gpu_after_three_crashes(
+    nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture
 ) -> None:
-    driver(nvml, segfault={where: True})
+    """A crash in no device's call (NVML's initialisation) is the whole category's."""
+    driver(nvml, segfault={"nvmlInitWithFlags": True})
     sink = Recorder()
     options = {**FAST, **QUICK_RESTARTS}
     with sampler.ResourceMonitor(
@@ -98,13 +98,60 @@ def test_a_hanging_call_is_killed_at_its_deadline_and_quarantined(nvml: fake_dri
         wait_for(lambda: monitor.stats()["deaths"], what="the hang to be detected")
         (death,) = monitor.stats()["deaths"]
         assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
-        wait_for(lambda: monitor.stats()["quarantined"] == ["gpu"], what="gpu quarantined")
+        wait_for(lambda: monitor.stats()["gpus_quarantined"] == ["0"], what="GPU 0 quarantined")
         before = count(sink, CPU)
         wait_for(lambda: count(sink, CPU) >= before + 3, what="cpu signals after the quarantine")
         stats = monitor.stats()
     assert death["cause"] == "hang" and death["category"] == "gpu" and death["exit_code"] == -signal.SIGKILL
     assert death["lifetime_seconds"] >= 0.5  # not before its deadline
     assert stats["restarts_by_cause"]["hang"] == 3
+    assert stats["quarantined"] == []
+
+
+@pytest.mark.parametrize("how", ["hang", "segfault"])
+def test_a_gpu_that_brings_the_child_down_is_quarantined_and_the_others_keep_reading(
+    nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    """Issue 26: the device quarantined, not the gpu category."""
+    driver(nvml, devices=[{}, {}], **{how: {"nvmlDeviceGetPowerUsage": [1]}})
+    sink = Recorder()
+    with sampler.ResourceMonitor(
+        categories=["cpu", "gpu"],
+        sink=sink,
+        step_source="seconds",
+        hang_deadline_seconds=0.5,
+        **FAST,
+        **QUICK_RESTARTS,
+    ) as monitor:
+        wait_for(lambda: monitor.stats()["gpus_quarantined"] == ["1"], what="GPU 1 quarantined")
+        before = count(sink, GPU_TEMP)
+        wait_for(lambda: count(sink, GPU_TEMP) >= before + 3, what="GPU 0 read after the quarantine")
+        stats = monitor.stats()
+    assert stats["quarantined"] == []
+    assert len(stats["deaths"]) == 3
+    warnings = [r.getMessage() for r in caplog.records if "quarantined" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "GPU 1" in warnings[0] and "nvmlDeviceGetPowerUsage" in warnings[0] and "Re-enable" in warnings[0]
+
+
+def test_a_hang_is_said_with_its_device_and_its_nvml_call(
+    nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 26: the line about a hung child names the GPU and the NVML call it hung in."""
+    driver(nvml, devices=[{}, {}], hang={"nvmlDeviceGetPowerUsage": [1]})
+    with sampler.ResourceMonitor(
+        categories=["cpu", "gpu"],
+        sink=Recorder(),
+        step_source="seconds",
+        hang_deadline_seconds=0.5,
+        **FAST,
+        **QUICK_RESTARTS,
+    ) as monitor:
+        wait_for(lambda: monitor.stats()["deaths"], what="the hang to be detected")
+        (death, *_) = monitor.stats()["deaths"]
+    assert death["call"] == "nvmlDeviceGetPowerUsage on GPU 1"
+    (said, *_) = [r.getMessage() for r in caplog.records if "hung" in r.getMessage()]
+    assert "in nvmlDeviceGetPowerUsage on GPU 1" in said, said
 
 
 @pytest.mark.parametrize("holding_gil", [False, True], ids=["gil-free", "gil-held"])

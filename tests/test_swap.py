@@ -12,7 +12,7 @@ import pytest
 from cgroups import memory_cgroup, swap_file, swap_skip_reason
 from conftest import wait_for
 
-from sampler.collectors.base import MB
+from sampler.catalogue import MIB
 from sampler.collectors.host import SWAP_NAMES, MemoryCollector
 
 MiB = 1024**2
@@ -76,5 +76,5 @@ def test_a_process_that_outgrows_its_cgroup_moves_the_swap_signals() -> None:
     assert back[index["resource/memory/swapped_in_mb_per_second"]] > 0
     vmstat = psutil.swap_memory()
     assert (
-        back[swapped_in] <= vmstat.sin / MB and back[swapped_out] <= vmstat.sout / MB
+        back[swapped_in] <= vmstat.sin / MIB and back[swapped_out] <= vmstat.sout / MIB
     )  # since boot, as the kernel counts

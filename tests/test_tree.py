@@ -18,10 +18,9 @@ import pytest
 from conftest import FAST, Recorder, backend_script, wait_for
 
 import sampler
-from sampler.collectors.base import MB
+from sampler import catalogue
+from sampler.catalogue import MIB
 from sampler.collectors.tree import (
-    COUNT,
-    CPU_SECONDS,
     SAMPLING_CHILD_PROGRAM,
     ProcessTreeCollector,
     read_stat,
@@ -165,16 +164,16 @@ def tree(pid: int) -> list[psutil.Process]:
 
 
 def rss_mb(procs: list[psutil.Process]) -> float:
-    return sum(p.memory_info().rss for p in procs) / MB
+    return sum(p.memory_info().rss for p in procs) / MIB
 
 
 def pss_mb(procs: list[psutil.Process]) -> float:
-    return sum(p.memory_full_info().pss for p in procs) / MB
+    return sum(p.memory_full_info().pss for p in procs) / MIB
 
 
 def cpu_seconds(collector: ProcessTreeCollector) -> float:
     """The tree's CPU time a record gives."""
-    return dict(zip(collector.names, collector.sample(), strict=True))[CPU_SECONDS]
+    return dict(zip(collector.names, collector.sample(), strict=True))[catalogue.TREE_CPU_SECONDS.name]
 
 
 def with_reaped(times: psutil._common.pcputimes) -> float:
@@ -183,14 +182,15 @@ def with_reaped(times: psutil._common.pcputimes) -> float:
 
 
 def test_names_and_what_is_tracked() -> None:
-    assert ProcessTreeCollector.names == (
+    collector = ProcessTreeCollector(os.getpid())
+    assert collector.names == (
         "resource/process_tree/process_count",
         "resource/process_tree/cpu_utilization_percent",
         "resource/process_tree/memory_in_use_mb",
         "resource/process_tree/cpu_seconds",
     )
-    assert ProcessTreeCollector.tracked == ProcessTreeCollector.names[1:3]
-    assert ProcessTreeCollector.averaged == ProcessTreeCollector.tracked
+    assert collector.tracked == collector.names[1:3]
+    assert collector.averaged == collector.tracked
 
 
 def test_counts_the_backend_and_every_live_descendant(backend: Backend) -> None:
@@ -456,7 +456,7 @@ def test_the_sampling_child_is_not_part_of_the_tree() -> None:
         # Other long-lived children of this test process (a resource tracker, say) do count.
         others = len(descendants - {monitor.child_pid})
         wait_for(lambda: monitor.stats()["records_logged"] >= 4, what="two more records")
-    assert sink.values(COUNT)[-1] == 1 + others
+    assert sink.values(catalogue.TREE_PROCESSES.name)[-1] == 1 + others
 
 
 def test_the_watched_backends_own_sampling_child_is_not_part_of_its_tree(tmp_path: Path) -> None:
@@ -522,7 +522,7 @@ def test_read_stat_gives_what_psutil_reads_from_two_files_whatever_the_command_n
         assert reading is not None and not reading.zombie
         assert reading.cpu_seconds == pytest.approx(times.user + times.system, abs=0.02)
         assert reading.cpu_seconds >= 0.29 and reading.reaped_cpu_seconds == 0
-        assert reading.rss_bytes == pytest.approx(rss, abs=MB)  # per-CPU RSS counters, summed approximately
+        assert reading.rss_bytes == pytest.approx(rss, abs=MIB)  # per-CPU RSS counters, summed approximately
     finally:
         proc.kill()
         proc.wait()

@@ -29,10 +29,10 @@ import time
 import psutil
 
 from ringbuf import Ring
-from sampler.child import postmortem
+from sampler.child import postmortem, snapshot
 from sampler.child.cadence import Cadence
 from sampler.child.peaks import PeakTracker
-from sampler.collectors import Collector, build_collector
+from sampler.collectors import Collector, build_collector, nvml
 from sampler.collectors.base import starvation
 from sampler.collectors.container import memory_cgroup
 from sampler.collectors.gpu import GpuCollector
@@ -104,7 +104,7 @@ class Child:
         """Until STOP, EOF or the backend's death, then make sure the child ends;
         after a death, first leave a postmortem (bounded: ``postmortem.leave``)."""
         # Before anything can die: the OOM kills counted so far, to tell a new one at the death.
-        witness = postmortem.Witness(backend.pidfd, memory_cgroup(backend.backend_pid))
+        witness = snapshot.Witness(backend.pidfd, memory_cgroup(backend.backend_pid))
         fds = [self.sock.fileno()] + ([backend.pidfd] if backend.pidfd is not None else [])
         timeout = None if backend.pidfd is not None else FALLBACK_POLL_SECONDS
         died = True  # unless the loop ends on STOP or on EOF from a backend that lives
@@ -140,6 +140,7 @@ class Child:
 
     def run(self) -> int:
         p = self.params
+        nvml.report_calls(self.status.note_call)  # a call that hangs or crashes is named
         for category in p.categories:
             self.status.enter(phase_of(category))
             try:
@@ -257,7 +258,7 @@ class Child:
                 # end the interpreter under it. It sets ``stop`` once done (bounded).
                 bound = (
                     postmortem.EOF_DEATH_WAIT_SECONDS
-                    + postmortem.EXIT_WAIT_SECONDS
+                    + snapshot.EXIT_WAIT_SECONDS
                     + postmortem.WRITE_CAP_SECONDS
                 )
                 self.stop.wait(bound + 1)

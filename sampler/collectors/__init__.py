@@ -41,6 +41,9 @@ class Sources:
     one this child cannot open is said to have stopped reading (``gpu_errors``)."""
     gpus_stopped: tuple[str, ...] = ()
     """Those of them the latest child had last said an NVML error stopped (not to be said again)."""
+    gpus_quarantined: tuple[str, ...] = ()
+    """Labels of the GPU devices left out because a call on them brought sampling children down
+    (a GPU's MIG devices with it)."""
 
 
 def build_collector(category: str, sources: Sources) -> Collector | None:
@@ -61,7 +64,13 @@ def build_collector(category: str, sources: Sources) -> Collector | None:
         return ProcessCollector(pid)
     if category == "gpu":
         return GpuCollector.open(
-            nvml_module, sources.gpu_devices, pid, sources.gpu_share, sources.gpus_read, sources.gpus_stopped
+            nvml_module,
+            sources.gpu_devices,
+            pid,
+            sources.gpu_share,
+            sources.gpus_read,
+            sources.gpus_stopped,
+            sources.gpus_quarantined,
         )
     if category == "process_tree":
         return ProcessTreeCollector(pid)

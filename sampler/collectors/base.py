@@ -1,23 +1,23 @@
-"""What every collector is: a category, fixed signal names, one reading per name."""
+"""What every collector is: a category whose readings, keyed by catalogue entry, the catalogue lays out."""
 
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from time import monotonic
 from typing import ClassVar, TypeVar
 
 import psutil
 
+from sampler import catalogue
+from sampler.catalogue import Signal
 from sampler.util.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
 
-MB = 1024**2
-"""Bytes per MB (MiB), the unit of every ``*_mb`` signal."""
-GB = 1024**3
-"""Bytes per GB (GiB), the unit of every ``*_gb`` signal."""
 MISSING = math.nan
 """A reading that failed: skipped for this sample, never logged."""
 
@@ -90,60 +90,106 @@ def attempt(read: Callable[[], T], errors: tuple[type[BaseException], ...] = REA
         return None
 
 
-class Collector:
-    """Reads one category. ``sample()`` returns one float per name in ``names``,
-    ``MISSING`` (NaN) where a reading failed.
+Readings = dict[Signal, float]
+"""Readings by catalogue entry; a signal left out was not read (``MISSING`` in the record)."""
 
-    Fast-moving readings are also read between records, at the child's inner
-    rate, for their peak (and mean) since the last logged record: ``tracked``
-    names them (those of ``names`` with a ``_peak`` in ``sampler.catalogue``, in
-    ``names`` order), ``averaged`` those with a ``_mean``, and
-    ``sample_tracked()`` reads them, one float per ``tracked`` name. It must
-    not disturb ``sample()``: a rate such as CPU % keeps its own window since
-    the previous record.
+
+class Collector:
+    """Reads one category: ``read()`` gives its readings by catalogue entry, ``signals()`` says
+    which it reads (gauges and counters), and the catalogue lays them out: ``names`` are the
+    record's fields (``catalogue.record_layout``, each counter's ``_per_second`` derived here
+    by ``catalogue.rate``), and ``sample()`` one float per name, ``MISSING`` (NaN) where a
+    reading failed. A collector of several devices (gpu) names them in ``devices`` and gives
+    one set of readings per device (``read_devices()``).
+
+    Fast-moving readings are also read between records, at the child's inner rate, for their
+    peak (and mean) since the last logged record: ``tracked`` names them (those of ``names``
+    with a ``_peak`` in the catalogue, in ``names`` order), ``averaged`` those with a
+    ``_mean``, and ``sample_tracked()`` reads them (``read_tracked()``). It must not disturb
+    ``sample()``: a rate such as CPU % keeps its own window since the previous record.
     """
 
     category: ClassVar[str]
-    names: tuple[str, ...]
-    tracked: tuple[str, ...] = ()
-    averaged: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ("",)
+    """Device labels (a GPU's ``<i>`` in its signals' names); one unnamed elsewhere."""
+    _counted: tuple[Readings, ...] = ()
+    """Each device's readings at the previous ``sample()``, its counters' rates' start."""
+    _counted_at = math.nan
+    """When they were read (monotonic s)."""
 
-    def sample(self) -> list[float]:
+    def signals(self) -> tuple[Signal, ...]:
+        """The signals ``read()`` reads: by default every one the catalogue samples in its category."""
+        return catalogue.sampled(self.category)
+
+    def read(self) -> Readings:
+        """The readings now."""
         raise NotImplementedError
 
+    def read_devices(self) -> list[Readings]:
+        """The readings now, one set per device in ``devices`` order."""
+        return [self.read()]
+
+    def read_tracked(self) -> list[Readings]:
+        """The tracked readings now, one set per device (the child calls it at its inner rate)."""
+        return [{} for _ in self.devices]
+
+    def read_marks(self) -> list[Readings]:
+        """Exact peaks the kernel kept since the previous call, one set per device: a
+        high-water mark that rose is the highest reading since then, however briefly it
+        lasted, where polling at any rate can miss it; left out where there is no mark or it
+        did not rise. The child calls it once per record, after ``sample()``."""
+        return [{} for _ in self.devices]
+
+    @functools.cached_property
+    def layout(self) -> tuple[Signal, ...]:
+        """One device's fields in record order."""
+        return catalogue.record_layout(self.category, self.signals())
+
+    @functools.cached_property
+    def names(self) -> tuple[str, ...]:
+        return tuple(catalogue.name_of(s, device) for device in self.devices for s in self.layout)
+
+    @functools.cached_property
+    def tracked(self) -> tuple[str, ...]:
+        return tuple(catalogue.name_of(s, device) for device in self.devices for s in self._peaked)
+
+    @functools.cached_property
+    def averaged(self) -> tuple[str, ...]:
+        return tuple(catalogue.name_of(s, device) for device in self.devices for s in self._peaked if s.mean)
+
+    @functools.cached_property
+    def _peaked(self) -> tuple[Signal, ...]:
+        return tuple(signal for signal in self.layout if signal.peak)
+
+    @functools.cached_property
+    def _fields(self) -> tuple[tuple[Signal, Signal | None], ...]:
+        """Each of ``layout`` with the counter it is the rate of (None: read, not derived)."""
+        return tuple((signal, catalogue.counter_of(signal)) for signal in self.layout)
+
+    def sample(self) -> list[float]:
+        """``read_devices()`` laid out as ``names``, with each counter's rate since the previous call."""
+        devices = self.read_devices()
+        now = monotonic()
+        seconds = now - self._counted_at
+        rate = catalogue.rate
+        values: list[float] = []
+        for index, readings in enumerate(devices):
+            last = self._counted[index] if index < len(self._counted) else {}
+            for signal, counter in self._fields:
+                if counter is None:
+                    values.append(readings.get(signal, MISSING))
+                else:
+                    values.append(rate(readings.get(counter, MISSING), last.get(counter, MISSING), seconds))
+        self._counted, self._counted_at = tuple(devices), now
+        return values
+
     def sample_tracked(self) -> list[float]:
-        """The ``tracked`` readings now (the child calls it at its inner rate)."""
-        return []
+        """``read_tracked()``, one float per ``tracked`` name."""
+        return [readings.get(s, MISSING) for readings in self.read_tracked() for s in self._peaked]
 
     def marks(self) -> list[float]:
-        """Exact peaks the kernel kept since the previous call, one per ``tracked`` name: a
-        high-water mark that rose is the highest reading since then, however briefly it
-        lasted, where polling at any rate can miss it; NaN where there is no mark or it did not
-        rise. The child calls it once per record, after ``sample()``."""
-        return [MISSING] * len(self.tracked)
+        """``read_marks()``, one float per ``tracked`` name (NaN where there is no mark)."""
+        return [readings.get(s, MISSING) for readings in self.read_marks() for s in self._peaked]
 
     def close(self) -> None:
         """Release what the collector holds (NVML handles); idempotent."""
-
-
-class Rates:
-    """Per-second rates of cumulative counters between consecutive readings.
-
-    The first reading has no rate, and neither has a counter that went
-    backwards (a NIC reset, a device removed) or failed now or last time: NaN,
-    never a negative or invented rate.
-    """
-
-    def __init__(self, width: int) -> None:
-        self._last: list[float] = [MISSING] * width
-        self._at = 0.0
-
-    def update(self, counters: Sequence[float], now: float) -> list[float]:
-        """Rates since the previous update; ``now`` is when ``counters`` were read (monotonic s)."""
-        elapsed = now - self._at
-        rates = [
-            (value - last) / elapsed if self._at and value >= last else MISSING
-            for value, last in zip(counters, self._last, strict=True)
-        ]
-        self._last, self._at = list(counters), now
-        return rates

@@ -12,13 +12,13 @@ ancestors up to the mount root.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from sampler import catalogue
-from sampler.collectors.base import MB, MISSING, Collector, attempt, log
+from sampler.catalogue import MIB, Signal
+from sampler.collectors.base import MISSING, Collector, Readings, attempt, log
 from sampler.collectors.cgroups import ancestries
 
 ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError)
@@ -27,16 +27,17 @@ ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError)
 V1_UNLIMITED_BYTES = 1 << 62
 """cgroup v1 writes "no memory limit" as the largest page-aligned counter (about 2**63 bytes)."""
 
-MEMORY_NAMES = (
-    "resource/container/memory_limit_mb",
-    "resource/container/memory_used_mb",
-    "resource/container/memory_used_percent",
+MEMORY = (
+    catalogue.CONTAINER_MEMORY_LIMIT,
+    catalogue.CONTAINER_MEMORY_USED,
+    catalogue.CONTAINER_MEMORY_PERCENT,
 )
-CPU_NAMES = (
-    "resource/container/cpu_quota_cores",
-    "resource/container/cpu_throttled_seconds",
-    "resource/container/cpu_throttled_seconds_per_second",
-)
+"""The signals read under a memory limit."""
+CPU = (catalogue.CONTAINER_CPU_QUOTA, catalogue.CONTAINER_CPU_THROTTLED)
+"""The signals read under a CPU quota."""
+MEMORY_NAMES = tuple(s.name for s in catalogue.record_layout("container", MEMORY))
+CPU_NAMES = tuple(s.name for s in catalogue.record_layout("container", CPU))
+"""Their fields, the throttled time's rate included."""
 
 
 def _read(path: Path) -> str:
@@ -140,12 +141,8 @@ class ContainerCollector(Collector):
     def __init__(self, memory: _Memory | None, cpu: _Cpu | None) -> None:
         self._memory = memory
         self._cpu = cpu
-        self.names = (MEMORY_NAMES if memory else ()) + (CPU_NAMES if cpu else ())
-        self.tracked = catalogue.peaked(self.names)
         self._high_water = None if memory is None else self._read_high_water(memory)
         """The cgroup's usage high-water mark (bytes) at the previous ``marks()``."""
-        self._last_throttled: tuple[float, float] | None = None
-        """(monotonic seconds, throttled seconds) at the previous ``sample()``."""
 
     @classmethod
     def open(
@@ -177,43 +174,39 @@ class ContainerCollector(Collector):
 
         return attempt(read, ERRORS)
 
-    def _throttled_rate(self, throttled: float | None) -> float:
-        """Throttled seconds per second since the previous ``sample()``; NaN without one, or
-        when the counter went backwards (the cgroup was replaced)."""
-        now = time.monotonic()
-        last = self._last_throttled
-        self._last_throttled = None if throttled is None else (now, throttled)
-        if throttled is None or last is None or throttled < last[1] or now <= last[0]:
-            return MISSING
-        return (throttled - last[1]) / (now - last[0])
+    def signals(self) -> tuple[Signal, ...]:
+        return (MEMORY if self._memory else ()) + (CPU if self._cpu else ())
 
-    def sample(self) -> list[float]:
-        values: list[float] = []
+    def read(self) -> Readings:
+        readings: Readings = {}
         if self._memory:
             limit = _finite(attempt(self._memory.limit_bytes.value, ERRORS))
             used = _finite(self._used_bytes(self._memory))
-            values += [limit / MB, used / MB, used / limit * 100 if limit > 0 else MISSING]
+            readings[catalogue.CONTAINER_MEMORY_LIMIT] = limit / MIB
+            readings[catalogue.CONTAINER_MEMORY_USED] = used / MIB
+            readings[catalogue.CONTAINER_MEMORY_PERCENT] = used / limit * 100 if limit > 0 else MISSING
         if self._cpu:
-            quota = _finite(attempt(self._cpu.quota_cores.value, ERRORS))
-            throttled = self._throttled_seconds(self._cpu)
-            values += [quota, _finite(throttled), self._throttled_rate(throttled)]
-        return values
+            readings[catalogue.CONTAINER_CPU_QUOTA] = _finite(attempt(self._cpu.quota_cores.value, ERRORS))
+            readings[catalogue.CONTAINER_CPU_THROTTLED] = _finite(self._throttled_seconds(self._cpu))
+        return readings
 
-    def sample_tracked(self) -> list[float]:
+    def read_tracked(self) -> list[Readings]:
         """The memory usage (MB), reading only the usage file."""
         if not self._memory:
-            return []
-        return [_finite(self._used_bytes(self._memory)) / MB]
+            return [{}]
+        return [{catalogue.CONTAINER_MEMORY_USED: _finite(self._used_bytes(self._memory)) / MIB}]
 
-    def marks(self) -> list[float]:
+    def read_marks(self) -> list[Readings]:
         """The usage peak (MB) when the cgroup's high-water mark (v2 ``memory.peak``, v1
         ``memory.max_usage_in_bytes``, beside the usage file) rose since the previous call. The
         mark is the container runtime's too: it is read, never reset."""
         if not self._memory:
-            return []
+            return [{}]
         last, self._high_water = self._high_water, self._read_high_water(self._memory)
         now = self._high_water
-        return [now / MB if last is not None and now is not None and now > last else MISSING]
+        if last is None or now is None or now <= last:
+            return [{}]
+        return [{catalogue.CONTAINER_MEMORY_USED: now / MIB}]
 
     def _read_high_water(self, memory: _Memory) -> int | None:
         name = "memory.peak" if memory.usage_file.name == "memory.current" else "memory.max_usage_in_bytes"

@@ -31,6 +31,9 @@ MASK_BITS = 63
 not carried, and the next child says it again if it still fails."""
 NAMED = 8
 """Devices a line names; it counts the others (a host full of MIG devices stays one readable line)."""
+NO_DRIVER = frozenset({9, 12})
+"""nvmlInit's NVML_ERROR_DRIVER_NOT_LOADED and NVML_ERROR_LIBRARY_NOT_FOUND: a machine without
+NVIDIA's driver, where there is nothing wrong to say."""
 HINTS = {
     18: "the NVIDIA kernel driver and its NVML library differ in version, as after a driver upgrade "
     "under a running job; it lasts until the driver is reloaded or the machine rebooted",
@@ -50,7 +53,8 @@ def error_name(nvml: ModuleType | None, code: int) -> str:
 
 def gpu_labels(fields: Sequence[str]) -> tuple[str, ...]:
     """The device labels of ``resource/gpu/<label>/...`` among ``fields``, in their order."""
-    found = (name.split("/")[2] for name in fields if name.startswith("resource/gpu/"))
+    prefix = catalogue.GPU_NAME_PREFIX
+    found = (name.removeprefix(prefix).split("/")[0] for name in fields if name.startswith(prefix))
     return tuple(dict.fromkeys(label for label in found if catalogue.DEVICE_LABEL.fullmatch(label)))
 
 
@@ -142,6 +146,18 @@ class GpuHealth:
                 they,
                 it,
             )
+
+    def refused(self, what: str, why: str, code: int | None) -> None:
+        """``what`` (NVML, or a GPU this monitor never read) cannot be opened as this child starts,
+        ``why`` (``code``: the NVML error, where one): said and counted."""
+        self.stops += 1
+        log.warning(
+            "resource monitor: %s cannot be opened (%s%s); it is not read, and stats()['gpu_errors'] "
+            "counts it",
+            what,
+            why,
+            _hint(code),
+        )
 
     def judge(self, verdicts: dict[str, int | None]) -> None:
         """Each device's latest sample: the NVML error that stopped every reading of it, None

@@ -9,19 +9,22 @@ import functools
 from types import ModuleType
 from typing import Any
 
-from sampler.collectors.base import MISSING, attempt
+from sampler import catalogue
+from sampler.collectors.base import MISSING, Readings, attempt
 
-GPM_METRICS = (
-    ("sm_activity_percent", "NVML_GPM_METRIC_SM_UTIL"),
-    ("sm_occupancy_percent", "NVML_GPM_METRIC_SM_OCCUPANCY"),
-    ("tensor_activity_percent", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
-    ("dram_bandwidth_percent", "NVML_GPM_METRIC_DRAM_BW_UTIL"),
-    ("pcie_tx_mb_per_second", "NVML_GPM_METRIC_PCIE_TX_PER_SEC"),
-    ("pcie_rx_mb_per_second", "NVML_GPM_METRIC_PCIE_RX_PER_SEC"),
-    ("nvlink_tx_mb_per_second", "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC"),
-    ("nvlink_rx_mb_per_second", "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC"),
+GPM = (
+    (catalogue.GPU_SM_ACTIVITY, "NVML_GPM_METRIC_SM_UTIL"),
+    (catalogue.GPU_SM_OCCUPANCY, "NVML_GPM_METRIC_SM_OCCUPANCY"),
+    (catalogue.GPU_TENSOR_ACTIVITY, "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
+    (catalogue.GPU_DRAM_BANDWIDTH, "NVML_GPM_METRIC_DRAM_BW_UTIL"),
+    (catalogue.GPU_PCIE_SENT, "NVML_GPM_METRIC_PCIE_TX_PER_SEC"),
+    (catalogue.GPU_PCIE_RECEIVED, "NVML_GPM_METRIC_PCIE_RX_PER_SEC"),
+    (catalogue.GPU_NVLINK_SENT, "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC"),
+    (catalogue.GPU_NVLINK_RECEIVED, "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC"),
 )
-"""Each GPM signal's suffix and the binding's name of its metric (percent, or MiB/s)."""
+"""Each GPM signal and the binding's name of its metric (percent, or MiB/s)."""
+GPM_METRICS = tuple((signal.suffix, name) for signal, name in GPM)
+"""The same by each signal's suffix (``sm_activity_percent``)."""
 GPM_API = (
     "nvmlGpmQueryDeviceSupport",
     "nvmlGpmSampleAlloc",
@@ -50,7 +53,7 @@ class GpmPair:
         self._errors = errors
         self._previous, self._spare = samples
         self._has_previous = self._take(self._previous)
-        self._ids = [getattr(nvml, name, None) for _, name in GPM_METRICS]
+        self._ids = [getattr(nvml, name, None) for _, name in GPM]
 
     @classmethod
     def open(
@@ -80,16 +83,17 @@ class GpmPair:
         return cls(nvml, take, samples, errors)
 
     def read(self) -> list[float]:
-        """Each ``GPM_METRICS`` value since the previous read; NaN for the first read, for a
-        metric the device or the binding has not got, and when a call fails."""
+        """Each ``GPM`` metric's value since the previous read, in ``GPM`` order (``readings``
+        keys them); NaN for the first read, for a metric the device or the binding has not
+        got, and when a call fails."""
         if not self._take(self._spare):
             self._has_previous = False
-            return [MISSING] * len(GPM_METRICS)
+            return [MISSING] * len(GPM)
         had, self._has_previous = self._has_previous, True
         older, newer = self._previous, self._spare
         self._previous, self._spare = newer, older
         if not had:
-            return [MISSING] * len(GPM_METRICS)
+            return [MISSING] * len(GPM)
         wanted = [(k, i) for k, i in enumerate(self._ids) if isinstance(i, int)]
         nvml = self._nvml
         get = nvml.c_nvmlGpmMetricsGet_t()
@@ -99,13 +103,17 @@ class GpmPair:
         for slot, (_, metric) in enumerate(wanted):
             get.metrics[slot].metricId = metric
         got = attempt(functools.partial(nvml.nvmlGpmMetricsGet, get), self._errors)
-        values = [MISSING] * len(GPM_METRICS)
+        values = [MISSING] * len(GPM)
         if got is not None:
             for slot, (k, _) in enumerate(wanted):
                 metric = got.metrics[slot]
                 if metric.nvmlReturn == 0:
                     values[k] = float(metric.value)
         return values
+
+    def readings(self) -> Readings:
+        """``read()`` keyed by signal."""
+        return {signal: value for (signal, _), value in zip(GPM, self.read(), strict=True)}
 
     def _take(self, sample: Any) -> bool:
         """Take a sample into ``sample``; False when the call failed."""

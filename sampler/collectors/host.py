@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Mapping, Sequence
 
 import psutil
 
 from sampler import catalogue
-from sampler.collectors.base import GB, MB, MISSING, Collector, Rates, attempt
+from sampler.catalogue import GIB, MIB, Signal
+from sampler.collectors.base import MISSING, Collector, Readings, attempt
 
 
 class MonotonicTotals:
@@ -51,7 +51,7 @@ def _whole_disks() -> dict[str, tuple[float, float]]:
     disks = psutil.disk_io_counters(perdisk=True) or {}
     linux = sys.platform.startswith("linux")
     return {
-        name: (io.read_bytes / MB, io.write_bytes / MB)
+        name: (io.read_bytes / MIB, io.write_bytes / MIB)
         for name, io in disks.items()
         if not linux or os.path.exists(f"/sys/block/{name.replace('/', '!')}")
     }
@@ -71,26 +71,26 @@ class CpuCollector(Collector):
     ``psutil.cpu_percent``'s own window stays the whole interval)."""
 
     category = "cpu"
-    names = ("resource/cpu/utilization_percent",)
-    tracked = catalogue.peaked(names)
-    averaged = catalogue.averaged(names)
 
     def __init__(self) -> None:
         psutil.cpu_percent(interval=None)  # prime: the first call has no window
         self._times = attempt(psutil.cpu_times)
 
-    def sample(self) -> list[float]:
+    def read(self) -> Readings:
+        readings: Readings = {}
         value = attempt(lambda: psutil.cpu_percent(interval=None))
-        return [MISSING if value is None else float(value)]
+        if value is not None:
+            readings[catalogue.CPU_UTILIZATION] = float(value)
+        return readings
 
-    def sample_tracked(self) -> list[float]:
+    def read_tracked(self) -> list[Readings]:
         times, before = attempt(psutil.cpu_times), self._times
         self._times = times
         if times is None or before is None:
-            return [MISSING]
+            return [{}]
         busy = _busy(times) - _busy(before)
         total = sum(times) - sum(before)
-        return [100.0 * busy / total if total > 0 and busy >= 0 else MISSING]
+        return [{catalogue.CPU_UTILIZATION: 100.0 * busy / total if total > 0 and busy >= 0 else MISSING}]
 
 
 def _busy(times: psutil._common.scputimes) -> float:  # type: ignore[name-defined]
@@ -98,13 +98,10 @@ def _busy(times: psutil._common.scputimes) -> float:  # type: ignore[name-define
     return float(sum(times) - times.idle - getattr(times, "iowait", 0.0))
 
 
-SWAP_NAMES = (
-    "resource/memory/swap_used_mb",
-    "resource/memory/swapped_in_mb",
-    "resource/memory/swapped_out_mb",
-    "resource/memory/swapped_in_mb" + catalogue.RATE_SUFFIX,
-    "resource/memory/swapped_out_mb" + catalogue.RATE_SUFFIX,
-)
+SWAP = (catalogue.SWAP_USED, catalogue.SWAPPED_IN, catalogue.SWAPPED_OUT)
+"""The memory signals read only where the machine has swap."""
+SWAP_NAMES = tuple(s.name for s in catalogue.record_layout("memory", SWAP))
+"""Their fields, their rates included."""
 
 
 class MemoryCollector(Collector):
@@ -121,23 +118,22 @@ class MemoryCollector(Collector):
             swap_now = attempt(psutil.swap_memory)
             swap = swap_now is not None and swap_now.total > 0
         self._swap = swap
-        self.names = ("resource/memory/system_utilization_percent", *(SWAP_NAMES if self._swap else ()))
-        self.tracked = catalogue.peaked(self.names)
-        self.averaged = catalogue.averaged(self.names)
-        self._rates = Rates(2)
 
-    def sample(self) -> list[float]:
-        values = self.sample_tracked()
-        if self._swap:
-            swap = attempt(psutil.swap_memory)
-            counters = [MISSING, MISSING] if swap is None else [swap.sin / MB, swap.sout / MB]
-            used = MISSING if swap is None else swap.used / MB
-            values += [used, *counters, *self._rates.update(counters, time.monotonic())]
-        return values
+    def signals(self) -> tuple[Signal, ...]:
+        return (catalogue.MEMORY_USED, *(SWAP if self._swap else ()))
 
-    def sample_tracked(self) -> list[float]:
+    def read(self) -> Readings:
+        (readings,) = self.read_tracked()
+        swap = attempt(psutil.swap_memory) if self._swap else None
+        if swap is not None:
+            readings[catalogue.SWAP_USED] = swap.used / MIB
+            readings[catalogue.SWAPPED_IN] = swap.sin / MIB
+            readings[catalogue.SWAPPED_OUT] = swap.sout / MIB
+        return readings
+
+    def read_tracked(self) -> list[Readings]:
         memory = attempt(psutil.virtual_memory)
-        return [MISSING if memory is None else float(memory.percent)]
+        return [{} if memory is None else {catalogue.MEMORY_USED: float(memory.percent)}]
 
 
 class DiskCollector(Collector):
@@ -147,31 +143,21 @@ class DiskCollector(Collector):
     between consecutive samples."""
 
     category = "disk"
-    names = (
-        "resource/disk/utilization_percent",
-        "resource/disk/utilization_gb",
-        "resource/disk/read_mb",
-        "resource/disk/written_mb",
-        "resource/disk/read_mb" + catalogue.RATE_SUFFIX,
-        "resource/disk/written_mb" + catalogue.RATE_SUFFIX,
-    )
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._rates = Rates(2)
         self._totals = MonotonicTotals(2)
 
-    def sample(self) -> list[float]:
+    def read(self) -> Readings:
+        readings: Readings = {}
         usage = attempt(lambda: psutil.disk_usage(self.path))
+        if usage is not None:
+            readings[catalogue.DISK_FULL] = float(usage.percent)
+            readings[catalogue.DISK_USED] = usage.used / GIB
         disks = attempt(_whole_disks)
-        # No disks to count (some containers): no reading, rather than a total of 0.
-        counters = [MISSING, MISSING] if not disks else self._totals.update(disks)
-        return [
-            MISSING if usage is None else float(usage.percent),
-            MISSING if usage is None else usage.used / GB,
-            *counters,
-            *self._rates.update(counters, time.monotonic()),
-        ]
+        if disks:  # none to count (some containers): no reading, rather than a total of 0
+            readings[catalogue.DISK_READ], readings[catalogue.DISK_WRITTEN] = self._totals.update(disks)
+        return readings
 
 
 class NetworkCollector(Collector):
@@ -180,18 +166,13 @@ class NetworkCollector(Collector):
     ``MonotonicTotals``), and their rates (bytes/s) between consecutive samples."""
 
     category = "network"
-    names = (
-        "resource/network/bytes_sent",
-        "resource/network/bytes_received",
-        "resource/network/bytes_sent" + catalogue.RATE_SUFFIX,
-        "resource/network/bytes_received" + catalogue.RATE_SUFFIX,
-    )
 
     def __init__(self) -> None:
-        self._rates = Rates(2)
         self._totals = MonotonicTotals(2)
 
-    def sample(self) -> list[float]:
+    def read(self) -> Readings:
         interfaces = attempt(_interfaces)
-        counters = [MISSING, MISSING] if interfaces is None else self._totals.update(interfaces)
-        return [*counters, *self._rates.update(counters, time.monotonic())]
+        if interfaces is None:
+            return {}
+        sent, received = self._totals.update(interfaces)
+        return {catalogue.NETWORK_SENT: sent, catalogue.NETWORK_RECEIVED: received}

@@ -16,7 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sampler.collectors.base import MISSING, Collector, attempt, log
+from sampler import catalogue
+from sampler.catalogue import Signal
+from sampler.collectors.base import Collector, Readings, attempt, log
 from sampler.collectors.cgroups import ancestries
 
 ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError)
@@ -25,23 +27,26 @@ ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError)
 READ_BYTES = 4096
 """One read takes a whole pressure file (two lines of under 100 bytes each)."""
 
-RESOURCES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("cpu", ("some",)),
-    ("memory", ("some", "full")),
-    ("io", ("some", "full")),
+Lines = tuple[tuple[str, Signal], ...]
+"""The lines read of one resource's file (``some``, ``full``), each with its signal."""
+SYSTEM: tuple[tuple[str, Lines], ...] = (
+    ("cpu", (("some", catalogue.PRESSURE_CPU_SOME),)),
+    ("memory", (("some", catalogue.PRESSURE_MEMORY_SOME), ("full", catalogue.PRESSURE_MEMORY_FULL))),
+    ("io", (("some", catalogue.PRESSURE_IO_SOME), ("full", catalogue.PRESSURE_IO_FULL))),
 )
-"""Each resource and the lines read of it (a CPU ``full`` line is only meaningful per cgroup, and
-kernels before 5.13 write none)."""
-
-
-def _name(prefix: str, resource: str, line: str) -> str:
-    return f"resource/pressure/{prefix}{resource}_{line}_percent"
-
-
-SYSTEM_NAMES = tuple(_name("", resource, line) for resource, lines in RESOURCES for line in lines)
-"""The system-wide signals, from /proc/pressure."""
-CGROUP_NAMES = tuple(_name("cgroup_", resource, line) for resource, lines in RESOURCES for line in lines)
-"""The backend's cgroup's signals, from its cgroup v2 directory."""
+"""Each resource and the lines read of it system-wide, from /proc/pressure (a CPU ``full`` line
+is only meaningful per cgroup, and kernels before 5.13 write none)."""
+CGROUP: tuple[tuple[str, Lines], ...] = (
+    ("cpu", (("some", catalogue.PRESSURE_CGROUP_CPU_SOME),)),
+    (
+        "memory",
+        (("some", catalogue.PRESSURE_CGROUP_MEMORY_SOME), ("full", catalogue.PRESSURE_CGROUP_MEMORY_FULL)),
+    ),
+    ("io", (("some", catalogue.PRESSURE_CGROUP_IO_SOME), ("full", catalogue.PRESSURE_CGROUP_IO_FULL))),
+)
+"""The same of the backend's cgroup, from its cgroup v2 directory."""
+SYSTEM_NAMES = tuple(signal.name for _, lines in SYSTEM for _, signal in lines)
+CGROUP_NAMES = tuple(signal.name for _, lines in CGROUP for _, signal in lines)
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,7 @@ class _File:
 
     path: str
     lines: tuple[str, ...]
-    names: tuple[str, ...]
+    signals: tuple[Signal, ...]
 
     def totals(self) -> list[int]:
         """Its ``total=`` counters now (µs), in ``lines`` order; raises one of ``ERRORS`` on failure."""
@@ -81,16 +86,15 @@ def _totals(text: bytes, lines: tuple[str, ...]) -> list[int]:
     return [totals[kind] for kind in lines]
 
 
-def _files(directory: Path, pattern: str, prefix: str) -> list[_File]:
-    """The three resources' files in ``directory`` (``pattern`` names one from its resource),
-    their signals named with ``prefix``."""
+def _files(directory: Path, pattern: str, resources: tuple[tuple[str, Lines], ...]) -> list[_File]:
+    """The three resources' files in ``directory`` (``pattern`` names one from its resource)."""
     return [
         _File(
             str(directory / pattern.format(resource)),
-            lines,
-            tuple(_name(prefix, resource, line) for line in lines),
+            tuple(line for line, _ in lines),
+            tuple(signal for _, signal in lines),
         )
-        for resource, lines in RESOURCES
+        for resource, lines in resources
     ]
 
 
@@ -129,7 +133,6 @@ class PressureCollector(Collector):
 
     def __init__(self, files: Sequence[_File]) -> None:
         self._files = tuple(files)
-        self.names = tuple(name for file in self._files for name in file.names)
         self._last: list[tuple[int, list[int]] | None] = [None] * len(self._files)
         """Per file, (monotonic ns, its totals in µs) at the previous sample; None: no window."""
 
@@ -140,28 +143,28 @@ class PressureCollector(Collector):
         """The collector of the system's pressure and process ``pid``'s cgroup's; None when no
         pressure file can be read. Each file is read once here: one that is missing or fails
         (EOPNOTSUPP where the kernel has PSI off) is left out."""
-        files = _files(Path(proc_root, "pressure"), "{}", "")
+        files = _files(Path(proc_root, "pressure"), "{}", SYSTEM)
         cgroup = _cgroup_directory(pid, proc_root, cgroup_root)
         if cgroup is not None:
-            files += _files(cgroup, "{}.pressure", "cgroup_")
+            files += _files(cgroup, "{}.pressure", CGROUP)
         readable = [file for file in files if attempt(file.totals, ERRORS) is not None]
         return cls(readable) if readable else None
 
-    def sample(self) -> list[float]:
-        values: list[float] = []
+    def signals(self) -> tuple[Signal, ...]:
+        return tuple(signal for file in self._files for signal in file.signals)
+
+    def read(self) -> Readings:
+        readings: Readings = {}
         for index, file in enumerate(self._files):
             totals = attempt(file.totals, ERRORS)
             now = time.monotonic_ns()
             last = self._last[index]
             self._last[index] = None if totals is None else (now, totals)
-            if totals is None or last is None or now <= last[0]:
-                values += [MISSING] * len(file.lines)
+            if totals is None or last is None:
                 continue
             elapsed_us = (now - last[0]) / 1000
-            # The kernel's clock and ours are read a moment apart: a fully stalled window may
-            # come out a hair above 100 %.
-            values += [
-                min(100.0, (total - before) / elapsed_us * 100) if total >= before else MISSING
-                for total, before in zip(totals, last[1], strict=True)
-            ]
-        return values
+            for signal, total, before in zip(file.signals, totals, last[1], strict=True):
+                # The kernel's clock and ours are read a moment apart: a fully stalled window
+                # may come out a hair above 100 %. (NaN first: min() keeps it, no rate.)
+                readings[signal] = min(catalogue.rate(total, before, elapsed_us) * 100, 100.0)
+        return readings

@@ -7,9 +7,10 @@ import time
 import psutil
 
 from sampler import catalogue
-from sampler.collectors.base import MB, MISSING, Collector, attempt
+from sampler.catalogue import MIB
+from sampler.collectors.base import MISSING, Collector, Readings, attempt
 
-RSS = "resource/process/memory_in_use_mb"
+RSS = catalogue.PROCESS_RSS.name
 
 
 class ProcessCollector(Collector):
@@ -24,18 +25,6 @@ class ProcessCollector(Collector):
     """
 
     category = "process"
-    names = (
-        "resource/process/cpu_utilization_percent",
-        "resource/process/cpu_threads_in_use",
-        "resource/process/memory_in_use_mb",
-        "resource/process/memory_in_use_percent",
-        "resource/process/memory_available_mb",
-        "resource/process/cpu_cores_allowed",
-        "resource/process/cpu_wait_percent",
-        "resource/process/cpu_seconds",
-    )
-    tracked = catalogue.peaked(names)
-    averaged = catalogue.averaged(names)
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -53,7 +42,7 @@ class ProcessCollector(Collector):
         self._last_wait: tuple[int, int] | None = self._waited()
         """(monotonic ns, ns the main thread waited on a run queue) at the previous sample."""
 
-    def sample(self) -> list[float]:
+    def read(self) -> Readings:
         proc = self._process
         with proc.oneshot():
             cpu = attempt(lambda: proc.cpu_percent(interval=None))
@@ -63,31 +52,40 @@ class ProcessCollector(Collector):
         status = self._read_status()  # psutil's num_threads() would read the same file again
         threads, cores, self._high_water_kb = (None, None, None) if status is None else status
         memory = attempt(psutil.virtual_memory)
-        return [
-            MISSING if cpu is None else float(cpu),
-            MISSING if threads is None else float(threads),
-            _memory_mb(rss),
-            MISSING if percent is None else float(percent),
-            MISSING if memory is None else memory.available / MB,
-            MISSING if not cores else float(cores),
-            self._wait_percent(),
-            MISSING if times is None else times.user + times.system,
-        ]
+        readings: Readings = {catalogue.PROCESS_CPU_WAIT: self._wait_percent()}
+        if cpu is not None:
+            readings[catalogue.PROCESS_CPU] = float(cpu)
+        if threads is not None:
+            readings[catalogue.PROCESS_THREADS] = float(threads)
+        readings[catalogue.PROCESS_RSS] = _memory_mb(rss)
+        if percent is not None:
+            readings[catalogue.PROCESS_RSS_PERCENT] = float(percent)
+        if memory is not None:
+            readings[catalogue.PROCESS_MEMORY_AVAILABLE] = memory.available / MIB
+        if cores:
+            readings[catalogue.PROCESS_CORES] = float(cores)
+        if times is not None:
+            readings[catalogue.PROCESS_CPU_SECONDS] = times.user + times.system
+        return readings
 
-    def sample_tracked(self) -> list[float]:
+    def read_tracked(self) -> list[Readings]:
         proc = self._inner
         cpu = attempt(lambda: proc.cpu_percent(interval=None))
         rss = attempt(lambda: proc.memory_info().rss)
-        return [MISSING if cpu is None else float(cpu), _memory_mb(rss)]
+        readings = {catalogue.PROCESS_RSS: _memory_mb(rss)}
+        if cpu is not None:
+            readings[catalogue.PROCESS_CPU] = float(cpu)
+        return [readings]
 
-    def marks(self) -> list[float]:
+    def read_marks(self) -> list[Readings]:
         """The RSS peak (MB) when ``VmHWM``, as the latest ``sample()`` read it, rose since the
         previous call; the mark is never reset (``getrusage`` reports it as the backend's max
         RSS), only compared."""
         last, now = self._marked_kb, self._high_water_kb
         self._marked_kb = now
-        peak = now * 1024 / MB if last is not None and now is not None and now > last else MISSING
-        return [peak if name == RSS else MISSING for name in self.tracked]
+        if last is None or now is None or now <= last:
+            return [{}]
+        return [{catalogue.PROCESS_RSS: now * 1024 / MIB}]
 
     def _read_status(self) -> tuple[int, int, int] | None:
         """(threads, CPUs the main thread may run on, ``VmHWM`` in kB) from /proc/<pid>/status."""
@@ -113,9 +111,9 @@ class ProcessCollector(Collector):
         """Share of the time since the previous sample the main thread waited for a CPU, %."""
         last, self._last_wait = self._last_wait, self._waited()
         now = self._last_wait
-        if last is None or now is None or now[0] <= last[0] or now[1] < last[1]:
+        if last is None or now is None:
             return MISSING
-        return (now[1] - last[1]) / (now[0] - last[0]) * 100
+        return catalogue.rate(now[1], last[1], now[0] - last[0]) * 100
 
 
 def _cpu_count(cpu_list: bytes) -> int:
@@ -129,4 +127,4 @@ def _cpu_count(cpu_list: bytes) -> int:
 
 def _memory_mb(rss: int | None) -> float:
     """RSS in MB; a process being torn down (killed, exiting) reads 0, which is no reading."""
-    return MISSING if not rss else rss / MB
+    return MISSING if not rss else rss / MIB

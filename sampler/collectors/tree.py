@@ -11,10 +11,8 @@ from typing import NamedTuple
 import psutil
 
 from sampler import catalogue
-from sampler.collectors.base import MB, MISSING, Collector, attempt
-
-COUNT = "resource/process_tree/process_count"
-CPU_SECONDS = "resource/process_tree/cpu_seconds"
+from sampler.catalogue import MIB
+from sampler.collectors.base import Collector, Readings, attempt
 
 SAMPLING_CHILD_PROGRAM = "from sampler.child.main import main"
 """What the ``-c`` program of every sampling child runs: ``sampler.supervision.spawn`` builds its
@@ -165,14 +163,6 @@ class ProcessTreeCollector(Collector):
     """
 
     category = "process_tree"
-    names = (
-        COUNT,
-        "resource/process_tree/cpu_utilization_percent",
-        "resource/process_tree/memory_in_use_mb",
-        CPU_SECONDS,
-    )
-    tracked = catalogue.peaked(names)
-    averaged = catalogue.averaged(names)
 
     def __init__(self, pid: int, procfs: str = "/proc", pss_cpu_share: float = PSS_CPU_SHARE) -> None:
         """``procfs``: where ``<pid>/smaps_rollup`` is read (tests point it elsewhere);
@@ -196,15 +186,20 @@ class ProcessTreeCollector(Collector):
         if self._scan(self._sampled_at, born_in_window=False) is None:
             raise psutil.NoSuchProcess(pid)
 
-    def sample(self) -> list[float]:
+    def read(self) -> Readings:
         now = time.monotonic()
         totals = self._scan(now, born_in_window=True)
         if totals is None:
-            return [MISSING] * len(self.names)
+            return {}
         count, cpu_seconds, memory_bytes = totals
         elapsed = now - self._sampled_at
         self._sampled_at = now
-        return [float(count), cpu_seconds / elapsed * 100, memory_bytes / MB, self._cpu_total]
+        return {
+            catalogue.TREE_PROCESSES: float(count),
+            catalogue.TREE_CPU: cpu_seconds / elapsed * 100,
+            catalogue.TREE_MEMORY: memory_bytes / MIB,
+            catalogue.TREE_CPU_SECONDS: self._cpu_total,
+        }
 
     def _scan(self, now: float, born_in_window: bool) -> tuple[int, float, int] | None:
         """Find the tree anew and read it: (processes, CPU seconds since the previous scan,
@@ -266,7 +261,7 @@ class ProcessTreeCollector(Collector):
         self._members = members
         return len(members), cpu_seconds, memory_bytes + self._exited_shared_bytes
 
-    def sample_tracked(self) -> list[float]:
+    def read_tracked(self) -> list[Readings]:
         now = time.monotonic()
         cpu_percent = 0.0
         memory_bytes = 0
@@ -274,7 +269,7 @@ class ProcessTreeCollector(Collector):
             reading = read_stat(member.stat)
             if reading is None or reading.zombie:
                 if pid == self.pid:
-                    return [MISSING, MISSING]
+                    return [{}]
                 self._exited_shared_bytes += self._members.pop(pid).shared_bytes()
                 continue
             cpu, rss = reading.cpu_seconds, reading.rss_bytes
@@ -282,4 +277,9 @@ class ProcessTreeCollector(Collector):
             cpu_percent += max(0.0, cpu - member.tracked_cpu_seconds) / (now - member.tracked_at) * 100
             member.tracked_cpu_seconds, member.tracked_at = cpu, now
             memory_bytes += member.memory_estimate(rss)
-        return [cpu_percent, (memory_bytes + self._exited_shared_bytes) / MB]
+        return [
+            {
+                catalogue.TREE_CPU: cpu_percent,
+                catalogue.TREE_MEMORY: (memory_bytes + self._exited_shared_bytes) / MIB,
+            }
+        ]

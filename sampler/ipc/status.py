@@ -55,6 +55,12 @@ The child writes:
 The backend writes, with the health:
 
 16. times a GPU device's readings stopped in earlier children.
+
+The child writes, after the words:
+
+- ``CALL_BYTES`` bytes: the NVML call under way (``<function> on GPU <label>``, ASCII, up to a NUL;
+  empty between calls). Not written atomically: the backend reads it once the child is dead, to
+  name the call a hung child was killed in.
 """
 
 from __future__ import annotations
@@ -98,7 +104,9 @@ RESTART_CAUSES: tuple[str, ...] = ("crash", "hang", "start")
 _PHASE_BIAS = 16
 _WORDS = 17
 _CHILD_WORDS = 4
-_SIZE = _WORDS * 8
+CALL_BYTES = 64
+_CALL_AT = _WORDS * 8
+_SIZE = _CALL_AT + CALL_BYTES
 _READ = struct.Struct(f"@{_CHILD_WORDS}q")
 _LOGGED = struct.Struct("@2q")
 _HEALTH = struct.Struct("@5q")
@@ -157,6 +165,7 @@ class ChildStatus:
         """Words 4 and 5 as a plain memoryview: the backend writes them per logged record,
         cache-cold, and a memoryview store runs far less code than a numpy one."""
         self._child_words = memoryview(seg.buf)[0:24].cast("q")
+        self._call = memoryview(seg.buf)[_CALL_AT:_SIZE]
         """Words 0 to 2 (phase, samples, CPU) the same way: the child marks a phase several
         times per reading."""
 
@@ -176,6 +185,16 @@ class ChildStatus:
     def enter(self, phase: int) -> None:
         """Mark the start of ``phase`` now."""
         self._child_words[0] = _pack(phase, time.monotonic_ns())
+
+    def note_call(self, where: bytes) -> None:
+        """Child side: the NVML call under way (``where``; b"": none), cut to ``CALL_BYTES``."""
+        where = where[: CALL_BYTES - 1] + b"\0"
+        self._call[: len(where)] = where
+
+    def call(self) -> str | None:
+        """Backend side, once the child is dead: the NVML call it was in, None if none."""
+        where = bytes(self._call).partition(b"\0")[0].decode("ascii", "replace")
+        return where or None
 
     def count_sample(self, cpu_ns: int) -> None:
         """One more sample written, which cost the child ``cpu_ns`` of CPU time."""
@@ -254,4 +273,5 @@ class ChildStatus:
             del self._words
             self._logged.release()
             self._child_words.release()
+            self._call.release()
             self._seg.close()

@@ -1,4 +1,5 @@
-"""From a ring record to signals: stamp the step, feed the sink, record the run."""
+"""From a ring record to signals: stamp the step, feed the sink and the hook (the run store's
+side is ``store_feed``'s, what the step axis derives ``derived``'s)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from sampler import catalogue, signals
+from sampler import signals
 from sampler.pipeline import weightslab as wl_adapter
+from sampler.pipeline.derived import PerStep
 from sampler.pipeline.stats import MonitorStats
 from sampler.pipeline.steps import StepStamper
+from sampler.pipeline.store_feed import StoreFeed
 from sampler.pipeline.timing import CallbackTimes
 from sampler.settings.placement import Placement
-from sampler.store.writer import FLUSH_SECONDS, RunWriter
+from sampler.store.writer import RunWriter
 from sampler.util.quoting import bounded_repr
 from sampler.util.ratelimit import RateLimitedWarning
 
@@ -35,35 +38,12 @@ class Sample:
     """The host and rank of the backend that logged it."""
 
 
-THROUGHPUT = catalogue.SIGNALS["progress/steps_per_second"].name
-"""Logged with every record but the first of a run: steps per second since the previous logged one."""
-
-
-def per_step_counters(fields: Sequence[str]) -> tuple[tuple[int, str], ...]:
-    """(position in ``fields``, name logged) of each counter whose change per step is
-    a signal of its own (``<counter>_per_step`` in the catalogue)."""
-    found = []
-    for index, name in enumerate(fields):
-        reading = catalogue.lookup(name)
-        if (
-            reading is not None
-            and not reading.variant
-            and reading.signal.key + catalogue.PER_STEP_SUFFIX in catalogue.SIGNALS
-        ):
-            found.append((index, name + catalogue.PER_STEP_SUFFIX))
-    return tuple(found)
-
-
 Sink = Callable[[str, float, int], object]
 SampleHook = Callable[[Sample], object]
 
 WEIGHTSLAB_CHECK_EVERY = 16
 """Whether WeightsLab's own monitor runs beside this one is asked at the first record
 and every this many after it, not at every record."""
-SAMPLE_SLACK_SECONDS = 0.25
-"""A sample expected no later than this after the run store's queue is due writes the
-queue instead (one wake-up, not two); should it be late, the wait for it ends this
-long after it was expected."""
 
 
 class Emitter:
@@ -75,9 +55,10 @@ class Emitter:
     (``asyncio.CancelledError`` and ``SystemExit`` included: they are user
     code's, not ours to obey) is counted and reported (rate-limited); it never
     stops the reader. With a ``recorder`` (the run store), each record is
-    written, before the sink and hook get it, with what the pipeline queued
-    since the last, and the reader's waits end for the queue in between
+    written, before the sink and hook get it (``StoreFeed``), with what the pipeline
+    queued since the last, and the reader's waits end for the queue in between
     (``store_due``, ``serve_store``), so a long interval does not hold it back.
+    Each logged record brings what the step axis derives (``PerStep``).
     The time the sink, the pipeline's subscribers and the hook take is kept per
     callback and judged against ``interval_seconds`` (``timing``); once
     ``stopping`` is set, they are called no more.
@@ -97,10 +78,8 @@ class Emitter:
         self.sink = sink
         self.stats = stats
         self.on_sample = on_sample
-        self.recorder = recorder
-        self._writer = recorder
-        """The store's writer, kept for its ``wake_fd`` should the store be turned off."""
-        self.store_wake_fd = recorder.wake_fd if recorder is not None else None
+        self.store = StoreFeed(recorder, stats)
+        self.store_wake_fd = self.store.wake_fd
         """Readable once the pipeline logs into an empty queue: waits select on it too."""
         self.placement = placement
         self.stopping = threading.Event()
@@ -110,17 +89,10 @@ class Emitter:
         """The sink is the pipeline, whose receivers are timed one by one (``signals.log_batch``)."""
         self._times = CallbackTimes(stats, interval_seconds, sink, on_sample)
         self._failures = RateLimitedWarning()
-        self._health: tuple[object, ...] = ()
         self._first = True
         self._emitted = 0
         """Records handed to ``emit`` so far."""
-        self._last_logged: tuple[int, int] | None = None
-        """(step, timestamp ns) of the previous logged record: the throughput's start."""
-        self._fields: Sequence[str] = ()
-        self._per_step: tuple[tuple[int, str], ...] = ()
-        """``per_step_counters`` of ``_fields``, the record layout last seen."""
-        self._last_counters: list[float] = []
-        """Those counters' values in the previous logged record."""
+        self._per_step = PerStep()
 
     def emit(self, fields: Sequence[str], values: Sequence[float], timestamp_ns: int) -> int | None:
         """Log one record; returns the step it was logged at, None if it was dropped."""
@@ -133,7 +105,7 @@ class Emitter:
             step = self.stamper.stamp(timestamp_ns)
             if step is None:
                 stats.records_dropped += 1
-                self._record(None, 0, timestamp_ns)
+                self.store.record(None, 0, timestamp_ns)
                 return None
             total = sum(values)
             readings: Iterable[tuple[str, float]]
@@ -145,28 +117,17 @@ class Emitter:
                     (name, value) for name, value in zip(fields, values, strict=True) if value == value
                 ]
                 logged = len(readings)
-            last, self._last_logged = self._last_logged, (step, timestamp_ns)
-            if fields is not self._fields:  # a new ring (a child restarted): its layout may differ
-                self._fields, self._per_step, self._last_counters = fields, per_step_counters(fields), []
-            counters = [values[index] for index, _ in self._per_step] if self._per_step else []
-            if last is not None and step > last[0] and timestamp_ns > last[1]:
-                throughput = (step - last[0]) * 1e9 / (timestamp_ns - last[1])
-                derived = [(THROUGHPUT, throughput)]
-                steps = step - last[0]
-                pairs = zip(self._per_step, counters, self._last_counters, strict=False)
-                for (_, name), now, before in pairs:
-                    if now >= before:  # neither NaN, and no driver reload in between
-                        derived.append((name, (now - before) / steps))
+            derived = self._per_step.derive(fields, values, step, timestamp_ns)
+            if derived:
                 readings = itertools.chain(readings, derived)
                 logged += len(derived)
-            self._last_counters = counters
-            hook = self.on_sample
+            hook, store = self.on_sample, self.store
             sample = None
-            if hook is not None or self.recorder is not None:  # they take the readings as a dict
+            if hook is not None or store.recorder is not None:  # they take the readings as a dict
                 sample = dict(readings)
                 readings, logged = sample.items(), len(sample)
-            if self.recorder is not None:  # first: a slow sink never holds the store back
-                self._record(sample, step, timestamp_ns)
+            if store.recorder is not None:  # first: a slow sink never holds the store back
+                store.record(sample, step, timestamp_ns)
             stopping, spent, sink = self.stopping.is_set, self._times.spent, self.sink
             if self._fan_out:  # the pipeline: its receivers are timed one by one
                 whole = signals.log_batch(readings, step, spent, stopping)
@@ -209,67 +170,19 @@ class Emitter:
             stats.in_sink_since = None
 
     def store_due(self, next_sample: float | None) -> float | None:
-        """When (monotonic s) a wait must end to write the run store's queue; None: no
-        store, or nothing queued (a point logged then makes ``store_wake_fd`` readable).
-        A sample expected at ``next_sample`` (monotonic s) writes the queue itself if it
-        comes about when the queue is due, or before: the wait then ends for it (or,
-        should it be late, ``SAMPLE_SLACK_SECONDS`` after it), and a sample that soon
-        also makes a wake-up for the first point logged needless."""
-        recorder = self.recorder
-        if recorder is None:
-            return None
-        now = time.monotonic()
-        by_sample = None if next_sample is None else next_sample + SAMPLE_SLACK_SECONDS
-        if by_sample is not None and not now < by_sample <= now + FLUSH_SECONDS + SAMPLE_SLACK_SECONDS:
-            by_sample = None  # late (it is overdue: wait no more for it), or too far off
-        due = recorder.next_flush(wake=by_sample is None)
-        if by_sample is not None and (due is None or by_sample <= due + 2 * SAMPLE_SLACK_SECONDS):
-            return by_sample
-        return due
+        """``StoreFeed.due``: when a wait must end to write the run store's queue."""
+        return self.store.due(next_sample)
 
     def serve_store(self, ready: Collection[int], due: float | None) -> None:
-        """After a wait: take a wake-up from ``store_wake_fd`` (in ``ready``), and write
-        the run store's queue if ``due`` (from ``store_due`` before the wait) has come."""
-        if self._writer is not None and self.store_wake_fd in ready:
-            self._writer.woken()
-        recorder = self.recorder
-        if recorder is not None and due is not None and time.monotonic() >= due:
-            self._store(recorder, recorder.flush)
-
-    def _record(self, values: dict[str, float] | None, step: int, timestamp_ns: int) -> None:
-        """Hand the sample to the run store, with the monitor's stats when they changed."""
-        recorder, stats = self.recorder, self.stats
-        if recorder is None:
-            return
-        health = (stats.restarts, stats.records_lost, stats.quarantined, stats.error, stats.waiting_for)
-        changed = health != self._health
-        if self._store(
-            recorder,
-            lambda: recorder.record(values, step, timestamp_ns, stats.snapshot() if changed else None),
-        ):
-            self._health = health
-
-    def _store(self, recorder: RunWriter, write: Callable[[], None]) -> bool:
-        """Run ``write`` on the run store; False, and the store off from here on, if it raised."""
-        try:
-            write()
-        except Exception as exc:  # a bug in the store must not stop the monitoring
-            self.recorder = None
-            why = bounded_repr(exc)
-            self.stats.store_error = f"off after a failure: {why}"
-            log.error(
-                "resource monitor: the run store failed (%s); it is off from here on", why, exc_info=True
-            )
-            return False
-        self.stats.note_store(recorder)
-        return True
+        """``StoreFeed.serve``: after a wait, write the run store's queue if it is due."""
+        self.store.serve(ready, due)
 
     def _warn_if_unheard(self) -> None:
         """Once, at the first sample: say so if its signals reach no one (the
         default sink with no subscriber, no store, no hook, no WeightsLab logger)."""
         if (
             self.sink is signals.log_signal
-            and self.recorder is None
+            and self.store.recorder is None
             and self.on_sample is None
             and not signals.has_subscribers()
             and not wl_adapter.forwarding()

@@ -39,6 +39,9 @@ class Death:
     killed: bool = True
     """It left without declaring an exit status in its status block: a signal
     (SIGKILL, SIGSEGV, ...) ended it, whatever the exit status says."""
+    call: str | None = None
+    """The NVML call it was in, with the device asked (``nvmlDeviceGetPowerUsage on GPU 1``),
+    None if it was in none."""
 
     def describe_exit(self) -> str:
         if self.exit_code is not None and self.exit_code < 0:
@@ -108,6 +111,9 @@ class MonitorStats:
     deaths: list[Death] = field(default_factory=list)
     """The latest ``MAX_DEATHS_KEPT`` children that died, oldest first."""
     quarantined: list[str] = field(default_factory=list)
+    """Categories left out after bringing sampling children down ``QUARANTINE_AFTER`` times."""
+    gpus_quarantined: list[str] = field(default_factory=list)
+    """GPU devices left out the same way, by label: a call on them brought the children down."""
     child_exit_code: int | None = None
     """Exit status of the latest child that ended (0: it left when asked)."""
     child_cpu_seconds_per_sample: float | None = None

@@ -17,6 +17,8 @@ import os
 import sys
 import threading
 
+from sampler import signals
+
 log = logging.getLogger("sampler")
 
 _SRC = "weightslab.src"
@@ -107,3 +109,6 @@ def warn_if_weightslab_monitor_running() -> bool:
         "or stop WeightsLab's with weightslab.monitoring.stop_resource_monitor()."
     )
     return True
+
+
+signals.forward_through(forward_signal, forwarding)

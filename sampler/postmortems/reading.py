@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sampler.catalogue import GIB, MIB
 from sampler.postmortems.files import FORMAT, READ_MARK, CgroupAtDeath, Exit, parse_file_name
 from sampler.store import schema
 from sampler.store.decoding import finite, malformed
@@ -199,10 +200,6 @@ def load(found: Found) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return header, records
 
 
-_GIB = 1024**3
-_MIB = 1024**2
-
-
 def _signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
@@ -216,7 +213,7 @@ def _memory(cgroup: CgroupAtDeath) -> str:
     limit = limit if limit == limit else None  # NaN: unknown (a number no float held)
     if used is None or used != used:
         return ""
-    unit, size = ("GiB", _GIB) if max(used, limit or 0) >= _GIB else ("MiB", _MIB)
+    unit, size = ("GiB", GIB) if max(used, limit or 0) >= GIB else ("MiB", MIB)
     of = "" if limit is None else f" of {limit / size:.1f}"
     return f", memory {used / size:.1f}{of} {unit}"
 

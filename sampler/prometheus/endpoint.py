@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sampler import catalogue
 from sampler.ipc.channel import PrometheusTarget
 from sampler.ipc.status import (
     ENDPOINT_BAD_ADDRESS,
@@ -90,7 +91,7 @@ class RecordCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         def family(metric: metrics.Metric, label_names: Sequence[str]) -> Any:
-            kind = CounterMetricFamily if metric.kind == metrics.COUNTER else GaugeMetricFamily
+            kind = CounterMetricFamily if metric.kind == catalogue.COUNTER else GaugeMetricFamily
             return kind(metric.name, metric.help, labels=list(label_names))
 
         latest = self._latest

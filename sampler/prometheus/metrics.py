@@ -14,11 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sampler import catalogue
+from sampler.catalogue import COUNTER, GAUGE
 
 PREFIX = catalogue.METRIC_PREFIX
-
-GAUGE = "gauge"
-COUNTER = "counter"
 
 
 @dataclass(frozen=True)
@@ -28,7 +26,7 @@ class Metric:
     name: str
     """The metric's name as exposed (a counter's ends in ``_total``)."""
     kind: str
-    """``gauge`` or ``counter``."""
+    """``gauge`` or ``counter`` (the catalogue's kinds are Prometheus' types)."""
     scale: float
     """The signal's value times this is the metric's, in its base unit."""
     help: str

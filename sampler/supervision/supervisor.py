@@ -21,6 +21,7 @@ from sampler.child.cadence import Cadence
 from sampler.collectors import Sources, build_collectors
 from sampler.collectors.gpu import GpuCollector
 from sampler.collectors.gpu_errors import carry
+from sampler.collectors.nvml import device_of
 from sampler.ipc.channel import ChildParams, PostmortemTarget, PrometheusTarget
 from sampler.ipc.status import (
     EXIT_NO_SHARED_MEMORY,
@@ -168,6 +169,8 @@ class Supervisor:
             failures += 1
             delay = min(self.plan.backoff_cap, self.plan.backoff_base * 2 ** (failures - 1))
             where = f"in the {result.category} collector" if result.category else "outside any collector"
+            if result.call is not None:
+                where += f", in {result.call}"
             log.warning(
                 "resource monitor: sampling child %s %s (%s); restarting it in %g s",
                 {"crash": "crashed", "hang": "hung and was killed", "start": "died starting"}[result.cause],
@@ -228,6 +231,7 @@ class Supervisor:
             child.stop()
             self.child = None
             snap = status.read()
+            call = status.call()
             self._carry_gpus(reader, status)
             reader.close()
             status.close()
@@ -243,7 +247,8 @@ class Supervisor:
             return _Fallback("the sampling child cannot create its ring in shared memory")
         phase = reader.hung_phase if reader.hung_phase is not None else snap.phase
         cause = "start" if phase == PHASE_STARTING else "hang" if outcome is Outcome.HUNG else "crash"
-        return Death(cause, category_of(phase), code, time.monotonic() - started, killed=declared is None)
+        lifetime = time.monotonic() - started
+        return Death(cause, category_of(phase), code, lifetime, killed=declared is None, call=call)
 
     def _carry_gpus(self, reader: ChildReader, status: ChildStatus) -> None:
         """Tell the next child which GPU devices this one read and which it left stopped."""
@@ -253,22 +258,36 @@ class Supervisor:
             self._sources = replace(self._sources, gpus_read=carried[0], gpus_stopped=carried[1])
 
     def _attribute(self, death: Death) -> None:
+        """Count the death against the GPU device it was in, else against its category; at
+        ``QUARANTINE_AFTER`` that device or category is left out of later children."""
         self.stats.record_death(death)
         category = death.category
         if category is None:
             return
-        self._strikes[category] = strikes = self._strikes.get(category, 0) + 1
-        if strikes == QUARANTINE_AFTER:
+        device = device_of(death.call) if category == "gpu" and death.call is not None else None
+        key = category if device is None else f"GPU {device}"
+        self._strikes[key] = strikes = self._strikes.get(key, 0) + 1
+        if strikes != QUARANTINE_AFTER:
+            return
+        latest = death.cause + ("" if death.call is None else f" in {death.call}")
+        if device is None:
             self.stats.quarantined = [*self.stats.quarantined, category]
-            log.warning(
-                "resource monitor: the %s collector brought the sampling child down %d times (latest: %s); "
-                "%s is quarantined and the other categories keep flowing. Re-enable it by restarting the "
-                "monitor (stop() then start(), or restart the backend) once the cause is fixed.",
-                category,
-                strikes,
-                death.cause,
-                category,
-            )
+            left_out = f"{category} is quarantined and the other categories keep flowing"
+        else:
+            self.stats.gpus_quarantined = [*self.stats.gpus_quarantined, device]
+            quarantined = (*self._sources.gpus_quarantined, device)
+            self._sources = replace(self._sources, gpus_quarantined=quarantined)
+            left_out = f"{key} is quarantined and the other GPUs and categories keep flowing"
+        log.warning(
+            "resource monitor: the %s collector brought the sampling child down %d times%s (latest: %s); "
+            "%s. Re-enable it by restarting the monitor (stop() then start(), or restart the backend) "
+            "once the cause is fixed.",
+            category,
+            strikes,
+            "" if device is None else f" on {key}",
+            latest,
+            left_out,
+        )
 
     def _sample_in_thread(self) -> None:
         s, stats = self.plan, self.stats

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+import numpy as np
+
 from sampler import catalogue
 from sampler.analysis.stretches import PAUSE, Stretch
 from sampler.store.reader import Records, Run, Series, StoreReader
@@ -177,23 +179,23 @@ def points(series: Series, run: Run, x: str, panel: Panel) -> tuple[list[float],
     line must break: a counter that went backwards, or (x=step) a step that went
     back (the model restarted at age 0)."""
     order = sorted(range(len(series.steps)), key=lambda i: (series.wall_times[i], series.steps[i]))
+    if panel.rate:
+        # A reading at the same instant as the one before has no rate: the earlier is the base.
+        wall_times = series.wall_times
+        order = [i for k, i in enumerate(order) if not k or wall_times[i] != wall_times[order[k - 1]]]
+        walls = np.fromiter((series.wall_times[i] for i in order), np.float64, len(order))
+        counted = np.fromiter((series.values[i] for i in order), np.float64, len(order))
+        per_second = dict(zip(order, catalogue.rates(counted, walls).tolist(), strict=True))
     xs: list[float] = []
     ys: list[float] = []
-    previous: int | None = None
     for i in order:
         step, wall, value = series.steps[i], series.wall_times[i], series.values[i]
         position = float(step) if x == "step" else wall - run.started_at
         y = value * panel.scale if math.isfinite(value) else math.nan
         if panel.rate:
-            if previous is None:
-                previous = i
-                continue
-            elapsed = wall - series.wall_times[previous]
-            if elapsed <= 0:
-                continue  # same instant: no rate; keep the earlier reading as the base
-            delta = value - series.values[previous]
-            y = delta * panel.scale / elapsed if delta >= 0 else math.nan
-            previous = i
+            if i == order[0]:
+                continue  # the first reading: no rate
+            y = per_second[i] * panel.scale
         if xs and x == "step" and position < xs[-1]:
             xs.append(position)
             ys.append(math.nan)

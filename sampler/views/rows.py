@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sampler import catalogue
+from sampler.catalogue import GPU_NAME_PREFIX as GPU
 from sampler.catalogue import MIB, PREFIX
 
 
@@ -26,21 +27,22 @@ class Column:
 
 
 COLUMNS = (
-    Column("cpu/utilization_percent", "cpu%"),
-    Column("memory/system_utilization_percent", "mem%"),
-    Column("disk/utilization_percent", "disk%"),
-    Column("network/bytes_received_per_second", "rxMiB/s", 1 / MIB, 2),
-    Column("network/bytes_sent_per_second", "txMiB/s", 1 / MIB, 2),
-    Column("process/cpu_utilization_percent", "proc%"),
-    Column("process/memory_in_use_mb", "rssMiB"),
-    Column("process_tree/process_count", "procs"),
-    Column("process_tree/cpu_utilization_percent", "tree%"),
-    Column("container/memory_used_percent", "cgmem%"),
+    Column(catalogue.CPU_UTILIZATION.key, "cpu%"),
+    Column(catalogue.MEMORY_USED.key, "mem%"),
+    Column(catalogue.DISK_FULL.key, "disk%"),
+    Column(catalogue.NETWORK_RECEIVED_RATE.key, "rxMiB/s", 1 / MIB, 2),
+    Column(catalogue.NETWORK_SENT_RATE.key, "txMiB/s", 1 / MIB, 2),
+    Column(catalogue.PROCESS_CPU.key, "proc%"),
+    Column(catalogue.PROCESS_RSS.key, "rssMiB"),
+    Column(catalogue.TREE_PROCESSES.key, "procs"),
+    Column(catalogue.TREE_CPU.key, "tree%"),
+    Column(catalogue.CONTAINER_MEMORY_PERCENT.key, "cgmem%"),
 )
 GPU_COLUMNS = (
-    Column("utilization_percent", "%"),
-    Column("memory_allocated_percent", "mem%"),
+    Column(catalogue.GPU_UTILIZATION.suffix, "%"),
+    Column(catalogue.GPU_MEMORY_PERCENT.suffix, "mem%"),
 )
+"""Per GPU: what follows ``gpu/<i>/`` in the shown signals' names."""
 STEP_WIDTH = 7
 
 
@@ -64,12 +66,12 @@ class Rows:
         known = {name for name, _, _ in self.columns} | set(sample)
         chosen = [(PREFIX + c.key, c, c.header) for c in COLUMNS if PREFIX + c.key in known]
         devices = sorted(
-            {name.split("/")[2] for name in known if name.startswith(PREFIX + "gpu/")},
+            {name.removeprefix(GPU).split("/")[0] for name in known if name.startswith(GPU)},
             key=catalogue.device_order,
         )
         for device in devices:
             for column in GPU_COLUMNS:
-                name = f"{PREFIX}gpu/{device}/{column.key}"
+                name = f"{GPU}{device}/{column.key}"
                 if name in known:
                     chosen.append((name, column, f"gpu{device}{column.header}"))
         return chosen

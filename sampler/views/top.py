@@ -9,10 +9,11 @@ are ``sampler.catalogue``'s.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from sampler import catalogue
 from sampler.store.reader import Run
@@ -24,24 +25,28 @@ STALE_INTERVALS = 3
 """No point for this many sampling intervals: the alert "no sample for N s"."""
 STALE_FLOOR_SECONDS = 1.0
 """The alert waits at least this long (very short test intervals jitter)."""
-GPU_COLUMNS = (
-    "utilization_percent",
-    "utilization_percent_peak",
-    "memory_allocated_bytes",
-    "memory_allocated_bytes_peak",
-    "memory_allocated_percent",
-    "process_memory_bytes",
-    "tree_memory_bytes",
-    "temperature_celsius",
-    "power_watts",
-    "power_limit_watts",
-    "throttle_power",
-    "throttle_thermal",
-    "sm_clock_mhz",
-    "memory_clock_mhz",
+GPU_COLUMNS = tuple(
+    signal.suffix + variant
+    for signal, variant in (
+        (catalogue.GPU_UTILIZATION, ""),
+        (catalogue.GPU_UTILIZATION, catalogue.PEAK_SUFFIX),
+        (catalogue.GPU_MEMORY_USED, ""),
+        (catalogue.GPU_MEMORY_USED, catalogue.PEAK_SUFFIX),
+        (catalogue.GPU_MEMORY_PERCENT, ""),
+        (catalogue.GPU_PROCESS_MEMORY, ""),
+        (catalogue.GPU_TREE_MEMORY, ""),
+        (catalogue.GPU_TEMPERATURE, ""),
+        (catalogue.GPU_POWER, ""),
+        (catalogue.GPU_POWER_LIMIT, ""),
+        (catalogue.GPU_THROTTLE_POWER, ""),
+        (catalogue.GPU_THROTTLE_THERMAL, ""),
+        (catalogue.GPU_SM_CLOCK, ""),
+        (catalogue.GPU_MEMORY_CLOCK, ""),
+    )
 )
-"""A GPU row's columns (signals after ``gpu/<i>/``), in order, those a device logs; its other
-signals (means, the raw throttle bitmask, ...) are in the store, for ``plot`` and ``export``."""
+"""A GPU row's columns (what follows ``gpu/<i>/`` in their names), in order, those a device
+logs; its other signals (means, the raw throttle bitmask, ...) are in the store, for ``plot``
+and ``export``."""
 LABEL_WIDTH = 30
 VALUE_WIDTH = 12
 MIN_SPARK_WIDTH = 8
@@ -57,12 +62,11 @@ class Line(NamedTuple):
 
 def rates(points: Sequence[Point]) -> list[Point]:
     """A cumulative counter's points as rates per second between consecutive
-    points (a counter that went back, a reboot or a wrap, gives no rate)."""
-    out = []
-    for (w0, v0), (w1, v1) in itertools.pairwise(points):
-        if w1 > w0 and v1 >= v0:
-            out.append((w1, (v1 - v0) / (w1 - w0)))
-    return out
+    points (``catalogue.rates``: a counter that went back, a reboot or a wrap, gives no rate)."""
+    walls = np.fromiter((w for w, _ in points), np.float64, len(points))
+    values = np.fromiter((v for _, v in points), np.float64, len(points))
+    per_second = catalogue.rates(values, walls)
+    return [(w, float(r)) for w, r in zip(walls.tolist(), per_second, strict=True) if math.isfinite(r)]
 
 
 def label_of(name: str) -> str:
@@ -287,7 +291,7 @@ def gpu_lines(gpus: Mapping[str, Mapping[str, Sequence[Point]]], spark: int = 20
     head = "  ".join(f"{name:>{w}}" for (name, _), w in zip(columns, widths, strict=True))
     lines = [Line(f"{'gpu':<{label}}{head}  util recent", "heading")]
     for device, row in zip(devices, table, strict=True):
-        util = gpus[device].get("utilization_percent") or []
+        util = gpus[device].get(catalogue.GPU_UTILIZATION.suffix) or []
         cells = "  ".join(f"{c:>{w}}" for c, w in zip(row, widths, strict=True))
         lines.append(Line(f"  {device:<{label - 2}}{cells}  {sparkline([v for _, v in util], spark)}"))
     return lines
