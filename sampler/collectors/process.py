@@ -8,6 +8,8 @@ import psutil
 
 from sampler import catalogue
 from sampler.collectors.base import MB, MISSING, Collector, attempt
+from sampler.collectors.host import ProcFile
+from sampler.collectors.tree import Stat, parse_stat
 
 RSS = "resource/process/memory_in_use_mb"
 
@@ -41,8 +43,10 @@ class ProcessCollector(Collector):
         self.pid = pid
         self._process = psutil.Process(pid)
         self._process.cpu_percent(interval=None)  # prime: the first call has no window
-        self._inner = psutil.Process(pid)
-        self._inner.cpu_percent(interval=None)
+        self._stat = ProcFile(f"/proc/{pid}/stat")
+        stat = self._read_stat()
+        self._inner = None if stat is None else (stat.cpu_seconds, time.monotonic())
+        """(CPU seconds, monotonic s) at the previous tracked reading: its CPU window is its own."""
         self._schedstat = f"/proc/{pid}/schedstat"
         self._status = f"/proc/{pid}/status"
         status = self._read_status()
@@ -75,10 +79,21 @@ class ProcessCollector(Collector):
         ]
 
     def sample_tracked(self) -> list[float]:
-        proc = self._inner
-        cpu = attempt(lambda: proc.cpu_percent(interval=None))
-        rss = attempt(lambda: proc.memory_info().rss)
-        return [MISSING if cpu is None else float(cpu), _memory_mb(rss)]
+        """CPU % (as psutil's ``cpu_percent``) and RSS from one read of /proc/<pid>/stat, the
+        file psutil would open for the first, beside ``statm`` for the second."""
+        stat, at, last = self._read_stat(), time.monotonic(), self._inner
+        if stat is None:
+            return [MISSING, MISSING]
+        self._inner = (stat.cpu_seconds, at)
+        cpu = MISSING if last is None or at <= last[1] else (stat.cpu_seconds - last[0]) / (at - last[1])
+        return [round(cpu * 100, 1), _memory_mb(stat.rss_bytes)]
+
+    def _read_stat(self) -> Stat | None:
+        data = attempt(self._stat.read)
+        return None if data is None else parse_stat(data)
+
+    def close(self) -> None:
+        self._stat.close()
 
     def marks(self) -> list[float]:
         """The RSS peak (MB) when ``VmHWM``, as the latest ``sample()`` read it, rose since the
