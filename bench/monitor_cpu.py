@@ -1,13 +1,14 @@
 """Monitoring CPU per second: this monitor against an in-thread psutil monitor and the floor.
 
-    python -m bench.monitor_cpu [--quick] [--rounds N] [--seconds S]
+    python -m bench.monitor_cpu [--quick] [--rounds N] [--seconds S] [--inner-rate HZ]
 
 In the same run, in interleaved rounds (the order rotates each round, so drift in the
 machine's speed hits all three alike), with the backend otherwise idle and a 1 s interval:
 
 - ``monitor``: this monitor, isolated, with the categories cpu, memory, disk, network and
-  process and the default settings (inner rate included): the CPU of the threads it starts in
-  the backend (the monitor thread) and of its sampling child (every thread of it);
+  process and the default settings (the inner rate too, unless ``--inner-rate``): the CPU of
+  the threads it starts in the backend (the monitor thread) and of its sampling child (every
+  thread of it);
 - ``psutil``: an in-thread monitor of the same five categories as a training backend would
   write one with psutil: a daemon thread that each interval reads ``cpu_percent``,
   ``virtual_memory``, ``disk_usage`` and ``disk_io_counters``, ``net_io_counters``, and the
@@ -34,7 +35,7 @@ import psutil
 
 import sampler
 from bench.overhead import noop_sink
-from sampler.settings import DEFAULT_DISK_PATH
+from sampler.settings import DEFAULT_DISK_PATH, DEFAULT_INNER_RATE_HZ
 
 CATEGORIES = ("cpu", "memory", "disk", "network", "process")
 INTERVAL = 1.0
@@ -62,13 +63,14 @@ def cpu_ns(pid: int, tids: set[int]) -> int:
     return sum(task_cpu_ns(pid, tid) for tid in tids)
 
 
-def measure_monitor(seconds: float) -> dict[str, float]:
+def measure_monitor(seconds: float, inner_rate_hz: float) -> dict[str, float]:
     """This monitor: ms of CPU per second in the backend's new threads and in the child."""
     own = os.getpid()
     before = tasks(own)
     monitor = sampler.ResourceMonitor(
         interval_seconds=INTERVAL,
         categories=CATEGORIES,
+        inner_rate_hz=inner_rate_hz,
         sink=noop_sink,
         step_source="seconds",
         postmortem_dir=None,
@@ -148,9 +150,9 @@ def measure_thread(read: Callable[[], object], seconds: float) -> float:
     return (cpu1 - cpu0) / 1e6 / (wall1 - wall0)
 
 
-def measure(part: str, seconds: float) -> dict[str, float]:
+def measure(part: str, seconds: float, inner_rate_hz: float) -> dict[str, float]:
     if part == "monitor":
-        result = measure_monitor(seconds)
+        result = measure_monitor(seconds, inner_rate_hz)
         result["monitor"] = result["monitor backend"] + result["monitor child"]
         return result
     if part == "psutil":
@@ -158,14 +160,14 @@ def measure(part: str, seconds: float) -> dict[str, float]:
     return {"floor": measure_thread(lambda: None, seconds)}
 
 
-def rounds_of(count: int, seconds: float) -> list[dict[str, float]]:
+def rounds_of(count: int, seconds: float, inner_rate_hz: float) -> list[dict[str, float]]:
     """``count`` rounds of every part, the order rotated each round."""
     results = []
     for round_no in range(count):
         shift = round_no % len(PARTS)
         result: dict[str, float] = {}
         for part in PARTS[shift:] + PARTS[:shift]:
-            result |= measure(part, seconds)
+            result |= measure(part, seconds, inner_rate_hz)
         results.append(result)
         print(f"round {round_no + 1}/{count} done", file=sys.stderr, flush=True)
     return results
@@ -176,10 +178,11 @@ def spread(values: list[float], digits: int) -> str:
     return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}..{max(values):.{digits}f})"
 
 
-def report(results: list[dict[str, float]], seconds: float) -> str:
+def report(results: list[dict[str, float]], seconds: float, inner_rate_hz: float) -> str:
     lines = [
         f"{len(results)} interleaved rounds of {seconds:g} s, {INTERVAL:g} s interval, categories "
-        f"{','.join(CATEGORIES)}, idle backend; median (min..max) over rounds",
+        f"{','.join(CATEGORIES)}, inner rate {inner_rate_hz:g} Hz, idle backend; median (min..max) "
+        "over rounds",
         "",
         "| what | CPU ms/s | x psutil | x floor |",
         "|---|---|---|---|",
@@ -203,10 +206,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one short round (seconds)")
     parser.add_argument("--rounds", type=int, help="rounds (default 5, quick 1)")
     parser.add_argument("--seconds", type=float, help="seconds each part is measured per round (default 30)")
+    parser.add_argument(
+        "--inner-rate",
+        type=float,
+        default=DEFAULT_INNER_RATE_HZ,
+        help=f"the monitor's inner rate, Hz (default {DEFAULT_INNER_RATE_HZ:g}, the monitor's default)",
+    )
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 5)
     seconds = args.seconds or (3.0 if args.quick else 30.0)
-    print(report(rounds_of(rounds, seconds), seconds))
+    print(report(rounds_of(rounds, seconds, args.inner_rate), seconds, args.inner_rate))
     return 0
 
 
