@@ -180,6 +180,13 @@ class Ring:
         self._slot_bytes = stride * 8
         self._unpack_words = struct.Struct(f"<{stride}Q").unpack
         self._unpack_values = struct.Struct(f"<{n_fields}d").unpack_from
+        self._pack_record = struct.Struct(f"<Q{n_fields}d").pack
+        """A slot's timestamp and values, as the writer stores them after seq and checksum."""
+        self._unpack_record_words = struct.Struct(f"<{n_fields + 1}Q").unpack
+        self._words = memoryview(seg.buf).cast("Q")
+        """The segment as native words, as the numpy views see it: a store of one is one
+        8-byte store, which a reader never sees half done (struct's ``<Q`` stores byte by byte)."""
+        self._record_weights = self._weights_int[2:]
         self._next = self.head
 
     @classmethod
@@ -244,23 +251,39 @@ class Ring:
         return int(_U64.unpack_from(self._seg.buf, _HEAD_WORD * 8)[0])
 
     def write(self, values: Sequence[float] | npt.ArrayLike, timestamp_ns: int | None = None) -> int:
-        """Append one record; returns its record number."""
+        """Append one record; returns its record number.
+
+        A list or tuple is packed with struct, the checksum summed in Python: a writer that
+        sleeps between records pays for numpy's per-call paths in cold caches each time."""
         if not self._writer:
             raise PermissionError(f"ring {self.name!r} is attached read-only")
-        row_values = np.asarray(values, dtype=np.float64)
-        if row_values.shape != (len(self.fields),):
-            raise ValueError(f"expected {len(self.fields)} values, got shape {row_values.shape}")
-        ts = time.monotonic_ns() if timestamp_ns is None else int(timestamp_ns)
+        n_fields = len(self.fields)
+        row: Sequence[float]
+        if isinstance(values, list | tuple):
+            row = values
+        else:
+            array = np.asarray(values, dtype=np.float64)
+            if array.shape != (n_fields,):
+                raise ValueError(f"expected {n_fields} values, got shape {array.shape}")
+            row = array.tolist()
+        if len(row) != n_fields:
+            raise ValueError(f"expected {n_fields} values, got {len(row)}")
+        ts = (time.monotonic_ns() if timestamp_ns is None else int(timestamp_ns)) & _MASK
+        try:
+            packed = self._pack_record(ts, *row)
+        except struct.error as exc:
+            raise ValueError(f"expected {n_fields} values, one of them is not a number ({exc})") from None
         index = self._next
-        slot = index % self.capacity
         committed = 2 * index + 2
-        row = self._slots[slot]
-        row[0] = committed - 1
-        self._fslots[slot, _SLOT_META:] = row_values
-        row[2] = ts & _MASK
-        row[1] = (int((row[2:] * self._weights[1:]).sum(dtype=np.uint64)) + committed * self._seed) & _MASK
-        row[0] = committed
-        self._head[0] = index + 1
+        buf, offset = self._seg.buf, self._data_offset + index % self.capacity * self._slot_bytes
+        words = self._unpack_record_words(packed)
+        checksum = (sum(map(operator.mul, words, self._record_weights)) + committed * self._seed) & _MASK
+        words_out, seq_word = self._words, offset // 8
+        words_out[seq_word] = committed - 1
+        buf[offset + _TIMESTAMP_OFFSET : offset + self._slot_bytes] = packed
+        words_out[seq_word + 1] = checksum
+        words_out[seq_word] = committed
+        words_out[_HEAD_WORD] = index + 1
         self._next = index + 1
         return index
 
@@ -406,6 +429,7 @@ class Ring:
         if self._seg.buf.closed:
             return
         del self._head, self._slots, self._fslots, self._seq
+        self._words.release()
         self._seg.close()
 
     def unlink(self) -> bool:

@@ -142,3 +142,34 @@ def test_prometheus_cost_benchmark_prints_the_scrape_and_backend_costs() -> None
     assert scrapes > 0 and size > 0 and latency > 0
     assert float(rows["on, 1/s"][0]) > 0  # the other process scraped
     assert all(float(rows[label][2]) > 0 and float(rows[label][6]) > 0 for label in ("off", "on, 1/s"))
+
+
+@pytest.mark.usefixtures("whole_machine")  # it loads the machine to measure it
+def test_monitor_cpu_benchmark_prints_each_part_and_its_ratios() -> None:
+    done = quick("bench.monitor_cpu")
+    rows = {
+        row[1].strip(): [cell.strip().split(" ")[0] for cell in row[2:-1]]
+        for row in (line.split("|") for line in done.stdout.splitlines() if line.startswith("| "))
+    }
+    parts = ("monitor backend", "monitor child", "monitor", "psutil", "floor")
+    assert all(float(rows[part][0]) > 0 for part in parts)  # CPU ms/s of each, as the kernel counted it
+    backend, child, total = (float(rows[part][0]) for part in parts[:3])
+    assert total == pytest.approx(backend + child, abs=0.002)
+    assert float(rows["psutil"][1]) == 1.0 and float(rows["floor"][2]) == 1.0  # each against itself
+    assert "Goal, monitor total <= in-thread psutil monitor" in done.stdout
+
+
+def test_child_breakdown_times_every_phase_of_the_childs_loop() -> None:
+    done = quick("bench.child_breakdown")
+    rows = {
+        row[1].strip(): [cell.strip() for cell in row[2:-1]]
+        for row in (line.split("|") for line in done.stdout.splitlines() if line.startswith("| "))
+    }
+    for collector in ("cpu", "memory", "disk", "network", "process"):
+        assert float(rows[f"{collector}.sample"][1]) > 0  # ms per call in the loop
+    for tracked in ("cpu", "memory", "process"):
+        assert float(rows[f"{tracked}.sample_tracked"][0]) > 1  # read between records: above 1/s
+    for phase in ("ring write", "status block", "peaks and means", "loop and wake-ups (the rest)"):
+        assert float(rows[phase][4]) > 0  # CPU ms/s
+    phases = [float(cells[4]) for name, cells in rows.items() if name not in ("phase", "all")]
+    assert float(rows["all"][4]) == pytest.approx(sum(phases), abs=0.001 * len(phases) + 0.001)

@@ -7,7 +7,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import psutil
@@ -21,12 +23,13 @@ from sampler.child.peaks import PeakTracker
 from sampler.collectors import base, process
 from sampler.collectors.base import Collector, Readings
 from sampler.collectors.container import ContainerCollector
-from sampler.collectors.host import CpuCollector, NetworkCollector
+from sampler.collectors.host import CpuCollector, MemoryCollector, NetworkCollector, ProcFile
 from sampler.collectors.process import ProcessCollector
 
 PEAK = "resource/process/memory_in_use_mb_peak"
 MEAN = "resource/process/memory_in_use_mb_mean"
 RSS = "resource/process/memory_in_use_mb"
+T = TypeVar("T")
 
 
 class Tracked(Collector):
@@ -197,6 +200,86 @@ def test_tracked_system_cpu_is_a_percentage() -> None:
     _spin(0.2)
     (value,) = collector.sample_tracked()
     assert 0 < value <= 100
+
+
+def as_psutil_reads(procfs: Path, read: Callable[[], T]) -> T:
+    """``read()`` with psutil reading ``procfs`` as /proc, for a file the test wrote."""
+    saved, psutil.PROCFS_PATH = psutil.PROCFS_PATH, str(procfs)
+    try:
+        return read()
+    finally:
+        psutil.PROCFS_PATH = saved
+
+
+def meminfo_reader(procfs: Path, text: str) -> MemoryCollector:
+    """A memory collector reading ``text`` as /proc/meminfo."""
+    (procfs / "meminfo").write_text(text)
+    collector = MemoryCollector(swap=False)
+    collector._meminfo = ProcFile(str(procfs / "meminfo"))
+    return collector
+
+
+def test_tracked_memory_is_psutils_percentage(tmp_path: Path) -> None:
+    real = Path("/proc/meminfo").read_text()
+    collector = meminfo_reader(tmp_path, real)
+    assert collector.sample_tracked() == [as_psutil_reads(tmp_path, psutil.virtual_memory).percent]
+    # Another kernel's: MemAvailable past MemTotal (psutil then counts MemFree as available).
+    lines = [line for line in real.splitlines() if not line.startswith("MemAvailable:")]
+    total = int(lines[0].split()[1])
+    collector = meminfo_reader(tmp_path, "\n".join([*lines[:2], f"MemAvailable: {total + 1} kB", *lines[2:]]))
+    assert collector.sample_tracked() == [as_psutil_reads(tmp_path, psutil.virtual_memory).percent]
+    collector.close()
+
+
+def test_tracked_memory_without_memavailable_is_psutils_estimate(tmp_path: Path) -> None:
+    """Kernels before 3.14 give no MemAvailable, and some give 0: psutil estimates it."""
+    real = Path("/proc/meminfo").read_text().splitlines()
+    for available in ([], ["MemAvailable:          0 kB"]):
+        lines = [*real[:2], *available, *(line for line in real[2:] if not line.startswith("MemAvailable:"))]
+        collector = meminfo_reader(tmp_path, "\n".join(lines) + "\n")
+        tracked = as_psutil_reads(tmp_path, collector.sample_tracked)  # its estimate reads the same file
+        expected = as_psutil_reads(tmp_path, psutil.virtual_memory).percent
+        assert tracked == [expected] and 0 < expected < 100
+        collector.close()
+
+
+def test_tracked_system_cpu_is_psutils_busy_share(tmp_path: Path) -> None:
+    """The tracked CPU % from /proc/stat's first line, as from ``psutil.cpu_times``."""
+    collector = CpuCollector()
+    collector._stat = ProcFile(str(tmp_path / "stat"))
+    lines = Path("/proc/stat").read_text().splitlines()
+    first = [int(n) for n in lines[0].split()[1:]]
+    readings = []
+    for step in range(3):
+        ticks = [n + (k + 1) * step * 7 for k, n in enumerate(first)]  # every field moves, idle too
+        (tmp_path / "stat").write_text("\n".join(["cpu  " + " ".join(map(str, ticks)), *lines[1:]]) + "\n")
+        readings.append((collector.sample_tracked()[0], as_psutil_reads(tmp_path, psutil.cpu_times)))
+    for (value, times), (_, before) in zip(readings[1:], readings[:-1], strict=True):
+        busy = sum(times) - times.idle - times.iowait - (sum(before) - before.idle - before.iowait)
+        assert value == pytest.approx(100 * busy / (sum(times) - sum(before)), rel=1e-9)
+    collector.close()
+
+
+def test_unreadable_proc_files_give_no_tracked_reading(tmp_path: Path) -> None:
+    cpu, memory = CpuCollector(), MemoryCollector(swap=False)
+    cpu._stat = ProcFile(str(tmp_path / "stat"))  # no such file: the kernel gives none
+    memory._meminfo = ProcFile(str(tmp_path / "meminfo"))
+    assert math.isnan(cpu.sample_tracked()[0]) and math.isnan(memory.sample_tracked()[0])
+    (tmp_path / "meminfo").write_text("MemTotal: 100 kB\n")  # no MemFree: not parsed
+    assert math.isnan(memory.sample_tracked()[0])
+    cpu.close()
+    memory.close()
+
+
+def test_tracked_process_readings_are_psutils() -> None:
+    proc = psutil.Process()
+    collector = ProcessCollector(proc.pid)
+    proc.cpu_percent(interval=None)  # the same window, give or take the two calls
+    _spin(0.3)
+    cpu, rss = collector.sample_tracked()
+    assert cpu == pytest.approx(proc.cpu_percent(interval=None), abs=10)  # percent of one core
+    assert rss * 2**20 == pytest.approx(proc.memory_info().rss, abs=2**20)
+    collector.close()
 
 
 def test_tracked_reading_of_a_vanished_process_is_missing() -> None:

@@ -217,7 +217,9 @@ def test_write_on_read_only_attach_raises(rings):
     assert w.write(record_values(0)) == 0
 
 
-@pytest.mark.parametrize("bad", [[], [1.0, 2.0], [1.0, 2.0, 3.0, 4.0], [[1.0, 2.0, 3.0]], 1.0])
+@pytest.mark.parametrize(
+    "bad", [[], [1.0, 2.0], [1.0, 2.0, 3.0, 4.0], [[1.0, 2.0, 3.0]], 1.0, [1.0, "x", 3.0], (1.0, [2.0], 3.0)]
+)
 def test_wrong_number_of_values_raises(rings, bad):
     w = rings.create()
     with pytest.raises(ValueError, match="expected 3 values"):

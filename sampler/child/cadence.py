@@ -1,7 +1,9 @@
-"""Wall-clock sampling schedule shared by the child and the in-thread mode."""
+"""Wall-clock sampling schedule shared by the child and the in-thread mode, and the child's
+stop flag its sleeps wait on."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 FIRST_SAMPLE_MAX_DELAY = 1.0
@@ -25,3 +27,32 @@ class Cadence:
         now = time.monotonic()
         if self.due < now:
             self.due += (now - self.due) // self.interval * self.interval + self.interval
+
+
+class Stop:
+    """A flag set once, by another thread, that a sleeping thread wakes for: ``threading.Event``'s
+    ``set``, ``is_set`` and ``wait``, the wait one lock acquisition (an Event's runs a
+    Condition's Python code, about 20 us more CPU per wake-up in a thread that wakes cold five
+    times a second)."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._lock = threading.Lock()
+        self._lock.acquire()  # held until set
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            self._lock.release()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the flag is set, waiting up to ``timeout`` seconds (>= 0) for it."""
+        if self._set:
+            return True
+        if self._lock.acquire(timeout=timeout):
+            self._lock.release()  # every later wait returns at once
+            return True
+        return False

@@ -30,7 +30,7 @@ import psutil
 
 from ringbuf import Ring
 from sampler.child import postmortem, snapshot
-from sampler.child.cadence import Cadence
+from sampler.child.cadence import Cadence, Stop
 from sampler.child.peaks import PeakTracker
 from sampler.collectors import Collector, build_collector, nvml
 from sampler.collectors.base import starvation
@@ -85,7 +85,7 @@ class Child:
         self.wake_fd = wake_fd
         """The wake-up pipe's write end (non-blocking): a byte per record."""
         self.status = status
-        self.stop = threading.Event()
+        self.stop = Stop()
         self.finished = threading.Event()
         self.collectors: list[Collector] = []
         self._tracking: list[tuple[Collector, int]] = []

@@ -9,6 +9,8 @@ import psutil
 from sampler import catalogue
 from sampler.catalogue import MIB
 from sampler.collectors.base import MISSING, Collector, Readings, attempt
+from sampler.collectors.host import ProcFile
+from sampler.collectors.tree import Stat, parse_stat
 
 RSS = catalogue.PROCESS_RSS.name
 
@@ -30,8 +32,10 @@ class ProcessCollector(Collector):
         self.pid = pid
         self._process = psutil.Process(pid)
         self._process.cpu_percent(interval=None)  # prime: the first call has no window
-        self._inner = psutil.Process(pid)
-        self._inner.cpu_percent(interval=None)
+        self._stat = ProcFile(f"/proc/{pid}/stat")
+        stat = self._read_stat()
+        self._inner = None if stat is None else (stat.cpu_seconds, time.monotonic())
+        """(CPU seconds, monotonic s) at the previous tracked reading: its CPU window is its own."""
         self._schedstat = f"/proc/{pid}/schedstat"
         self._status = f"/proc/{pid}/status"
         status = self._read_status()
@@ -69,13 +73,23 @@ class ProcessCollector(Collector):
         return readings
 
     def read_tracked(self) -> list[Readings]:
-        proc = self._inner
-        cpu = attempt(lambda: proc.cpu_percent(interval=None))
-        rss = attempt(lambda: proc.memory_info().rss)
-        readings = {catalogue.PROCESS_RSS: _memory_mb(rss)}
-        if cpu is not None:
-            readings[catalogue.PROCESS_CPU] = float(cpu)
+        """CPU % (as psutil's ``cpu_percent``) and RSS from one read of /proc/<pid>/stat, the
+        file psutil would open for the first, beside ``statm`` for the second."""
+        stat, at, last = self._read_stat(), time.monotonic(), self._inner
+        if stat is None:
+            return [{}]
+        self._inner = (stat.cpu_seconds, at)
+        readings = {catalogue.PROCESS_RSS: _memory_mb(stat.rss_bytes)}
+        if last is not None and at > last[1]:
+            readings[catalogue.PROCESS_CPU] = round((stat.cpu_seconds - last[0]) / (at - last[1]) * 100, 1)
         return [readings]
+
+    def _read_stat(self) -> Stat | None:
+        data = attempt(self._stat.read)
+        return None if data is None else parse_stat(data)
+
+    def close(self) -> None:
+        self._stat.close()
 
     def read_marks(self) -> list[Readings]:
         """The RSS peak (MB) when ``VmHWM``, as the latest ``sample()`` read it, rose since the

@@ -67,8 +67,11 @@ def read_stat(path: Path) -> Stat | None:
     gone or the file cannot be parsed. What psutil reads from two files (``stat`` and ``statm``)
     through a handle's cache, for a reading taken ten times a second in every process of the tree."""
     data = attempt(path.read_bytes)  # a failure for want of descriptors or memory is counted
-    if data is None:
-        return None
+    return None if data is None else parse_stat(data)
+
+
+def parse_stat(data: bytes) -> Stat | None:
+    """``read_stat``'s reading from the file's bytes; None when they cannot be parsed."""
     fields = data[data.rfind(b")") + 2 :].split()  # after the command name, which may hold anything
     # fields[0] is the state (field 3 of proc(5)): utime, stime, cutime, cstime and rss are
     # fields 14 to 17 and 24.
