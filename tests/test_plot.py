@@ -33,6 +33,7 @@ from sampler.commands import plot as command
 from sampler.store.reader import Run, StoreReader
 from sampler.store.writer import RunInfo, RunWriter
 from sampler.views import plot
+from sampler.views.panels import matches
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPERATURES = (41.0, 67.0)
@@ -307,10 +308,10 @@ def test_a_model_that_restarted_leaves_a_gap_not_a_line_back(counters: Counter) 
 
 
 def test_a_pattern_selects_signals(store: Path) -> None:
-    assert plot.matches("resource/gpu/1/power_watts", "resource/gpu/*")
-    assert not plot.matches("train/gpu_loss", "resource/gpu/*")  # a glob spans the whole name
-    assert plot.matches("train/loss", "loss") and not plot.matches("train/loss", "Loss")  # substring
-    assert plot.matches("anything", None)
+    assert matches("resource/gpu/1/power_watts", "resource/gpu/*")
+    assert not matches("train/gpu_loss", "resource/gpu/*")  # a glob spans the whole name
+    assert matches("train/loss", "loss") and not matches("train/loss", "Loss")  # substring
+    assert matches("anything", None)
     gpu, _ = draw(store, [2], pattern="resource/gpu/*")
     assert len(panels(gpu)) == GPU_PANELS and all(key.startswith("resource/gpu/*/") for key in panels(gpu))
     loss, _ = draw(store, [2], pattern="loss")
