@@ -19,7 +19,7 @@ from sampler.collectors.base import Collector
 from sampler.collectors.container import ContainerCollector
 from sampler.collectors.host import MemoryCollector
 from sampler.collectors.pressure import PressureCollector
-from sampler.views import formatting, plot, top
+from sampler.views import formatting, panels, top
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 MiB = 1024**2
@@ -216,13 +216,13 @@ def every_name() -> list[str]:
 
 def test_the_plot_draws_a_panel_per_signal_titled_and_in_units_as_the_catalogue_says() -> None:
     names = every_name()
-    drawn = plot.panels(names)
+    drawn = panels.panels(names)
     titles = [panel.title for panel in drawn]
     assert len(titles) == len(set(titles))
     assert {panel.title for panel in drawn} == {
         s.title for s in catalogue.SIGNALS.values() if s.kind != catalogue.RATE and s.shown_as is None
     }  # a counter's rate is drawn from the counter, and a counter with a gauge for its rate is that gauge
-    alone = plot.panels(["resource/process/cpu_seconds"])  # without its gauge: drawn as its rate
+    alone = panels.panels(["resource/process/cpu_seconds"])  # without its gauge: drawn as its rate
     assert [(p.title, p.unit, p.rate) for p in alone] == [("process CPU time", "s/s", True)]
     units = {panel.key.removeprefix(catalogue.PREFIX): panel.unit for panel in drawn}
     assert units["process_tree/process_count"] == "processes"

@@ -446,6 +446,26 @@ def test_each_rule_fires_on_its_signals_and_is_ranked_by_how_far_past_its_thresh
     assert "40.0 MiB/s back from swap" in text and "wrote 30.0 MiB/s out" in text
 
 
+def test_pressure_prefers_the_cgroups_share_and_cites_every_task_stalled_at_once() -> None:
+    io = {
+        "resource/pressure/io_some_percent": during(90, 1),
+        "resource/pressure/cgroup_io_some_percent": during(70, 1),
+        "resource/pressure/cgroup_io_full_percent": during(40, 0),
+    }
+    (reason,) = reasons_with(**io)
+    assert reason.cause == "io_pressure" and "every task at once 40%" in reason.text
+    assert [e.signal for e in reason.evidence] == [
+        "resource/pressure/cgroup_io_some_percent",
+        "resource/pressure/cgroup_io_full_percent",
+    ]
+    memory = {
+        "resource/pressure/memory_some_percent": during(50, 2),
+        "resource/pressure/memory_full_percent": during(3, 1),  # up 2 points: not cited
+    }
+    (reason,) = reasons_with(**memory)
+    assert [e.signal for e in reason.evidence] == ["resource/pressure/memory_some_percent"]
+
+
 def test_a_run_slowed_for_most_of_its_time_keeps_its_unhindered_speed_as_typical() -> None:
     steps = [50] * 12 + [10] * 18  # 60 % of the windows at a fifth of the speed
     found = stretches.find(timeline([0.1] * 30, steps))

@@ -14,9 +14,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import fake_driver
+import numpy as np
 import pynvml
 import pytest
 from conftest import FAST, run_command, wait_for
@@ -30,9 +32,12 @@ from sampler import catalogue
 from sampler.collectors.gpu import THROTTLE_FIELDS
 from sampler.collectors.gpu_gpm import GPM_METRICS
 from sampler.commands import plot as command
-from sampler.store.reader import Run, StoreReader
+from sampler.store.reader import Run, Series, StoreReader
 from sampler.store.writer import RunInfo, RunWriter
 from sampler.views import plot
+from sampler.views.lines import points as prepared
+from sampler.views.panels import matches
+from sampler.views.panels import panels as chosen
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPERATURES = (41.0, 67.0)
@@ -306,11 +311,29 @@ def test_a_model_that_restarted_leaves_a_gap_not_a_line_back(counters: Counter) 
     assert sum(math.isnan(y) for _, y in points) == 1
 
 
+def test_a_lines_points_are_in_time_order_scaled_and_broken_where_the_step_went_back() -> None:
+    run = cast(Run, SimpleNamespace(started_at=0.5))
+    (gauge,) = chosen([catalogue.name_of(catalogue.CPU_UTILIZATION)])
+    read = Series(gauge.key, [20, 0, 10, 0], [2.0, 0.0, 1.0, 3.0], [30.0, 10.0, 20.0, math.nan])
+    by_step = prepared(read, run, "step", gauge)
+    assert np.array_equal(by_step, [[0, 10, 20, 0, 0], [10, 20, 30, math.nan, math.nan]], equal_nan=True)
+    by_seconds = prepared(read, run, "seconds", gauge)
+    assert np.array_equal(by_seconds, [[-0.5, 0.5, 1.5, 2.5], [10, 20, 30, math.nan]], equal_nan=True)
+    # A counter in bytes, drawn as MiB/s: the reading at the same instant as the one before is
+    # left out, the first has no rate, and the step that went back breaks the line.
+    (counter,) = chosen([catalogue.name_of(catalogue.NETWORK_SENT)])
+    mib = float(catalogue.MIB)
+    sent = Series(counter.key, [0, 1, 2, 0, 1], [0.0, 1.0, 1.0, 2.0, 3.0], [v * mib for v in (0, 1, 5, 3, 5)])
+    assert np.array_equal(
+        prepared(sent, run, "step", counter), [[1, 0, 0, 1], [1, math.nan, 2, 2]], equal_nan=True
+    )
+
+
 def test_a_pattern_selects_signals(store: Path) -> None:
-    assert plot.matches("resource/gpu/1/power_watts", "resource/gpu/*")
-    assert not plot.matches("train/gpu_loss", "resource/gpu/*")  # a glob spans the whole name
-    assert plot.matches("train/loss", "loss") and not plot.matches("train/loss", "Loss")  # substring
-    assert plot.matches("anything", None)
+    assert matches("resource/gpu/1/power_watts", "resource/gpu/*")
+    assert not matches("train/gpu_loss", "resource/gpu/*")  # a glob spans the whole name
+    assert matches("train/loss", "loss") and not matches("train/loss", "Loss")  # substring
+    assert matches("anything", None)
     gpu, _ = draw(store, [2], pattern="resource/gpu/*")
     assert len(panels(gpu)) == GPU_PANELS and all(key.startswith("resource/gpu/*/") for key in panels(gpu))
     loss, _ = draw(store, [2], pattern="loss")

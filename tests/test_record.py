@@ -13,7 +13,7 @@ import pytest
 from sampler import catalogue
 from sampler.pipeline.derived import THROUGHPUT, PerStep
 from sampler.store.reader import Run, Series
-from sampler.views import plot, top
+from sampler.views import lines, panels, top
 
 RECORDED = {
     "cpu": ["cpu/utilization_percent"],
@@ -159,13 +159,13 @@ def test_the_vectorized_rates_are_the_scalar_rule_pair_by_pair() -> None:
 
 
 def _drawn(walls: list[float], values: list[float]) -> list[float]:
-    """``plot.points``' y for a disk-read counter read at ``walls`` (step = index)."""
-    (panel,) = plot.panels([catalogue.DISK_READ.name])
+    """``lines.points``' y for a disk-read counter read at ``walls`` (step = index)."""
+    (panel,) = panels.panels([catalogue.DISK_READ.name])
     assert panel.rate
     series = Series(catalogue.DISK_READ.name, list(range(len(walls))), walls, values)
     run = cast(Run, SimpleNamespace(started_at=0.0))
-    _, ys = plot.points(series, run, "seconds", panel)
-    return ys
+    _, ys = lines.points(series, run, "seconds", panel)
+    return ys.tolist()
 
 
 def test_plot_draws_a_counter_by_the_one_rate_rule() -> None:

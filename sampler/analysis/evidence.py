@@ -81,16 +81,24 @@ def _first(timeline: Timeline, names: Iterable[str], inside: Mask, baseline: Mas
 Rule = Callable[[Timeline, Mask, Mask], list[Reason]]
 
 
-def _pressure(resource: str, what: str, threshold: float) -> Rule:
-    """Stall time of ``resource`` (cpu, memory, io): the backend's cgroup's where recorded, else
-    the system's; a reason when it rose by ``threshold`` points and by half (on a busy host the
-    typical share is already high)."""
+_FULL_PRESSURE = {
+    catalogue.PRESSURE_MEMORY_SOME: catalogue.PRESSURE_MEMORY_FULL,
+    catalogue.PRESSURE_IO_SOME: catalogue.PRESSURE_IO_FULL,
+    catalogue.PRESSURE_CGROUP_MEMORY_SOME: catalogue.PRESSURE_CGROUP_MEMORY_FULL,
+    catalogue.PRESSURE_CGROUP_IO_SOME: catalogue.PRESSURE_CGROUP_IO_FULL,
+}
+"""A share of time some task stalled -> the share every task did at once, where recorded."""
+
+
+def _pressure(
+    resource: str, cgroup: catalogue.Signal, system: catalogue.Signal, what: str, threshold: float
+) -> Rule:
+    """Stall time of ``resource`` (cpu, memory, io): the backend's ``cgroup``'s where recorded,
+    else the ``system``'s; a reason when it rose by ``threshold`` points and by half (on a busy
+    host the typical share is already high)."""
+    names = {catalogue.name_of(signal): signal for signal in (cgroup, system)}
 
     def rule(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
-        names = (
-            f"resource/pressure/cgroup_{resource}_some_percent",
-            f"resource/pressure/{resource}_some_percent",
-        )
         found = _first(timeline, names, inside, baseline)
         if found is None or found.stretch - found.typical < threshold or found.stretch < 1.5 * found.typical:
             return []
@@ -98,7 +106,8 @@ def _pressure(resource: str, what: str, threshold: float) -> Rule:
             f"{resource} pressure: {what} {found.stretch:.0f}% of the time (typically {found.typical:.0f}%)"
         )
         evidence = [found.evidence]
-        full = _compare(timeline, found.name.replace("_some_", "_full_"), inside, baseline)
+        every = _FULL_PRESSURE.get(names[found.name])
+        full = None if every is None else _compare(timeline, catalogue.name_of(every), inside, baseline)
         if full is not None and full.stretch - full.typical >= threshold / 2:
             text += f", every task at once {full.stretch:.0f}%"
             evidence.append(full.evidence)
@@ -110,7 +119,7 @@ def _pressure(resource: str, what: str, threshold: float) -> Rule:
 
 
 def _cpu_starved(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
-    wait = _compare(timeline, "resource/process/cpu_wait_percent", inside, baseline)
+    wait = _compare(timeline, catalogue.name_of(catalogue.PROCESS_CPU_WAIT), inside, baseline)
     if wait is None or wait.stretch - wait.typical < 20:
         return []
     text = (
@@ -122,14 +131,14 @@ def _cpu_starved(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reaso
 
 def _cores_allowed(timeline: Timeline, inside: Mask, baseline: Mask) -> float | None:
     """The CPUs the backend's tree could have: its affinity, capped by a container quota."""
-    cores = _compare(timeline, "resource/process/cpu_cores_allowed", inside, inside | baseline)
-    quota = _compare(timeline, "resource/container/cpu_quota_cores", inside, inside | baseline)
+    cores = _compare(timeline, catalogue.name_of(catalogue.PROCESS_CORES), inside, inside | baseline)
+    quota = _compare(timeline, catalogue.name_of(catalogue.CONTAINER_CPU_QUOTA), inside, inside | baseline)
     limits = [c.stretch for c in (cores, quota) if c is not None and c.stretch > 0]
     return min(limits) if limits else None
 
 
 def _workers_saturated(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
-    tree = _compare(timeline, "resource/process_tree/cpu_utilization_percent", inside, baseline)
+    tree = _compare(timeline, catalogue.name_of(catalogue.TREE_CPU), inside, baseline)
     cores = _cores_allowed(timeline, inside, baseline)
     if tree is None or cores is None:
         return []
@@ -144,7 +153,7 @@ def _workers_saturated(timeline: Timeline, inside: Mask, baseline: Mask) -> list
 
 
 def _gil_bound(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
-    backend = _compare(timeline, "resource/process/cpu_utilization_percent", inside, baseline)
+    backend = _compare(timeline, catalogue.name_of(catalogue.PROCESS_CPU), inside, baseline)
     if backend is None or not 85 <= backend.stretch <= 115 or abs(backend.typical - 100) <= 25:
         return []
     text = (
@@ -155,7 +164,7 @@ def _gil_bound(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]
 
 
 def _all_cores_busy(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
-    system = _compare(timeline, "resource/cpu/utilization_percent", inside, baseline)
+    system = _compare(timeline, catalogue.name_of(catalogue.CPU_UTILIZATION), inside, baseline)
     if system is None or system.stretch < 90 or system.stretch - system.typical < 15:
         return []
     text = f"every core of the host was busy ({system.stretch:.0f}% CPU, typically {system.typical:.0f}%)"
@@ -163,7 +172,7 @@ def _all_cores_busy(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Re
 
 
 def _container_memory(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
-    used = _compare(timeline, "resource/container/memory_used_percent", inside, baseline)
+    used = _compare(timeline, catalogue.name_of(catalogue.CONTAINER_MEMORY_PERCENT), inside, baseline)
     if used is None or used.stretch < 90 or used.stretch - used.typical < 5:
         return []
     text = f"memory at {used.stretch:.0f}% of the container's limit (typically {used.typical:.0f}%)"
@@ -175,7 +184,7 @@ SWAP_IN_MIB_PER_SECOND = 1.0
 
 
 def _swapping(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
-    swap_in = _compare(timeline, "resource/memory/swapped_in_mb_per_second", inside, baseline)
+    swap_in = _compare(timeline, catalogue.name_of(catalogue.SWAPPED_IN_RATE), inside, baseline)
     if (
         swap_in is None
         or swap_in.stretch - swap_in.typical < SWAP_IN_MIB_PER_SECOND
@@ -187,7 +196,7 @@ def _swapping(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
         f"{swap_in.typical:.1f}): memory the training needed had been pushed out"
     )
     evidence = [swap_in.evidence]
-    swap_out = _compare(timeline, "resource/memory/swapped_out_mb_per_second", inside, baseline)
+    swap_out = _compare(timeline, catalogue.name_of(catalogue.SWAPPED_OUT_RATE), inside, baseline)
     if swap_out is not None and swap_out.stretch - swap_out.typical >= SWAP_IN_MIB_PER_SECOND:
         text += f", and wrote {swap_out.stretch:.1f} MiB/s out"
         evidence.append(swap_out.evidence)
@@ -195,11 +204,11 @@ def _swapping(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
     return [Reason("swap", text, tuple(evidence), float(strength))]
 
 
-_GPU = re.compile(rf"^resource/gpu/({catalogue.DEVICE_LABEL.pattern})/")
+_GPU = re.compile(rf"^{re.escape(catalogue.GPU_NAME_PREFIX)}({catalogue.DEVICE_LABEL.pattern})/")
 _THROTTLES = (
-    ("throttle_power", "power"),
-    ("throttle_thermal", "thermal"),
-    ("throttle_hw_slowdown", "hardware"),
+    (catalogue.GPU_THROTTLE_POWER, "power"),
+    (catalogue.GPU_THROTTLE_THERMAL, "thermal"),
+    (catalogue.GPU_THROTTLE_HW_SLOWDOWN, "hardware"),
 )
 
 
@@ -232,7 +241,8 @@ def _gpu_throttled_time(timeline: Timeline, inside: Mask, baseline: Mask) -> lis
 
 
 def _throttle_share(device: str, part: str) -> str:
-    return f"resource/gpu/{device}/throttled_{part}_seconds{catalogue.RATE_SUFFIX}"
+    counter = catalogue.THROTTLED[part]
+    return catalogue.name_of(catalogue.SIGNALS[counter.key + catalogue.RATE_SUFFIX], device)
 
 
 def _gpu_throttled(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
@@ -244,8 +254,8 @@ def _gpu_throttled(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Rea
             for part, _, _ in catalogue.THROTTLE_REASONS
         ):
             continue
-        for suffix, why in _THROTTLES:
-            name = f"resource/gpu/{device}/{suffix}"
+        for signal, why in _THROTTLES:
+            name = catalogue.name_of(signal, device)
             column = timeline.column(name)
             if column is None:
                 continue
@@ -272,7 +282,10 @@ def _gpu_idle(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
     while a kernel waits in a collective, else NVML's utilization, which reads 100% then."""
     reasons = []
     for device in _gpus(timeline):
-        names = (f"resource/gpu/{device}/sm_activity_percent", f"resource/gpu/{device}/utilization_percent")
+        names = (
+            catalogue.name_of(catalogue.GPU_SM_ACTIVITY, device),
+            catalogue.name_of(catalogue.GPU_UTILIZATION, device),
+        )
         util = _first(timeline, names, inside, baseline)
         what = "its SMs were" if util is not None and util.name == names[0] else "it was"
         if util is not None and util.typical - util.stretch >= 20:
@@ -280,7 +293,7 @@ def _gpu_idle(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
                 f"GPU {device}: {what} busy {util.stretch:.0f}% of the time (typically {util.typical:.0f}%)"
             )
             evidence = [util.evidence]
-            power = _compare(timeline, f"resource/gpu/{device}/energy_joules_per_second", inside, baseline)
+            power = _compare(timeline, catalogue.name_of(catalogue.GPU_ENERGY_RATE, device), inside, baseline)
             if power is not None and power.stretch < power.typical:  # the energy counter agrees
                 text += f", drawing {power.stretch:.0f} W (typically {power.typical:.0f} W)"
                 evidence.append(power.evidence)
@@ -291,9 +304,23 @@ def _gpu_idle(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
 
 RULES: tuple[Rule, ...] = (
     _cpu_starved,
-    _pressure("cpu", "runnable tasks waited for a CPU", 10.0),
-    _pressure("memory", "tasks stalled on memory (reclaim, swap-in, refaults)", 5.0),
-    _pressure("io", "tasks waited for I/O", 5.0),
+    _pressure(
+        "cpu",
+        catalogue.PRESSURE_CGROUP_CPU_SOME,
+        catalogue.PRESSURE_CPU_SOME,
+        "runnable tasks waited for a CPU",
+        10.0,
+    ),
+    _pressure(
+        "memory",
+        catalogue.PRESSURE_CGROUP_MEMORY_SOME,
+        catalogue.PRESSURE_MEMORY_SOME,
+        "tasks stalled on memory (reclaim, swap-in, refaults)",
+        5.0,
+    ),
+    _pressure(
+        "io", catalogue.PRESSURE_CGROUP_IO_SOME, catalogue.PRESSURE_IO_SOME, "tasks waited for I/O", 5.0
+    ),
     _workers_saturated,
     _gil_bound,
     _all_cores_busy,

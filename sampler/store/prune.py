@@ -20,11 +20,11 @@ from typing import NamedTuple
 
 import psutil
 
+from sampler.catalogue import MIB
 from sampler.store import schema
 from sampler.store.reader import RUN_COLUMNS, Run, decode_run
 from sampler.store.writer import process_started_after_boot
 
-MIB = 1024**2
 BATCH_SECONDS = 0.025
 """How long one transaction deleting points holds the store, about (its size follows)."""
 PAUSE_SECONDS = (0.01, 0.04)

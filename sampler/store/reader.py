@@ -27,8 +27,10 @@ from sampler.store import schema
 from sampler.store.decoding import MAX_TIME, PIDS, WHOLE, Row, checked, decode_text, finite, malformed
 from sampler.util.quoting import printable
 
-ENERGY_GLOB = catalogue.PREFIX + catalogue.GPU_KEY_PREFIX.replace(catalogue.DEVICE, "*") + "energy_joules"
+ENERGY_GLOB = catalogue.name_of(catalogue.GPU_ENERGY, "*")
 """Every GPU's energy counter, as a GLOB pattern over signal names."""
+RESOURCE_LIKE = catalogue.PREFIX + "%"
+"""Every resource signal's name, as a LIKE pattern (the prefix has no ``_`` or ``%``)."""
 CHUNK_ROWS = 8192
 """Rows read at a time into numpy."""
 COLUMNS_PER_QUERY = 1000
@@ -414,8 +416,8 @@ class StoreReader:
         self.check_points(run_id)
         found: list[tuple[str, int, float, float | None]] = self.db.execute(
             f"SELECT {NAME}, p.step, p.wall_time, p.value FROM points AS p JOIN signal_names AS n"
-            f" ON n.id = p.name_id WHERE p.run_id = ? AND n.name LIKE 'resource/%' AND {POINT_IS_VALID}",
-            (run_id,),
+            f" ON n.id = p.name_id WHERE p.run_id = ? AND n.name LIKE ? AND {POINT_IS_VALID}",
+            (run_id, RESOURCE_LIKE),
         ).fetchall()
         for name in self._recorded(run_id)[1]:
             found += self.series(run_id, name).points()
@@ -433,9 +435,9 @@ class StoreReader:
         columns = {name: scale for name, scale in self.columns().items() if wanted is None or name in wanted}
         recorded = self._record_rows(run_id, columns) if self._has_records else None
         pointed = self.db.execute(
-            f"SELECT id, {NAME} FROM signal_names AS n WHERE n.name LIKE 'resource/%'"
+            f"SELECT id, {NAME} FROM signal_names AS n WHERE n.name LIKE ?"
             " AND id IN (SELECT DISTINCT name_id FROM points WHERE run_id = ?)",
-            (run_id,),
+            (RESOURCE_LIKE, run_id),
         ).fetchall()
         # Every resource signal's points, for the records they make; the values of ``names`` alone.
         parts = [
@@ -548,8 +550,8 @@ class StoreReader:
         """(resource samples recorded, last step logged) of a run."""
         (samples,) = self.db.execute(
             "SELECT COALESCE(MAX(n), 0) FROM (SELECT COUNT(*) AS n FROM points WHERE run_id = ?"
-            " AND name_id IN (SELECT id FROM signal_names WHERE name LIKE 'resource/%') GROUP BY name_id)",
-            (run_id,),
+            " AND name_id IN (SELECT id FROM signal_names WHERE name LIKE ?) GROUP BY name_id)",
+            (run_id, RESOURCE_LIKE),
         ).fetchone()
         (last,) = self.db.execute(
             "SELECT MAX(step) FROM points WHERE run_id = ? AND typeof(step) = 'integer'", (run_id,)

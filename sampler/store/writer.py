@@ -51,8 +51,6 @@ from sampler.util.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
 
-RESOURCE_PREFIX = "resource/"
-"""Names the monitor logs itself: written from its samples, not from the pipeline."""
 MAX_QUEUED_POINTS = 200_000
 """Points (a record's readings each count one) held while the store cannot be written
 (about 10 MB)."""
@@ -207,7 +205,7 @@ class RunWriter:
     def log(self, name: str, value: float, step: int) -> None:
         """The pipeline subscriber: queue one signal (a deque append, thread-safe;
         into an empty queue, also one byte to ``wake_fd``)."""
-        if not name.startswith(RESOURCE_PREFIX):
+        if not name.startswith(catalogue.PREFIX):  # the monitor's own: written from its samples
             self._logged.append((name, step, self._clock.now(), value))
             if self._wake_wanted:
                 self._wake()

@@ -3,7 +3,7 @@ rank's throughput.
 
 The ranks are put on one step grid and one time grid by ``sampler.analysis.ranks`` (each rank's
 values interpolated at the grid's steps or times, within its own records only). Each panel (as
-``plot.panels`` makes them from ``sampler.catalogue``: titles, units, counters as rates) draws, at
+``panels.panels`` makes them from ``sampler.catalogue``: titles, units, counters as rates) draws, at
 every grid step, the lowest and the highest value among the ranks that have one as a band, and
 their median as a line.
 Only the ranks that recorded a signal count (host-wide signals come from one rank per host; the
@@ -27,6 +27,8 @@ from sampler.analysis.ranks import Ranks, on_grid
 from sampler.store.reader import StoreReader
 from sampler.util.quoting import printable
 from sampler.views import plot
+from sampler.views.lines import RunPoints, points
+from sampler.views.panels import TRAINING, Panel, matches, panels
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist
@@ -38,23 +40,21 @@ BAND = ("tab:blue", 0.25)
 """The spread's colour and alpha; the median is drawn in the same colour."""
 
 
-def _spreads(
-    reader: StoreReader, ranks: Ranks, pattern: str | None
-) -> list[tuple[plot.Panel, int, np.ndarray]]:
+def _spreads(reader: StoreReader, ranks: Ranks, pattern: str | None) -> list[tuple[Panel, int, np.ndarray]]:
     """(panel, how many ranks have it, rows of values on the grid: one per rank and GPU) of every
     panel with a finite value."""
     available = {rank.run.id: set(reader.names(rank.run.id)) for rank in ranks.ranks}
-    selected = [name for name in set().union(*available.values()) if plot.matches(name, pattern)]
-    chosen = plot.panels(selected)
+    selected = [name for name in set().union(*available.values()) if matches(name, pattern)]
+    chosen = panels(selected)
     rows: list[list[np.ndarray]] = [[] for _ in chosen]
     having = [0] * len(chosen)
     for rank in ranks.ranks:  # one rank's records read at a time
-        loaded = plot.RunPoints(reader, rank.run)
+        loaded = RunPoints(reader, rank.run)
         for i, panel in enumerate(chosen):
             names = [name for name in panel.names.values() if name in available[rank.run.id]]
             having[i] += bool(names)
             for name in names:
-                xs, ys = plot.points(loaded.series(name), rank.run, "step", panel)
+                xs, ys = points(loaded.series(name), rank.run, "step", panel)
                 rows[i].append(on_grid(ranks.steps, xs, ys))
     return [
         (panel, count, np.vstack(found))
@@ -66,7 +66,7 @@ def _spreads(
 def figure(reader: StoreReader, ranks: Ranks, *, pattern: str | None = None) -> Figure:
     """Draw the launch's ranks (see the module); returns the matplotlib Figure. Raises
     ``ValueError`` with fewer than two ranks with records, :class:`plot.NothingToPlot` when no
-    signal with a point matches ``pattern`` (:func:`plot.matches`), ``ImportError`` naming
+    signal with a point matches ``pattern`` (:func:`panels.matches`), ``ImportError`` naming
     :data:`plot.INSTALL_HINT` without matplotlib."""
     if len(ranks.ranks) < 2:
         raise ValueError("a launch's spread needs two ranks with records")
@@ -82,7 +82,7 @@ def figure(reader: StoreReader, ranks: Ranks, *, pattern: str | None = None) -> 
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    throughput = plot.Panel(THROUGHPUT, "training", "throughput per rank", "steps/s")
+    throughput = Panel(THROUGHPUT, TRAINING, "throughput per rank", "steps/s")
     drawn = [throughput, *(panel for panel, _, _ in spreads)]
     cells = plot.layout([panel.category for panel in drawn])
     rows, columns = cells[-1][0] + 1, max(column for _, column in cells) + 1
@@ -111,7 +111,7 @@ def figure(reader: StoreReader, ranks: Ranks, *, pattern: str | None = None) -> 
             line.set_gid("median")
             line.set_label("median")
             ax.legend(fontsize=8, loc="lower left")
-            plot.y_limits(ax, panel, [y for rank in ranks.ranks for y in rank.throughput])
+            plot.y_limits(ax, panel, np.concatenate([rank.throughput for rank in ranks.ranks]))
             continue
         ax = fig.add_subplot(grid[row + 1, column], sharex=first)
         first = first or ax
@@ -128,7 +128,7 @@ def figure(reader: StoreReader, ranks: Ranks, *, pattern: str | None = None) -> 
                 ranks.steps, ys, color=colour, linewidth=line_width, alpha=1.0 if gid == "median" else 0.5
             )
             line.set_gid(gid)
-        plot.y_limits(ax, panel, list(high))
+        plot.y_limits(ax, panel, high)
     for ax in lowest.values():
         ax.set_xlabel(plot.x_label(runs, "step"))
     key = fig.add_subplot(grid[0, :])

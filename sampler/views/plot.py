@@ -1,20 +1,11 @@
 """Small multiples of one or more runs of a run store, drawn with matplotlib.
 
-The run's own training signals (every name that is not ``resource/...``) come
-first, then the resource panels grouped by category in ``sampler.catalogue``'s
-order, one panel per quantity, titled and with its unit on the y axis as the
-catalogue says. In the gpu panels each device is its own line. Several runs
-are overlaid, one colour per run (and then one line style per GPU device).
-
-A reading's peak and mean between logged steps (``..._peak``, ``..._mean``)
-are drawn in its panel, as thin translucent and dotted lines beside it (the
-key names both), and a counter's own ``..._per_second`` rate is left out where
-the counter is drawn. Counters (disk reads/writes and network bytes since
-boot, container CPU throttled) are drawn as rates (MiB/s, s/s), from
-consecutive wall times; a counter that goes backwards (a reboot, a wrapped
-counter) leaves a gap, never a negative rate. A counter whose rate is a gauge
-of its own (CPU seconds, whose rate is the CPU %) is left out where that gauge
-is drawn. Bytes are drawn in GiB, bytes/s in MiB/s.
+The panels are ``sampler.views.panels``' (training signals first, then the resource
+categories in ``sampler.catalogue``'s order, counters as rates), their points
+``sampler.views.lines``'. In the gpu panels each device is its own line. Several runs
+are overlaid, one colour per run (and then one line style per GPU device). A
+reading's peak and mean between logged steps are drawn in its panel, as thin
+translucent and dotted lines beside it (the key names both).
 
 matplotlib is imported only when a figure is drawn, never by ``import
 sampler``; without it, drawing raises ``ImportError`` naming the extra
@@ -24,21 +15,22 @@ figure is a bare ``matplotlib.figure.Figure`` written with the Agg renderer.
 
 from __future__ import annotations
 
-import fnmatch
 import itertools
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
+import numpy.typing as npt
 
 from sampler import catalogue
 from sampler.analysis.stretches import PAUSE, Stretch
-from sampler.store.reader import Records, Run, Series, StoreReader
+from sampler.store.reader import Run, StoreReader
 from sampler.util import atomicfile
+from sampler.views.lines import RunPoints, lines_of
+from sampler.views.panels import TRAINING, Panel, matches, panels
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist
@@ -60,12 +52,6 @@ DPI = 100
 MIN_WIDTH = 8.0
 """Inches: room for the title and the legend however few panels there are."""
 
-_DRAWN_AS = {
-    "bytes": ("GiB", 1.0 / catalogue.GIB),  # GPU memory: bytes are unreadable at 10^10
-    "bytes/s": ("MiB/s", 1.0 / catalogue.MIB),
-}
-"""Units drawn in another: the unit drawn and the factor from the stored one."""
-
 VARIANT_WIDTH = 0.9
 VARIANT_LINES: dict[str, tuple[float, Any, str]] = {
     catalogue.PEAK: (0.45, None, "peak since the previous step"),
@@ -80,174 +66,6 @@ _DASHES: list[Any] = ["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3)), (0, (3, 1,
 
 class NothingToPlot(ValueError):
     """No signal of the runs has a point to draw (none at all, or none that matches)."""
-
-
-def matches(name: str, pattern: str | None) -> bool:
-    """Whether signal ``name`` is selected by ``pattern``: every name when None;
-    an fnmatch glob over the whole name when the pattern has ``*``, ``?`` or ``[``
-    (``resource/gpu/*``, ``*loss``; ``*`` also crosses ``/``), else a substring
-    (``loss``, ``gpu/0/``). Case-sensitive."""
-    if pattern is None:
-        return True
-    if any(c in pattern for c in "*?["):
-        return fnmatch.fnmatchcase(name, pattern)
-    return pattern in name
-
-
-@dataclass
-class Panel:
-    """One panel: the signals it draws (one per GPU device for gpu), how."""
-
-    key: str
-    """``train/loss``, ``resource/disk/read_mb``, or ``resource/gpu/*/power_watts``."""
-    category: str
-    """``training`` or the resource category."""
-    title: str
-    unit: str
-    scale: float = 1.0
-    rate: bool = False
-    """A cumulative counter, drawn as its rate (unit per second)."""
-    names: dict[str, str] = field(default_factory=dict)
-    """Device (``""`` outside gpu) -> signal name."""
-    variants: dict[tuple[str, str], str] = field(default_factory=dict)
-    """(device, ``peak`` or ``mean``) -> the name of that reading's peak or mean between steps."""
-    rank: int = len(catalogue.RANKS)
-    """Its place within its category (the catalogue's order; unknown signals last)."""
-
-
-def panels(names: Sequence[str]) -> list[Panel]:
-    """The panels that draw ``names``, in drawing order: training signals, then
-    the resource categories (``catalogue.CATEGORIES``, then any unknown ones)."""
-    training: list[Panel] = []
-    resources: dict[str, dict[str, Panel]] = {}
-    present = set(names)
-    variants: list[tuple[str, str, str]] = []
-    for name in sorted(present):
-        reading = catalogue.lookup(name)
-        if reading is not None:
-            if reading.variant and name.removesuffix("_" + reading.variant) in present:
-                variants.append((name.removesuffix("_" + reading.variant), reading.variant, name))
-                continue
-            if catalogue.shown_by_another(name, present):
-                continue  # a counter's rate, drawn as the counter's panel or as a gauge's
-        parts = name.split("/")
-        if parts[0] != "resource" or len(parts) < 3:
-            training.append(Panel(name, "training", name, "", names={"": name}))
-            continue
-        category = parts[1]
-        device = parts[2] if category == "gpu" and len(parts) >= 4 else ""
-        signal = "/".join(parts[3:] if device else parts[2:])
-        key = f"resource/gpu/*/{signal}" if device else name
-        panel = resources.setdefault(category, {}).get(key)
-        if panel is None:
-            panel = _resource_panel(key, category, signal, reading)
-            resources[category][key] = panel
-        panel.names[device] = name
-    by_name = {name: (panel, device) for group in resources.values() for panel in group.values()
-               for device, name in panel.names.items()}  # fmt: skip
-    for base, kind, name in variants:
-        if base in by_name:
-            panel, device = by_name[base]
-            panel.variants[device, kind] = name
-    known = catalogue.CATEGORIES
-    order = [c for c in known if c in resources] + sorted(set(resources) - set(known))
-    result = list(training)
-    for category in order:
-        result += sorted(resources[category].values(), key=lambda p: (p.rank, p.key))
-    return result
-
-
-def _resource_panel(key: str, category: str, signal: str, reading: catalogue.Reading | None) -> Panel:
-    """The panel of ``key``: as the catalogue says, a counter as its rate; a signal it does
-    not know (a newer version's) titled by its name, without a unit."""
-    if reading is None:
-        return Panel(key, category, f"{category} {signal.replace('_', ' ')}", "")
-    known = reading.signal
-    rate = known.kind == catalogue.COUNTER
-    per_second = catalogue.SIGNALS.get(known.key + catalogue.RATE_SUFFIX)  # its unit: J/s is W
-    unit = (per_second.unit if per_second else known.unit + "/s") if rate else known.unit
-    unit, scale = _DRAWN_AS.get(unit, (unit, 1.0))
-    title = f"{known.title} ({reading.variant})" if reading.variant else known.title
-    return Panel(key, category, title, unit, scale, rate=rate, rank=catalogue.RANKS[known.key])
-
-
-# --------------------------------------------------------------------------- points
-
-
-def points(series: Series, run: Run, x: str, panel: Panel) -> tuple[list[float], list[float]]:
-    """The (x, y) of one line, in wall-time order, scaled; NaN in y where the
-    line must break: a counter that went backwards, or (x=step) a step that went
-    back (the model restarted at age 0)."""
-    order = sorted(range(len(series.steps)), key=lambda i: (series.wall_times[i], series.steps[i]))
-    if panel.rate:
-        # A reading at the same instant as the one before has no rate: the earlier is the base.
-        wall_times = series.wall_times
-        order = [i for k, i in enumerate(order) if not k or wall_times[i] != wall_times[order[k - 1]]]
-        walls = np.fromiter((series.wall_times[i] for i in order), np.float64, len(order))
-        counted = np.fromiter((series.values[i] for i in order), np.float64, len(order))
-        per_second = dict(zip(order, catalogue.rates(counted, walls).tolist(), strict=True))
-    xs: list[float] = []
-    ys: list[float] = []
-    for i in order:
-        step, wall, value = series.steps[i], series.wall_times[i], series.values[i]
-        position = float(step) if x == "step" else wall - run.started_at
-        y = value * panel.scale if math.isfinite(value) else math.nan
-        if panel.rate:
-            if i == order[0]:
-                continue  # the first reading: no rate
-            y = per_second[i] * panel.scale
-        if xs and x == "step" and position < xs[-1]:
-            xs.append(position)
-            ys.append(math.nan)
-        xs.append(position)
-        ys.append(y)
-    return xs, ys
-
-
-Line = tuple[Run, str, str, list[float], list[float]]
-"""(run, device, variant (``""``, ``peak`` or ``mean``), xs, ys)."""
-
-
-class RunPoints:
-    """One run's points as the plots read them: its resource records once, as columns
-    (``StoreReader.records``), the pipeline's own signals name by name."""
-
-    def __init__(self, reader: StoreReader, run: Run) -> None:
-        self.reader = reader
-        self.run = run
-        self._records: Records | None = None
-
-    def series(self, name: str) -> Series:
-        if not name.startswith(catalogue.PREFIX):
-            return self.reader.series(self.run.id, name)
-        if self._records is None:
-            self._records = self.reader.records(self.run.id)
-        return self._records.series(name)
-
-
-def _lines(
-    loaded: dict[int, RunPoints], runs: Sequence[Run], panel: Panel, x: str, available: dict[int, set[str]]
-) -> list[Line]:
-    """Every line of ``panel`` with at least one finite point."""
-    lines = []
-    for run in runs:
-        for device in sorted(panel.names, key=lambda d: (len(d), d)):
-            names = [("", panel.names[device])]
-            names += [
-                (kind, panel.variants[device, kind])
-                for kind in catalogue.VARIANTS
-                if (device, kind) in panel.variants
-            ]
-            for kind, name in names:
-                if name not in available[run.id]:
-                    continue
-                xs, ys = points(loaded[run.id].series(name), run, x, panel)
-                if any(math.isfinite(y) for y in ys):
-                    lines.append((run, device, kind, xs, ys))
-    return lines
-
-
-# --------------------------------------------------------------------------- drawing
 
 
 def describe(run: Run) -> str:
@@ -290,7 +108,7 @@ def layout(categories: list[str]) -> list[tuple[int, int]]:
     previous = None
     for category, group in itertools.groupby(categories):
         size = len(list(group))
-        shares = column + size <= COLUMNS and "training" not in (category, previous)
+        shares = column + size <= COLUMNS and TRAINING not in (category, previous)
         if column and not shares:
             row, column = row + 1, 0
         for _ in range(size):
@@ -335,9 +153,9 @@ def figure(
     drawn = []
     loaded = {run.id: RunPoints(reader, run) for run in runs}
     for panel in panels(selected):
-        lines = _lines(loaded, runs, panel, x, available)
-        if lines:
-            drawn.append((panel, lines))
+        found = lines_of(loaded, runs, panel, x, available)
+        if found:
+            drawn.append((panel, found))
     if not drawn:
         if not everything:
             raise NothingToPlot(f"{which} has no signals")
@@ -409,10 +227,10 @@ def figure(
                 width, style = VARIANT_WIDTH, variant_style or style
             (line,) = ax.plot(xs, ys, color=colour, linestyle=style, linewidth=width, alpha=alpha)
             line.set_gid(gid)
-            if len([y for y in ys if math.isfinite(y)]) == 1:
+            if np.count_nonzero(np.isfinite(ys)) == 1:
                 line.set_marker("o")
                 line.set_markersize(3)
-        y_limits(ax, panel, [y for *_, ys in lines for y in ys])
+        y_limits(ax, panel, np.concatenate([ys for *_, ys in lines]))
         lowest[column] = ax
     for ax in lowest.values():
         ax.set_xlabel(x_title)
@@ -483,16 +301,22 @@ def style_axes(ax: Axes, panel: Panel, x: str) -> None:
     ax.xaxis.set_major_formatter(EngFormatter(sep=""))
 
 
-def y_limits(ax: Axes, panel: Panel, values: Sequence[float]) -> None:
+def y_limits(ax: Axes, panel: Panel, values: npt.ArrayLike) -> None:
     """A training curve's spike cut off; shares and rates from 0, so that 2 % does not look
     like a full scale; ``values``: every y drawn in the panel."""
-    limits = robust_limits(values) if panel.category == "training" else None
+    limits = robust_limits(values) if panel.category == TRAINING else None
     if limits is not None:
         ax.set_ylim(*limits)
         ax.text(0.99, 0.97, "a spike is cut off", transform=ax.transAxes, ha="right", va="top", fontsize=8)
     elif panel.unit == "%" or panel.rate:
-        top = max((y for y in values if math.isfinite(y)), default=0.0)
+        finite = _finite(values)
+        top = float(finite.max()) if len(finite) else 0.0
         ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)
+
+
+def _finite(values: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    found = np.asarray(values, dtype=np.float64)
+    return found[np.isfinite(found)]
 
 
 SPIKE_QUANTILE = 0.98
@@ -502,13 +326,13 @@ highest value stands more than 3 times that percentile's span above the rest: a
 first-step loss of 100 then leaves the descent from 2 to 0.1 readable."""
 
 
-def robust_limits(values: Sequence[float]) -> tuple[float, float] | None:
+def robust_limits(values: npt.ArrayLike) -> tuple[float, float] | None:
     """y limits that leave out a spike, or None when the values have none."""
-    finite = sorted(v for v in values if math.isfinite(v))
+    finite = np.sort(_finite(values))
     if len(finite) < 10:
         return None
-    low, high = finite[0], finite[-1]
-    cut = finite[min(len(finite) - 1, int(SPIKE_QUANTILE * len(finite)))]
+    low, high = float(finite[0]), float(finite[-1])
+    cut = float(finite[min(len(finite) - 1, int(SPIKE_QUANTILE * len(finite)))])
     span = cut - low
     if span <= 0 or high - cut <= SPIKE_FACTOR * span:
         return None
