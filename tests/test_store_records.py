@@ -321,3 +321,21 @@ def test_a_store_too_old_to_read_is_migrated_by_its_first_writer_and_its_runs_re
             4.0,
         ]
         assert reader.names(1) == [CPU, SWAP, LOSS]
+
+
+def test_the_stores_sql_is_what_sqlite_3_31_runs() -> None:
+    """Ubuntu 20.04's Python links SQLite 3.31: nothing the store or its readers run may need a
+    later one (IIF and the math functions are 3.32 on, RETURNING 3.35, ->> 3.38, unixepoch 3.38)."""
+    import re
+
+    later = re.compile(
+        r"\bIIF\s*\(|\bRETURNING\b|->>|\bunixepoch\s*\(|(?<![.\w])(?:pow|sqrt|log10|ln)\s*\(", re.I
+    )
+    root = Path(__file__).resolve().parent.parent / "sampler"
+    found = [
+        f"{path.relative_to(root)}:{number}: {line.strip()}"
+        for path in sorted(root.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if later.search(line) and not line.lstrip().startswith("#")
+    ]
+    assert found == []

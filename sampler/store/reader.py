@@ -484,8 +484,9 @@ class StoreReader:
         valid = RECORD_IS_VALID
         groups = [names[i : i + COLUMNS_PER_QUERY] for i in range(0, len(names), COLUMNS_PER_QUERY)] or [[]]
         queries = [
-            f"SELECT COUNT(*), SUM(NOT ({valid})), group_concat(IIF({valid}, seq, -1)),"
-            f" group_concat(IIF({valid}, step, 0)), group_concat(IIF({valid}, wall_ms, 0))"
+            f"SELECT COUNT(*), SUM(NOT ({valid})), group_concat(CASE WHEN {valid} THEN seq ELSE -1 END),"
+            f" group_concat(CASE WHEN {valid} THEN step ELSE 0 END),"
+            f" group_concat(CASE WHEN {valid} THEN wall_ms ELSE 0 END)"
             + "".join(f", group_concat(IFNULL({schema.quoted(name)}, 'nan'))" for name in group)
             + " FROM records WHERE run_id = ? AND seq >= ? AND seq < ?"
             for group in groups

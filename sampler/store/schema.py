@@ -243,7 +243,8 @@ def literal(text: str) -> str:
 def decoded(name: str, scale: int) -> str:
     """SQL: the reading of column ``name`` as a REAL (NULL where it is none, or no number)."""
     column = quoted(name)
-    return f"IIF(typeof({column}) IN ('integer', 'real'), {column} / {float(scale)!r}, NULL)"
+    # CASE, not IIF: IIF is SQLite 3.32 on, and Ubuntu 20.04's Python links 3.31.
+    return f"CASE WHEN typeof({column}) IN ('integer', 'real') THEN {column} / {float(scale)!r} END"
 
 
 def record_columns(db: sqlite3.Connection) -> dict[str, int]:
