@@ -432,3 +432,27 @@ def test_a_store_that_fails_is_off_and_says_why_in_stats(
     assert stats["store_error"] == "off after a failure: RuntimeError: disk says no", stats
     failed = [r for r in caplog.records if "the run store failed" in r.getMessage()]
     assert len(failed) == 1 and "disk says no" in failed[0].getMessage()
+
+
+def test_a_run_whose_end_could_not_be_written_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another process holds the store through the whole of stop()'s last write: the run's end
+    is not recorded, so `runs` will call it lost, and the monitor says that, once, naming the store."""
+    store = tmp_path / "runs.sqlite"
+    mon = sampler.ResourceMonitor(categories=["cpu"], store=store, sink=Recorder(), **FAST).start()
+    wait_for(lambda: mon.stats()["store_points_written"] > 0, what="the run written")
+    other = sqlite3.connect(store, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # held until the thread is done
+        mon.stop()
+        wait_for(lambda: not mon.running, what="the thread to give up on the store")
+    finally:
+        other.close()
+    said = [
+        r.getMessage() for r in caplog.records if "end of this run could not be written" in r.getMessage()
+    ]
+    assert len(said) == 1 and str(store) in said[0], said
+    with StoreReader(str(store)) as reader:
+        [run] = reader.runs()
+    assert run.ended_at is None

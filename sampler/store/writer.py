@@ -184,6 +184,8 @@ class RunWriter:
         that thread is busy in a call."""
         self._ended = False
         """The last write was made: nothing is written after it."""
+        self.end_written = False
+        """Whether the last write (``end``) recorded the run's end: false, the run reads lost."""
         self._next_open = 0.0
         """When (monotonic s) a store that could not be opened is tried again."""
         self._written_at = 0.0
@@ -277,6 +279,14 @@ class RunWriter:
             self._queue(self._take_logged())
             self._next_open = 0.0  # the last chance: an open is tried whenever the last one was
             self._write(stats, ended=True)
+            if not self.end_written:
+                self._report(
+                    "end",
+                    "resource monitor: the end of this run could not be written to %s (%s); `runs` "
+                    "will show it as lost although it ended",
+                    self.path,
+                    self.error or "the store could not be opened",
+                )
             if self._queued or self._records:
                 lost = len(self._queued) + self._readings
                 self.points_dropped += lost
@@ -430,6 +440,7 @@ class RunWriter:
                         "UPDATE runs SET updated_at = ?, elapsed = ? WHERE id = ?", (now, elapsed, run_id)
                     )
                 db.execute("COMMIT")
+                self.end_written = ended and stats is not None
             except BaseException:
                 if db.in_transaction:  # SQLite rolls back by itself on some errors (a full disk)
                     db.execute("ROLLBACK")
