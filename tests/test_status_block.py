@@ -16,6 +16,7 @@ from conftest import TESTS_DIR
 from sampler.collectors import Sources
 from sampler.ipc.channel import ChildParams, PostmortemTarget, receive_hello, send_hello
 from sampler.ipc.status import (
+    CALL_BYTES,
     ENDPOINT_BAD_ADDRESS,
     ENDPOINT_NONE,
     ENDPOINT_UNAVAILABLE,
@@ -284,4 +285,19 @@ def test_health_crosses_to_another_process() -> None:
         assert status.endpoint() == 9402
     finally:
         os.close(fd)
+        status.close()
+
+
+def test_the_nvml_call_under_way_is_read_back_and_a_long_one_cut() -> None:
+    status, fd = ChildStatus.create()
+    os.close(fd)
+    try:
+        assert status.call() is None  # no call yet
+        status.note_call(b"nvmlDeviceGetPowerUsage on GPU 1\0")
+        assert status.call() == "nvmlDeviceGetPowerUsage on GPU 1"
+        status.note_call(b"x" * 100 + b"\0")
+        assert status.call() == "x" * (CALL_BYTES - 1)
+        status.note_call(b"\0")  # the call returned
+        assert status.call() is None
+    finally:
         status.close()
