@@ -491,6 +491,18 @@ def test_a_device_that_cannot_be_opened_in_the_first_child_is_said_once_and_coun
     assert "GPU 1" in failed and "nvmlDeviceGetHandleByIndex" in failed
 
 
+def test_nvml_listing_no_device_in_the_first_child_is_said_once_and_counted(
+    opened: Opener, caplog: pytest.LogCaptureFixture
+) -> None:
+    """nvmlDeviceGetCount failing as the first child starts: no GPU is read, which is said with
+    the call and the error, and counted."""
+    gpu = opened(devices=[{}], fail={"nvmlDeviceGetCount_v2": True}, fail_code={"nvmlDeviceGetCount_v2": 999})
+    assert gpu is not None and gpu.devices == () and gpu.sample() == []
+    assert gpu.health.stops == 1
+    (failed,) = said(logged(caplog), "NVML_ERROR_UNKNOWN (999)")
+    assert "nvmlDeviceGetCount" in failed and "any GPU" in failed
+
+
 def test_nvml_failing_to_start_in_a_restarted_child_is_said_counted_and_so_is_its_return(
     nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture
 ) -> None:
