@@ -65,3 +65,26 @@ def test_a_full_pipe_never_blocks_the_child_and_what_it_dropped_is_said(
         os.close(write_fd)
         assert not LogReader(read_fd).read()  # at its end
         os.close(read_fd)
+
+
+def test_a_line_with_a_nul_arrives_whole_and_a_pipe_whose_reader_is_gone_takes_what_is_said(
+    caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    os.set_blocking(write_fd, False)
+    child = logging.getLogger(f"child-{RUN}")
+    child.propagate = False
+    handler = PipeHandler(write_fd)
+    child.addHandler(handler)
+    try:
+        child.warning("a\0b")
+        assert LogReader(read_fd).read()
+        (got,) = [r.getMessage() for r in caplog.records if r.name == "sampler"]
+        assert got == "a\\0b"
+        os.close(read_fd)  # the backend is gone
+        child.warning("to nobody")  # EPIPE: nothing raised, nothing counted as dropped
+        assert handler.dropped == 0 and "Logging error" not in capfd.readouterr().err
+    finally:
+        child.removeHandler(handler)
+        os.close(write_fd)

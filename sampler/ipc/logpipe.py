@@ -78,11 +78,9 @@ class LogReader:
                 data = os.read(self.fd, 1 << 16)
             except BlockingIOError:
                 return True
-            except OSError:
-                return False
             if not data:
                 return False
             *lines, self._partial = (self._partial + data).split(_END)
             for line in lines:
                 level, _, text = line.decode("utf-8", "replace").partition(" ")
-                log.log(int(level) if level.isdigit() else logging.WARNING, "%s", text)
+                log.log(int(level), "%s", text)
