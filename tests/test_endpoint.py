@@ -191,9 +191,8 @@ def test_a_killed_child_takes_the_endpoint_down_and_its_successor_counts_the_cra
 
 
 def test_quarantined_categories_and_restarts_show_in_the_metrics(nvml: fake_driver.Driver) -> None:
-    nvml.configure(
-        devices=[{}], segfault={"nvmlDeviceGetTemperatureV": True, "nvmlDeviceGetTemperature": True}
-    )
+    # In NVML's initialisation, on no device: the gpu category is quarantined, not one GPU.
+    nvml.configure(devices=[{}], segfault={"nvmlInitWithFlags": True})
     port = free_ports()
     with monitor(prometheus_port=port, categories=["cpu", "gpu"], **QUICK_RESTARTS) as mon:
         wait_for(lambda: mon.stats()["quarantined"] == ["gpu"], what="gpu quarantined")

@@ -382,6 +382,11 @@ RESUMED = "reading again"
 TEMPERATURE = "resource/gpu/{}/temperature_celsius"
 
 
+def logged(caplog: pytest.LogCaptureFixture) -> str:
+    """What the ``sampler`` logger said (the sampling child's lines included), a line each."""
+    return "\n".join(r.getMessage() for r in caplog.records if r.name == "sampler")
+
+
 def said(err: str, words: str) -> list[str]:
     """The lines of ``err`` holding ``words``."""
     return [line for line in err.splitlines() if words in line]
@@ -403,7 +408,7 @@ def own_metrics(port: int) -> dict[str, float]:
     ("code", "name"), [(18, "NVML_ERROR_LIB_RM_VERSION_MISMATCH"), (999, "NVML_ERROR_UNKNOWN")]
 )
 def test_an_error_stopping_one_gpu_is_said_once_counted_and_its_recovery_said(
-    nvml: fake_driver.Driver, capfd: pytest.CaptureFixture[str], code: int, name: str
+    nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture, code: int, name: str
 ) -> None:
     """Every call on GPU 1 fails mid-run (18: the driver was upgraded under the running job):
     GPU 0 reads on; GPU 1's stop is said once, naming the error and the device, counted in
@@ -430,7 +435,7 @@ def test_an_error_stopping_one_gpu_is_said_once_counted_and_its_recovery_said(
         wait_for(lambda: len(sink.values(one)) > read, what="GPU 1's readings to resume")
         wait_for(lambda: monitor.stats()["gpus_not_reading"] == 0, what="stats() to see it read again")
         assert monitor.stats()["gpu_errors"] == 1
-    err = capfd.readouterr().err
+    err = logged(caplog)
     (stopped,) = said(err, STOPPED)
     assert f"{name} ({code})" in stopped and "GPU 1" in stopped and fake_driver.default_uuid(1) in stopped
     (resumed,) = said(err, RESUMED)
@@ -442,7 +447,7 @@ def test_an_error_stopping_one_gpu_is_said_once_counted_and_its_recovery_said(
     ("code", "name"), [(18, "NVML_ERROR_LIB_RM_VERSION_MISMATCH"), (999, "NVML_ERROR_UNKNOWN")]
 )
 def test_nvml_failing_to_start_in_the_first_child_is_said_once_and_counted(
-    nvml: fake_driver.Driver, capfd: pytest.CaptureFixture[str], code: int, name: str
+    nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture, code: int, name: str
 ) -> None:
     """Issue 26: nvmlInit failing with anything but "no driver" is said, naming the error, and
     counted; the other categories flow."""
@@ -455,20 +460,20 @@ def test_nvml_failing_to_start_in_the_first_child_is_said_once_and_counted(
         wait_for(lambda: len(sink.values(cpu)) >= 3, what="the CPU's readings")
         wait_for(lambda: monitor.stats()["gpu_errors"] == 1, what="stats() to count the failure")
     assert not sink.gpus()
-    (failed,) = said(capfd.readouterr().err, f"{name} ({code})")
+    (failed,) = said(logged(caplog), f"{name} ({code})")
     assert "nvmlInit" in failed
 
 
-def test_no_driver_at_all_is_not_said(nvml: fake_driver.Driver, capfd: pytest.CaptureFixture[str]) -> None:
+def test_no_driver_at_all_is_not_said(nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture) -> None:
     """A machine without NVIDIA's driver (DRIVER_NOT_LOADED) has nothing wrong to say."""
     nvml.configure(devices=[{}], init_error=9)
     sink, stats = run_monitor(categories=["cpu", "gpu"])
     assert stats["gpu_errors"] == 0 and not sink.gpus()
-    assert "NVML" not in capfd.readouterr().err
+    assert "NVML" not in logged(caplog)
 
 
 def test_a_device_that_cannot_be_opened_in_the_first_child_is_said_once_and_counted(
-    nvml: fake_driver.Driver, capfd: pytest.CaptureFixture[str]
+    nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Issue 26: GPU 1's handle failing as the first child starts is said, naming the call, the
     error and the device, and counted; GPU 0 reads."""
@@ -482,12 +487,24 @@ def test_a_device_that_cannot_be_opened_in_the_first_child_is_said_once_and_coun
         wait_for(lambda: len(sink.values(TEMPERATURE.format(0))) >= 3, what="GPU 0's readings")
         wait_for(lambda: monitor.stats()["gpu_errors"] == 1, what="stats() to count GPU 1")
     assert sink.gpus() == {"0"}
-    (failed,) = said(capfd.readouterr().err, "NVML_ERROR_UNKNOWN (999)")
+    (failed,) = said(logged(caplog), "NVML_ERROR_UNKNOWN (999)")
     assert "GPU 1" in failed and "nvmlDeviceGetHandleByIndex" in failed
 
 
+def test_nvml_listing_no_device_in_the_first_child_is_said_once_and_counted(
+    opened: Opener, caplog: pytest.LogCaptureFixture
+) -> None:
+    """nvmlDeviceGetCount failing as the first child starts: no GPU is read, which is said with
+    the call and the error, and counted."""
+    gpu = opened(devices=[{}], fail={"nvmlDeviceGetCount_v2": True}, fail_code={"nvmlDeviceGetCount_v2": 999})
+    assert gpu is not None and gpu.devices == () and gpu.sample() == []
+    assert gpu.health.stops == 1
+    (failed,) = said(logged(caplog), "NVML_ERROR_UNKNOWN (999)")
+    assert "nvmlDeviceGetCount" in failed and "any GPU" in failed
+
+
 def test_nvml_failing_to_start_in_a_restarted_child_is_said_counted_and_so_is_its_return(
-    nvml: fake_driver.Driver, capfd: pytest.CaptureFixture[str]
+    nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A restarted child whose nvmlInit fails (the driver upgraded under the job) says which
     GPUs an earlier child read are read no more, once; the other categories flow; once NVML
@@ -503,14 +520,14 @@ def test_nvml_failing_to_start_in_a_restarted_child_is_said_counted_and_so_is_it
         os.kill(monitor.child_pid, SIGKILL)
         wait_for(lambda: monitor.stats().get("gpus_not_reading") == 2, what="stats() to count both GPUs")
         assert monitor.stats()["gpu_errors"] == 2
-        logged, read = len(sink.values(cpu)), len(sink.values(zero))
-        wait_for(lambda: len(sink.values(cpu)) >= logged + 3, what="the CPU's readings to go on")
+        flowed, read = len(sink.values(cpu)), len(sink.values(zero))
+        wait_for(lambda: len(sink.values(cpu)) >= flowed + 3, what="the CPU's readings to go on")
         assert len(sink.values(zero)) == read
         nvml.configure(devices=[{}, {}])
         wait_for(lambda: len(sink.values(zero)) > read, what="the child to read the GPUs again")
         wait_for(lambda: monitor.stats()["gpus_not_reading"] == 0, what="stats() to see them read again")
         assert monitor.stats()["gpu_errors"] == 2 and monitor.stats()["restarts"] == 1
-    err = capfd.readouterr().err
+    err = logged(caplog)
     (failed,) = said(err, "NVML_ERROR_LIB_RM_VERSION_MISMATCH (18)")
     assert "nvmlInit" in failed and "GPU 0" in failed and "GPU 1" in failed
     (resumed,) = said(err, RESUMED)

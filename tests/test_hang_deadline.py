@@ -30,12 +30,13 @@ TRIES = 5
 @dataclass
 class ChildChannel:
     """What the reader needs of a child: the backend's end of its channel and of its wake-up
-    pipe, and no pidfd (the test's child is no process; it never exits)."""
+    pipe, and no pidfd or log pipe (the test's child is no process; it never exits)."""
 
     sock: socket.socket
     wake_fd: int
     pid: int = 0
     pidfd: int | None = None
+    log_fd: int | None = None
 
     def poll(self) -> bool:
         return False

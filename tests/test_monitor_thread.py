@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import itertools
 import logging
 import sqlite3
 import subprocess
@@ -252,6 +253,25 @@ def test_a_slow_subscriber_and_a_slow_hook_are_each_named(caplog: pytest.LogCapt
     hook = f"{__name__}.{slow_hook.__qualname__}"
     assert hook in warning and "interval_seconds" in warning, warning
     assert stats["callbacks"][hook]["seconds_max"] >= 0.05
+
+
+def test_a_slow_age_source_is_timed_in_stats_and_named(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 26: the model's age, asked once a sample in the monitor thread, is user code like
+    the sink: timed in stats()['callbacks'], and named when it takes too much of the interval."""
+    ages = itertools.count()
+
+    def slow_age() -> int:
+        time.sleep(0.05)
+        return next(ages)
+
+    name = f"{__name__}.{slow_age.__qualname__}"
+    with sampler.ResourceMonitor(categories=["cpu"], sink=Recorder(), age_source=slow_age, **FAST) as mon:
+        wait_for(lambda: slow_warnings(caplog), what="the slow age source to be named")
+        stats = mon.stats()
+    [warning] = slow_warnings(caplog)
+    assert name in warning and "age" in warning and "interval_seconds" in warning, warning
+    timed = stats["callbacks"][name]
+    assert timed["seconds_max"] >= 0.05 and timed["records"] >= 3
 
 
 QUIET = {"interval_seconds": 0.5, "_min_interval_seconds": 0.05}

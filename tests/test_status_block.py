@@ -16,6 +16,7 @@ from conftest import TESTS_DIR
 from sampler.collectors import Sources
 from sampler.ipc.channel import ChildParams, PostmortemTarget, receive_hello, send_hello
 from sampler.ipc.status import (
+    CALL_BYTES,
     ENDPOINT_BAD_ADDRESS,
     ENDPOINT_NONE,
     ENDPOINT_UNAVAILABLE,
@@ -151,25 +152,28 @@ def test_child_params_cross_the_channel_typed() -> None:
     assert ChildParams.decode(bare.encode()[4:]) == bare
 
 
-def test_a_hello_with_both_descriptors_arrives_whole_and_one_without_them_is_refused() -> None:
+def test_a_hello_with_its_three_descriptors_arrives_whole_and_one_without_them_is_refused() -> None:
     params = ChildParams(("cpu",), MonitorSettings(), Sources("/", 1, "pynvml"), 1, 8, None)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     r, w = os.pipe()
+    logs_r, logs_w = os.pipe()
     try:
-        send_hello(ours, params, r, w)
-        got, status_fd, wake_fd = receive_hello(theirs)
+        send_hello(ours, params, r, w, logs_w)
+        got, status_fd, wake_fd, log_fd = receive_hello(theirs)
         assert got == params
-        os.write(wake_fd, b".")  # the two descriptors came in the order sent
+        os.write(wake_fd, b".")  # the descriptors came in the order sent
         assert os.read(r, 1) == b"."
-        os.close(status_fd)
-        os.close(wake_fd)
-        socket.send_fds(ours, [params.encode()], [r])  # the wake-up pipe left out
+        os.write(log_fd, b"0 said")
+        assert os.read(logs_r, 6) == b"0 said"
+        for fd in (status_fd, wake_fd, log_fd):
+            os.close(fd)
+        socket.send_fds(ours, [params.encode()], [r])  # the pipes left out
         open_before = len(os.listdir("/proc/self/fd"))
-        with pytest.raises(ConnectionError, match="carried 1 descriptors, expected 2"):
+        with pytest.raises(ConnectionError, match="carried 1 descriptors, expected 3"):
             receive_hello(theirs)
         assert len(os.listdir("/proc/self/fd")) == open_before  # the one that came is closed
     finally:
-        for fd in (r, w):
+        for fd in (r, w, logs_r, logs_w):
             os.close(fd)
         ours.close()
         theirs.close()
@@ -281,4 +285,19 @@ def test_health_crosses_to_another_process() -> None:
         assert status.endpoint() == 9402
     finally:
         os.close(fd)
+        status.close()
+
+
+def test_the_nvml_call_under_way_is_read_back_and_a_long_one_cut() -> None:
+    status, fd = ChildStatus.create()
+    os.close(fd)
+    try:
+        assert status.call() is None  # no call yet
+        status.note_call(b"nvmlDeviceGetPowerUsage on GPU 1\0")
+        assert status.call() == "nvmlDeviceGetPowerUsage on GPU 1"
+        status.note_call(b"x" * 100 + b"\0")
+        assert status.call() == "x" * (CALL_BYTES - 1)
+        status.note_call(b"\0")  # the call returned
+        assert status.call() is None
+    finally:
         status.close()

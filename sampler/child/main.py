@@ -18,6 +18,7 @@ a slow backend never stalls sampling.
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
@@ -45,6 +46,7 @@ from sampler.ipc.channel import (
     open_pidfd,
     receive_hello,
 )
+from sampler.ipc.logpipe import PipeHandler
 from sampler.ipc.status import (
     EXIT_CLEAN,
     EXIT_NO_SHARED_MEMORY,
@@ -55,6 +57,8 @@ from sampler.ipc.status import (
 )
 from sampler.prometheus import discovery
 from sampler.prometheus.endpoint import Endpoint, RecordCollector, open_endpoint
+
+log = logging.getLogger("sampler")
 
 _EXIT_GRACE_SECONDS = 0.4
 """How long the watchdog lets the main thread finish cleanly before forcing exit."""
@@ -160,7 +164,7 @@ class Child:
         try:
             ring, ring_fd = Ring.create_anonymous(fields, p.capacity)
         except OSError as exc:
-            print(f"resource monitor child: cannot create the ring: {exc}", file=sys.stderr)
+            log.warning("resource monitor: the sampling child cannot create its ring: %s", exc)
             return EXIT_NO_SHARED_MEMORY
         self.ring = ring
         try:
@@ -234,9 +238,10 @@ class Child:
             if starved:
                 self.status.count_starved(starved)
                 if all(value != value for value in values):  # every reading failed (NaN)
-                    print(
-                        f"resource monitor child: every reading failed ({why}); leaving for a fresh child",
-                        file=sys.stderr,
+                    log.warning(
+                        "resource monitor: every reading of the sampling child failed (%s); it leaves "
+                        "for a fresh child",
+                        why,
                     )
                     return EXIT_STARVED
             peaks.include([values[i] for i in tracked_at])
@@ -280,7 +285,7 @@ def main() -> int:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     sock = socket.socket(fileno=0)
     try:
-        params, status_fd, wake_fd = receive_hello(sock)
+        params, status_fd, wake_fd, log_fd = receive_hello(sock)
     except (ConnectionError, OSError):
         return EXIT_CLEAN  # the backend is gone before it could say anything
     status = ChildStatus.from_fd(status_fd)
@@ -290,6 +295,10 @@ def main() -> int:
         status.declare_exit(EXIT_CLEAN)
         return EXIT_CLEAN
     os.set_blocking(wake_fd, False)
+    os.set_blocking(log_fd, False)
+    log.addHandler(PipeHandler(log_fd))  # to the backend's sampler logger, not to stderr
+    log.setLevel(logging.INFO)
+    log.propagate = False
     child = Child(params, sock, wake_fd, status)
     threading.Thread(target=child.watch, args=(backend,), name="backend-watch", daemon=True).start()
     code = 1  # an exception escaping run() below

@@ -55,8 +55,10 @@ CALLS: dict[str, tuple[str, ...]] = {
 
 
 _note: Callable[[bytes], None] | None = None
-"""Where each NVML call is made known as it starts (and b"" once it returns): the sampling child
-puts it in its status block, so that a call that never returns is named (``report_calls``)."""
+"""Where each NVML call is made known as it starts (``where``), and b"\\0" once it returns: the
+sampling child puts it in its status block, so that a call that never returns is named
+(``report_calls``)."""
+_NONE = b"\0"
 
 
 def report_calls(note: Callable[[bytes], None] | None) -> None:
@@ -70,8 +72,8 @@ _ON_GPU = " on GPU "
 
 @functools.cache
 def where(function: str, device: str) -> bytes:
-    """``<function> on GPU <device>`` (or ``<function>`` alone: no device), ASCII."""
-    return (f"{function}{_ON_GPU}{device}" if device else function).encode("ascii", "replace")
+    """``<function> on GPU <device>`` (or ``<function>`` alone: no device), ASCII, ending with a NUL."""
+    return (f"{function}{_ON_GPU}{device}" if device else function).encode("ascii", "replace") + _NONE
 
 
 def device_of(call: str) -> str | None:
@@ -182,7 +184,7 @@ def call(
         return None, code if isinstance(code, int) else NVML_ERROR_UNKNOWN
     finally:
         if note is not None:
-            note(b"")
+            note(_NONE)
 
 
 def value(union: Any, value_type: int) -> float | None:

@@ -4,13 +4,15 @@ learns that the other is gone.
 One Unix stream socket pair joins them; the child's end is its stdin.
 
 - backend -> child, once: the hello, ``ChildParams`` as length-prefixed JSON,
-  carrying the status block's descriptor and the write end of the wake-up
-  pipe (SCM_RIGHTS);
+  carrying the status block's descriptor and the write ends of the wake-up
+  pipe and of the log pipe (SCM_RIGHTS);
 - child -> backend, once: ``RING``, carrying the ring's descriptor;
 - child -> backend, per record: ``RECORD``, one byte on the wake-up pipe, which
   wakes the reader thread. A pipe, not the socket: reading a byte from a pipe
   touches far less kernel code and memory than receiving one on a socket, and
   the reader pays for every cold page it touches;
+- child -> backend, as it logs: its ``sampler`` logger's records on the log pipe
+  (``sampler.ipc.logpipe``), which the backend logs;
 - backend -> child: ``STOP``, the request to leave.
 
 Shared memory therefore never has a name another process could read off a
@@ -46,6 +48,7 @@ FALLBACK_POLL_SECONDS = 0.25
 
 _LENGTH = struct.Struct("<I")
 _MAX_HELLO = 1 << 20
+_HELLO_FDS = 3
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,7 @@ class ChildParams:
             sources["gpu_devices"] = tuple(sources["gpu_devices"])
         if sources["gpu_share"] is not None:
             sources["gpu_share"] = tuple(sources["gpu_share"])
-        for key in ("gpus_read", "gpus_stopped"):
+        for key in ("gpus_read", "gpus_stopped", "gpus_quarantined"):
             sources[key] = tuple(sources[key])
         fields["sources"] = Sources(**sources)
         if fields["postmortem"] is not None:
@@ -122,14 +125,15 @@ class ChildParams:
         return cls(**fields)
 
 
-def send_hello(sock: socket.socket, params: ChildParams, status_fd: int, wake_fd: int) -> None:
-    """Send the hello with the status block's and the wake-up pipe's descriptors attached."""
-    socket.send_fds(sock, [params.encode()], [status_fd, wake_fd])
+def send_hello(sock: socket.socket, params: ChildParams, status_fd: int, wake_fd: int, log_fd: int) -> None:
+    """Send the hello with the status block's, the wake-up pipe's and the log pipe's descriptors
+    attached."""
+    socket.send_fds(sock, [params.encode()], [status_fd, wake_fd, log_fd])
 
 
-def receive_hello(sock: socket.socket) -> tuple[ChildParams, int, int]:
+def receive_hello(sock: socket.socket) -> tuple[ChildParams, int, int, int]:
     """Block until the whole hello has arrived: (params, status block descriptor,
-    wake-up pipe's write end).
+    wake-up pipe's write end, log pipe's write end).
 
     Reads exactly the hello's bytes, so a ``STOP`` sent right after it stays
     in the socket for whoever reads next. ``ConnectionError`` if the backend
@@ -141,17 +145,17 @@ def receive_hello(sock: socket.socket) -> tuple[ChildParams, int, int]:
     if length > _MAX_HELLO:
         raise ConnectionError(f"a hello of {length} bytes is not one")
     body = _receive_exactly(sock, length, fds)
-    if len(fds) != 2:
+    if len(fds) != _HELLO_FDS:
         for fd in fds:
             os.close(fd)
-        raise ConnectionError(f"the hello carried {len(fds)} descriptors, expected 2")
-    return ChildParams.decode(body), fds[0], fds[1]
+        raise ConnectionError(f"the hello carried {len(fds)} descriptors, expected {_HELLO_FDS}")
+    return ChildParams.decode(body), fds[0], fds[1], fds[2]
 
 
 def _receive_exactly(sock: socket.socket, size: int, fds: list[int]) -> bytes:
     buf = b""
     while len(buf) < size:
-        data, got, _, _ = socket.recv_fds(sock, size - len(buf), 2)
+        data, got, _, _ = socket.recv_fds(sock, size - len(buf), _HELLO_FDS)
         fds += got
         if not data:
             raise ConnectionError("the backend closed the channel before the hello")

@@ -187,8 +187,10 @@ class ChildStatus:
         self._child_words[0] = _pack(phase, time.monotonic_ns())
 
     def note_call(self, where: bytes) -> None:
-        """Child side: the NVML call under way (``where``; b"": none), cut to ``CALL_BYTES``."""
-        where = where[: CALL_BYTES - 1] + b"\0"
+        """Child side: the NVML call under way, ``where`` ending with a NUL (b"\\0": none), cut
+        to ``CALL_BYTES``."""
+        if len(where) > CALL_BYTES:
+            where = where[: CALL_BYTES - 1] + b"\0"
         self._call[: len(where)] = where
 
     def call(self) -> str | None:

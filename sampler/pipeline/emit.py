@@ -59,8 +59,8 @@ class Emitter:
     queued since the last, and the reader's waits end for the queue in between
     (``store_due``, ``serve_store``), so a long interval does not hold it back.
     Each logged record brings what the step axis derives (``PerStep``).
-    The time the sink, the pipeline's subscribers and the hook take is kept per
-    callback and judged against ``interval_seconds`` (``timing``); once
+    The time the model's age source, the sink, the pipeline's subscribers and the hook
+    take is kept per callback and judged against ``interval_seconds`` (``timing``); once
     ``stopping`` is set, they are called no more.
     """
 
@@ -87,7 +87,9 @@ class Emitter:
         gets each sample)."""
         self._fan_out = sink is signals.log_signal
         """The sink is the pipeline, whose receivers are timed one by one (``signals.log_batch``)."""
-        self._times = CallbackTimes(stats, interval_seconds, sink, on_sample)
+        self._times = CallbackTimes(stats, interval_seconds, sink, on_sample, stamper.age_source)
+        self._asks_age = stamper.step_source != "seconds"
+        """Each sample's step comes from the model's age: user code, timed like the sink."""
         self._failures = RateLimitedWarning()
         self._first = True
         self._emitted = 0
@@ -102,10 +104,16 @@ class Emitter:
             wl_adapter.warn_if_weightslab_monitor_running()
         self._emitted += 1
         try:
-            step = self.stamper.stamp(timestamp_ns)
+            if self._asks_age:
+                start = time.perf_counter()
+                step = self.stamper.stamp(timestamp_ns)
+                self._times.spent.append((self.stamper.age_source, time.perf_counter() - start))
+            else:
+                step = self.stamper.stamp(timestamp_ns)
             if step is None:
                 stats.records_dropped += 1
                 self.store.record(None, 0, timestamp_ns)
+                self._times.end_sample(0)
                 return None
             total = sum(values)
             readings: Iterable[tuple[str, float]]

@@ -1,6 +1,6 @@
-"""The time user code takes in the monitor thread: the sink, the signal pipeline's
-receivers (its subscribers and WeightsLab's logger, with the default sink) and the
-``on_sample`` hook.
+"""The time user code takes in the monitor thread: the model's age (``age_source``, or the
+watched model's ``get_age``), the sink, the signal pipeline's receivers (its subscribers and
+WeightsLab's logger, with the default sink) and the ``on_sample`` hook.
 
 Each is timed per sample and kept by its qualified name in ``stats()["callbacks"]``.
 Callbacks that take more than ``SLOW_SHARE`` of the interval in most of the last
@@ -76,6 +76,7 @@ class CallbackTimes:
         interval_seconds: float | None,
         sink: Callback,
         on_sample: Callback | None,
+        age_source: Callback | None = None,
     ) -> None:
         self.stats = stats
         self.spent: list[tuple[Callback, float]] = []
@@ -85,8 +86,11 @@ class CallbackTimes:
         self._sink, self._sink_name = sink, qualified_name(sink)
         self._on_sample = on_sample
         self._hook_name = None if on_sample is None else qualified_name(on_sample)
+        self._age_source = age_source
+        self._age_name = None if age_source is None else qualified_name(age_source)
         self._kinds: dict[str, str] = {}
-        """What each name is: the sink, the on_sample hook, WeightsLab's logger or a subscriber."""
+        """What each name is: the sink, the on_sample hook, the age source, WeightsLab's logger or a
+        subscriber."""
         self._latest: deque[float] = deque(maxlen=SLOW_RECORDS)
         """Seconds all callbacks took in each of the latest samples."""
         self._warned = False
@@ -126,6 +130,8 @@ class CallbackTimes:
             name, kind = self._sink_name, "sink"
         elif fn is self._on_sample and self._hook_name is not None:
             name, kind = self._hook_name, "on_sample"
+        elif fn is self._age_source and self._age_name is not None:
+            name, kind = self._age_name, "age_source"
         else:
             name = qualified_name(fn)
             kind = "weightslab" if fn is wl_adapter.forward_signal else "subscriber"
@@ -141,6 +147,9 @@ class CallbackTimes:
         if kind == "on_sample":
             what = f"the on_sample hook {name}"
             way_out = "make it cheaper, or sample less often (interval_seconds)"
+        elif kind == "age_source":
+            what = f"the model's age, {name}, asked once per sample for its step"
+            way_out = "make it cheap (a counter the training keeps), or sample less often (interval_seconds)"
         elif kind == "weightslab":
             what = "WeightsLab's logger (weightslab.src._log_signal), called once per signal"
             way_out = "sample less often (interval_seconds)"

@@ -31,6 +31,7 @@ import time
 
 from ringbuf import Ring
 from sampler.ipc.channel import FALLBACK_POLL_SECONDS
+from sampler.ipc.logpipe import LogReader
 from sampler.ipc.status import PHASE_IDLE, PHASE_STARTING, ChildStatus, Snapshot, category_of
 from sampler.pipeline.emit import Emitter
 from sampler.pipeline.stats import MonitorStats
@@ -121,8 +122,9 @@ class ChildReader:
         pidfd = child.pidfd
         emitter, wake_buffers = self.emitter, self._wake_buffers
         store_fd = emitter.store_wake_fd  # None: no run store, now or later
+        logs = None if child.log_fd is None else LogReader(child.log_fd)
         poller = select.poll()
-        for fd in (heard_fd, self.stop_fd, pidfd, store_fd):
+        for fd in (heard_fd, self.stop_fd, pidfd, store_fd, child.log_fd):
             if fd is not None:
                 poller.register(fd, select.POLLIN)
         started_ns = time.monotonic_ns()
@@ -148,6 +150,9 @@ class ChildReader:
                 return Outcome.STOPPED
             if store_fd is not None:
                 emitter.serve_store(ready, store_due)
+            if logs is not None and logs.fd in ready and not logs.read():
+                poller.unregister(logs.fd)  # at its end: the child is gone
+                logs = None
             if heard_fd in ready:
                 if self.ring is None:
                     alive = self._receive()
@@ -168,10 +173,14 @@ class ChildReader:
                 else:  # the ring handed over, or an exit: what is the child doing now?
                     due_at = self._deadline_ns(self.status.read())
                 if not alive:
+                    if logs is not None:
+                        logs.read()  # what it said before it left
                     return Outcome.EXITED
                 continue  # the channel first: records sent just before an exit still count
             if (pidfd is not None and pidfd in ready) or (pidfd is None and child.poll()):
                 self._drain()
+                if logs is not None:
+                    logs.read()
                 return Outcome.EXITED
             now = time.monotonic_ns()
             if woke - planned > STALL_SLACK_NS:

@@ -72,6 +72,8 @@ class SamplingChild:
         self.sock: socket.socket | None = None
         self.wake_fd: int | None = None
         """The read end of the wake-up pipe: a byte per record (``sampler.ipc.channel``)."""
+        self.log_fd: int | None = None
+        """The read end of the log pipe, non-blocking: the child's log lines (``sampler.ipc.logpipe``)."""
         self.pidfd: int | None = None
         """Readable once the child has exited; None where pidfds are missing."""
         self.exited = False
@@ -88,6 +90,8 @@ class SamplingChild:
             raise OSError("os.posix_spawn is not available on this platform")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.wake_fd, wake_w = os.pipe()
+        self.log_fd, log_w = os.pipe()
+        os.set_blocking(self.log_fd, False)
         try:
             self.pid = os.posix_spawn(
                 sys.executable,
@@ -102,6 +106,7 @@ class SamplingChild:
         except BaseException:
             ours.close()
             os.close(wake_w)
+            os.close(log_w)
             self.close()
             raise
         finally:
@@ -113,9 +118,10 @@ class SamplingChild:
             self.exited = True
         try:
             with contextlib.suppress(OSError):  # it died already; the reader finds out from the pidfd or EOF
-                send_hello(ours, self.params, self._status_fd, wake_w)
+                send_hello(ours, self.params, self._status_fd, wake_w, log_w)
         finally:
             os.close(wake_w)  # the child's alone now: its exit is EOF on the pipe
+            os.close(log_w)
 
     def poll(self) -> bool:
         """Whether the child has exited; reaps it (without blocking) if so."""
@@ -191,9 +197,10 @@ class SamplingChild:
         sock, self.sock = self.sock, None
         if sock is not None:
             sock.close()
-        wake_fd, self.wake_fd = self.wake_fd, None
-        if wake_fd is not None:
-            os.close(wake_fd)
+        for fd in (self.wake_fd, self.log_fd):
+            if fd is not None:
+                os.close(fd)
+        self.wake_fd = self.log_fd = None
         with self._lock:
             pidfd, self.pidfd = self.pidfd, None
             if pidfd is not None:

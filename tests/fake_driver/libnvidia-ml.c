@@ -27,7 +27,8 @@
  *   device I xid CODE AT_US       a critical XID error, delivered to event sets then
  *   device I gpm METRIC VALUE     a GPM metric's value between any two samples (GPM
  *                                 supported once the device has one)
- *   fail FUNCTION I|all CODE      FUNCTION returns CODE on device I
+ *   fail FUNCTION I|all CODE      FUNCTION returns CODE on device I (nvmlInit*,
+ *                                 nvmlDeviceGetCount*: all)
  *   segfault FUNCTION I|all       FUNCTION crashes with SIGSEGV
  *   hang FUNCTION I|all           FUNCTION never returns
  *   hang_marker PATH              created as a hanging call starts
@@ -418,16 +419,19 @@ nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) {
 
 /* --- devices ----------------------------------------------------------------------------- */
 
-static nvmlReturn_t device_count(unsigned int *count_out) {
+static nvmlReturn_t device_count(const char *function, unsigned int *count_out) {
     pthread_mutex_lock(&lock);
     if (!initialized) ANSWER(NVML_ERROR_UNINITIALIZED);
     reload();
+    count(function, -1);
+    nvmlReturn_t failed = misbehave(function, -1); /* a rule for "all" devices */
+    if (failed) ANSWER(failed);
     if (!count_out) ANSWER(NVML_ERROR_INVALID_ARGUMENT);
     *count_out = config.n_devices;
     ANSWER(NVML_SUCCESS);
 }
-nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) { return device_count(n); }
-nvmlReturn_t nvmlDeviceGetCount(unsigned int *n) { return device_count(n); }
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) { return device_count(__func__, n); }
+nvmlReturn_t nvmlDeviceGetCount(unsigned int *n) { return device_count(__func__, n); }
 
 static nvmlReturn_t handle_by_index(const char *function, unsigned int index, nvmlDevice_t *device) {
     pthread_mutex_lock(&lock);
