@@ -182,6 +182,7 @@ def test_health_line_says_what_is_wrong_with_the_monitor() -> None:
             "deaths": [{"cause": "hang", "category": "disk"}, {"cause": "crash", "category": "gpu"}],
             "records_lost": 5,
             "quarantined": ["gpu"],
+            "gpus_quarantined": ["1", "3-mig0"],
             "store_error": "cannot write it: disk I/O error",
             "waiting_for": "the sink to return (called 3 s ago)",
         }
@@ -191,6 +192,7 @@ def test_health_line_says_what_is_wrong_with_the_monitor() -> None:
         "2 restarts (last: crash in gpu)",
         "5 records lost",
         "quarantined: gpu",
+        "GPUs quarantined: 1, 3-mig0",
         "store error: cannot write it: disk I/O error",
         "waiting for the sink to return",
     ):

@@ -114,7 +114,7 @@ def group_of(name: str) -> tuple[tuple[int, int, str], str, str]:
 
 def health_line(stats: Mapping[str, Any] | None) -> Line:
     """The monitor's own health from its ``stats()``: restarts (with the
-    latest death), records lost, quarantined categories, store errors, what it
+    latest death), records lost, quarantined categories and GPUs, store errors, what it
     waits for, the error that stopped it. An alert when any is wrong."""
     if stats is None:
         return Line("health: not reported yet")
@@ -134,6 +134,9 @@ def health_line(stats: Mapping[str, Any] | None) -> Line:
     quarantined = stats.get("quarantined") or []
     if quarantined:
         problems.append("quarantined: " + ", ".join(map(str, quarantined)))
+    gpus = stats.get("gpus_quarantined") or []
+    if gpus:  # each brought the child down three times; the other GPUs go on reading
+        problems.append("GPUs quarantined: " + ", ".join(map(str, gpus)))
     if stats.get("isolation") == "thread" and quarantined:
         problems.append("sampling in-thread")
     if stats.get("store_error"):
