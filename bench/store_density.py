@@ -47,13 +47,21 @@ RECORDS_PER_HOUR = 3600
 """At 1 s sampling."""
 
 
+FIRST_RECORD_SECONDS = 120.0
+"""How long the real monitor may take to log its first record."""
+
+
 def real_records(seconds: float, where: Path) -> list[dict[str, float]]:
-    """A real monitor's records at the default categories, sampled every 0.1 s for ``seconds``."""
+    """A real monitor's records at the default categories, sampled every 0.1 s for ``seconds``
+    from its first record (which a loaded machine may take many seconds to start)."""
     store = where / "sampled.sqlite"
     steps = itertools.count()  # a step a sample: a training loop faster than the sampling
     with sampler.ResourceMonitor(
         store=store, interval_seconds=0.1, _min_interval_seconds=0.05, age_source=lambda: next(steps)
-    ):
+    ) as monitor:
+        deadline = time.monotonic() + FIRST_RECORD_SECONDS
+        while monitor.stats()["records_logged"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
         time.sleep(seconds)
     with StoreReader(str(store)) as reader:
         run = reader.run()
