@@ -1,0 +1,181 @@
+"""The record's readings parsed from /proc through held descriptors give psutil's values, read
+by psutil from the same files (``psutil.PROCFS_PATH``), and no reading where a file is gone,
+malformed, or belongs to another process than the one the collector was made for."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import psutil
+
+from sampler import catalogue
+from sampler.catalogue import MIB
+from sampler.collectors.base import Collector
+from sampler.collectors.host import CpuCollector, DiskCollector, MemoryCollector, NetworkCollector, ProcFile
+
+T = TypeVar("T")
+
+
+def as_psutil_reads(procfs: Path, read: Callable[[], T]) -> T:
+    """``read()`` with psutil reading ``procfs`` as /proc."""
+    saved, psutil.PROCFS_PATH = psutil.PROCFS_PATH, str(procfs)
+    try:
+        return read()
+    finally:
+        psutil.PROCFS_PATH = saved
+
+
+def values(collector: Collector) -> dict[str, float]:
+    """One ``sample()`` by field name."""
+    return dict(zip(collector.names, collector.sample(), strict=True))
+
+
+def test_a_held_file_is_read_whole_past_its_first_read(tmp_path: Path) -> None:
+    text = b"".join(b"line %05d\n" % n for n in range(1500))  # 16.5 KB: /proc/diskstats of many disks
+    (tmp_path / "big").write_bytes(text)
+    held = ProcFile(str(tmp_path / "big"))
+    assert held.read() == text and held.read() == text
+    held.close()
+
+
+# --------------------------------------------------------------------------- cpu
+
+
+def test_the_records_cpu_is_psutils_cpu_percent_on_the_same_file(tmp_path: Path) -> None:
+    lines = Path("/proc/stat").read_text().splitlines()
+    ticks = [int(n) for n in lines[0].split()[1:11]]
+
+    def write(moved: list[int]) -> None:
+        for i, n in enumerate(moved):
+            ticks[i] += n
+        (tmp_path / "stat").write_text("\n".join(["cpu  " + " ".join(map(str, ticks)), *lines[1:]]) + "\n")
+
+    collector = CpuCollector()
+    collector._stat = ProcFile(str(tmp_path / "stat"))
+    write([0] * 10)
+    collector.sample()  # the record's window starts at these ticks
+    as_psutil_reads(tmp_path, lambda: psutil.cpu_percent(interval=None))  # and psutil's
+    steps = [
+        [300, 20, 80, 700, 30, 5, 7, 3, 0, 0],
+        [300, 20, 80, 700, 30, 5, 7, 3, 120, 15],  # guest time, in user and nice already
+        [50, 0, 10, 200, 0, 0, 0, -40, 0, 0],  # steal going back: a change of 0, not below
+        [0] * 10,  # nothing moved: 0 %, as psutil says
+    ]
+    for moved in steps:
+        write(moved)
+        value = values(collector)[catalogue.CPU_UTILIZATION.name]
+        assert value == as_psutil_reads(tmp_path, lambda: psutil.cpu_percent(interval=None))
+    collector.close()
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def swap_files(procfs: Path, available_kb: int) -> None:
+    """This machine's /proc/meminfo and /proc/vmstat under ``procfs``, with swap in use and
+    swapped pages, and ``available_kb`` as MemAvailable."""
+    meminfo = []
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key = line.split(":")[0]
+        value = {"MemAvailable": available_kb, "SwapTotal": 2_000_000, "SwapFree": 1_250_000}.get(key)
+        meminfo.append(line if value is None else f"{key}: {value} kB")
+    (procfs / "meminfo").write_text("\n".join(meminfo) + "\n")
+    vmstat = []
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        key = line.split()[0]
+        vmstat.append({"pswpin": "pswpin 123457", "pswpout": "pswpout 98765"}.get(key, line))
+    (procfs / "vmstat").write_text("\n".join(vmstat) + "\n")
+
+
+def memory_reader(procfs: Path) -> MemoryCollector:
+    collector = MemoryCollector(swap=True)
+    collector._meminfo = ProcFile(str(procfs / "meminfo"))
+    collector._vmstat = ProcFile(str(procfs / "vmstat"))
+    return collector
+
+
+def test_the_records_memory_and_swap_are_psutils_on_the_same_files(tmp_path: Path) -> None:
+    total = int(Path("/proc/meminfo").read_text().split()[1])
+    swap_files(tmp_path, total // 3)
+    collector = memory_reader(tmp_path)
+    read = values(collector)
+    memory = as_psutil_reads(tmp_path, psutil.virtual_memory)
+    swap = as_psutil_reads(tmp_path, psutil.swap_memory)
+    assert read[catalogue.MEMORY_USED.name] == memory.percent
+    assert read[catalogue.SWAP_USED.name] == swap.used / MIB
+    assert read[catalogue.SWAPPED_IN.name] == swap.sin / MIB
+    assert read[catalogue.SWAPPED_OUT.name] == swap.sout / MIB
+    collector.close()
+
+
+def test_a_record_shares_the_meminfo_read_its_tracked_reading_made(tmp_path: Path) -> None:
+    total = int(Path("/proc/meminfo").read_text().split()[1])
+    swap_files(tmp_path, total // 2)
+    collector = memory_reader(tmp_path)
+    (tracked,) = collector.sample_tracked()
+    swap_files(tmp_path, total // 4)  # the file changes between the two reads of one wake-up
+    assert values(collector)[catalogue.MEMORY_USED.name] == tracked == 50.0
+    assert values(collector)[catalogue.MEMORY_USED.name] == 75.0  # no tracked read since: the file now
+    collector.close()
+
+
+def test_meminfo_without_memfree_gives_no_reading(tmp_path: Path) -> None:
+    (tmp_path / "meminfo").write_text("MemTotal: 100 kB\n")
+    collector = MemoryCollector(swap=False)
+    collector._meminfo = ProcFile(str(tmp_path / "meminfo"))
+    assert math.isnan(collector.sample_tracked()[0]) and math.isnan(collector.sample()[0])
+    collector.close()
+
+
+# --------------------------------------------------------------------------- disk and network
+
+
+def scaled(line: str, first: int, factor: int) -> str:
+    """``line`` with every field from ``first`` on multiplied by ``factor`` (and moved by 1)."""
+    fields = line.split()
+    return " ".join([*fields[:first], *(str(int(n) * factor + 1) for n in fields[first:])])
+
+
+def test_disk_io_is_psutils_whole_disks_on_the_same_file(tmp_path: Path) -> None:
+    lines = [scaled(line, 3, 7) for line in Path("/proc/diskstats").read_text().splitlines()]
+    names = [line.split()[2] for line in lines]
+    whole = [name for name in names if Path("/sys/block", name.replace("/", "!")).exists()]
+    assert whole, "no whole disk on this machine"
+    name = whole[0]  # a partition of it, as a Linux 2.6 kernel writes one: 7 fields
+    lines.append(f"259 99 {name}p9 11 22 33 44")
+    (tmp_path / "diskstats").write_text("\n".join(lines) + "\n")
+    collector = DiskCollector(str(tmp_path))
+    collector._diskstats = ProcFile(str(tmp_path / "diskstats"))
+    read = values(collector)
+    disks = as_psutil_reads(tmp_path, lambda: psutil.disk_io_counters(perdisk=True, nowrap=False))
+    assert f"{name}p9" in disks
+    assert read[catalogue.DISK_READ.name] == sum(disks[n].read_bytes / MIB for n in whole)
+    assert read[catalogue.DISK_WRITTEN.name] == sum(disks[n].write_bytes / MIB for n in whole)
+    collector.close()
+
+
+def test_a_diskstats_line_of_no_known_layout_gives_no_disk_io(tmp_path: Path) -> None:
+    (tmp_path / "diskstats").write_text(Path("/proc/diskstats").read_text() + "   8 0 sdz 1 2 3\n")
+    collector = DiskCollector(str(tmp_path))
+    collector._diskstats = ProcFile(str(tmp_path / "diskstats"))
+    read = values(collector)
+    assert math.isnan(read[catalogue.DISK_READ.name]) and math.isnan(read[catalogue.DISK_WRITTEN.name])
+    assert read[catalogue.DISK_FULL.name] >= 0  # the filesystem's usage is read all the same
+    collector.close()
+
+
+def test_network_bytes_are_psutils_on_the_same_file(tmp_path: Path) -> None:
+    lines = Path("/proc/net/dev").read_text().splitlines()
+    (tmp_path / "net").mkdir()
+    body = [f"{line.split(':')[0]}: {scaled(line.split(':')[1], 0, 13)}" for line in lines[2:]]
+    (tmp_path / "net" / "dev").write_text("\n".join([*lines[:2], *body]) + "\n")
+    collector = NetworkCollector()
+    collector._dev = ProcFile(str(tmp_path / "net" / "dev"))
+    read = values(collector)
+    nics = as_psutil_reads(tmp_path, lambda: psutil.net_io_counters(pernic=True, nowrap=False))
+    assert read[catalogue.NETWORK_SENT.name] == sum(float(n.bytes_sent) for n in nics.values())
+    assert read[catalogue.NETWORK_RECEIVED.name] == sum(float(n.bytes_recv) for n in nics.values())
+    collector.close()
