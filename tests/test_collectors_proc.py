@@ -5,16 +5,23 @@ malformed, or belongs to another process than the one the collector was made for
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import os
+import subprocess
+import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
 import psutil
+import pytest
+from conftest import wait_for
 
 from sampler import catalogue
 from sampler.catalogue import MIB
+from sampler.collectors import host
 from sampler.collectors.base import Collector
 from sampler.collectors.host import CpuCollector, DiskCollector, MemoryCollector, NetworkCollector, ProcFile
+from sampler.collectors.process import ProcessCollector
 
 T = TypeVar("T")
 
@@ -128,6 +135,122 @@ def test_meminfo_without_memfree_gives_no_reading(tmp_path: Path) -> None:
     collector._meminfo = ProcFile(str(tmp_path / "meminfo"))
     assert math.isnan(collector.sample_tracked()[0]) and math.isnan(collector.sample()[0])
     collector.close()
+
+
+# --------------------------------------------------------------------------- process
+
+
+@pytest.fixture
+def procfs(tmp_path: Path) -> Iterator[Path]:
+    """A /proc under ``tmp_path`` with this process's files, for psutil and the collector."""
+    pid = str(os.getpid())
+    (tmp_path / pid).mkdir()
+    for name in ("status", "schedstat"):
+        (tmp_path / pid / name).write_bytes(Path(f"/proc/self/{name}").read_bytes())
+    (tmp_path / "stat").write_bytes(Path("/proc/stat").read_bytes())  # psutil's boot time
+    swap_files(tmp_path, int(Path("/proc/meminfo").read_text().split()[1]) // 3)
+    yield tmp_path
+
+
+def write_process(procfs: Path, utime: int, stime: int, rss_pages: int) -> None:
+    """``stat`` and ``statm`` of this process under ``procfs``, with the given ticks and RSS."""
+    real = Path("/proc/self/stat").read_text()
+    head, _, rest = real.rpartition(")")
+    fields = rest.split()
+    fields[11], fields[12], fields[21] = str(utime), str(stime), str(rss_pages)
+    pid = str(os.getpid())
+    (procfs / pid / "stat").write_text(f"{head}) {' '.join(fields)}\n")
+    statm = Path("/proc/self/statm").read_text().split()
+    statm[1] = str(rss_pages)
+    (procfs / pid / "statm").write_text(" ".join(statm) + "\n")
+
+
+def test_the_records_process_readings_are_psutils_on_the_same_files(
+    procfs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(host, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(psutil, "_timer", lambda: clock[0])
+    write_process(procfs, 1000, 400, 25_000)
+    collector = ProcessCollector(os.getpid())
+    pid = procfs / str(os.getpid())
+    collector._stat = ProcFile(str(pid / "stat"))
+    collector._status = ProcFile(str(pid / "status"))
+    collector._schedstat = ProcFile(str(pid / "schedstat"))
+    collector._meminfo = ProcFile(str(procfs / "meminfo"))
+    collector.sample()  # the record's CPU window starts here
+    proc = as_psutil_reads(procfs, psutil.Process)
+    as_psutil_reads(procfs, lambda: proc.cpu_percent(interval=None))  # and psutil's
+    clock[0] += 2.0
+    write_process(procfs, 1000 + 173, 400 + 61, 31_234)
+    read = values(collector)
+    memory = as_psutil_reads(procfs, psutil.virtual_memory)  # the total psutil's percent divides by
+    times = as_psutil_reads(procfs, proc.cpu_times)
+    cpu = as_psutil_reads(procfs, lambda: proc.cpu_percent(interval=None))
+    assert read[catalogue.PROCESS_CPU.name] == cpu
+    assert read[catalogue.PROCESS_CPU_SECONDS.name] == times.user + times.system
+    assert read[catalogue.PROCESS_RSS.name] == as_psutil_reads(procfs, proc.memory_info).rss / MIB
+    assert read[catalogue.PROCESS_RSS_PERCENT.name] == as_psutil_reads(procfs, proc.memory_percent)
+    assert read[catalogue.PROCESS_MEMORY_AVAILABLE.name] == memory.available / MIB
+    collector.close()
+
+
+def test_memory_available_without_memavailable_is_psutils_estimate(procfs: Path) -> None:
+    """Kernels before 3.14 give no MemAvailable: psutil estimates it, from the same file."""
+    meminfo = procfs / "meminfo"
+    lines = [line for line in meminfo.read_text().splitlines() if not line.startswith("MemAvailable:")]
+    meminfo.write_text("\n".join(lines) + "\n")
+    collector = ProcessCollector(os.getpid())
+    collector._meminfo = ProcFile(str(meminfo))
+    available = catalogue.PROCESS_MEMORY_AVAILABLE.name
+    read = as_psutil_reads(procfs, lambda: values(collector))
+    assert read[available] == as_psutil_reads(procfs, psutil.virtual_memory).available / MIB
+    meminfo.write_text("MemTotal: 1000000 kB\n")  # no MemFree: no estimate either
+    read = values(collector)
+    assert math.isnan(read[available]) and read[catalogue.PROCESS_RSS_PERCENT.name] > 0
+    collector.close()
+
+
+def test_a_reused_pid_is_never_read_as_the_backend() -> None:
+    """The backend gone, a new process given its pid: the collector made for the backend reads
+    nothing, where reading /proc/<pid> by its path would read the newcomer."""
+    backend = subprocess.Popen(["sleep", "60"])
+    collector = ProcessCollector(backend.pid)
+    collector.sample()
+    backend.kill()
+    backend.wait()
+    newcomer = None
+    try:
+        for _ in range(50):  # other processes on the machine may take the pid first
+            try:
+                Path("/proc/sys/kernel/ns_last_pid").write_text(str(backend.pid - 1))
+            except OSError as exc:
+                pytest.skip(f"cannot choose the next pid here: {exc}")
+            newcomer = subprocess.Popen(["sleep", "60"])
+            if newcomer.pid == backend.pid:
+                break
+            newcomer.kill()
+            newcomer.wait()
+        else:
+            pytest.skip("the backend's pid was never given again")
+        newcomer_runs = lambda: psutil.Process(backend.pid).cmdline() == ["sleep", "60"]  # noqa: E731
+        wait_for(newcomer_runs, what="the newcomer to run sleep")
+        assert all(math.isnan(v) for v in collector.sample_tracked())
+        read = values(collector)
+        machine = read.pop(catalogue.PROCESS_MEMORY_AVAILABLE.name)  # the machine's, not the backend's
+        assert machine > 0 and all(math.isnan(v) for v in read.values()), read
+    finally:
+        if newcomer is not None:
+            newcomer.kill()
+            newcomer.wait()
+        collector.close()
+
+
+def test_a_process_gone_before_its_collector_is_made_raises() -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    with pytest.raises(psutil.NoSuchProcess):
+        ProcessCollector(gone.pid)
 
 
 # --------------------------------------------------------------------------- disk and network
