@@ -4,13 +4,14 @@ monitor.
 
     python -m bench.record_costs [--quick] [--json FILE]
 
-In this order, in one process: ``bench.monitor_cpu`` (3 interleaved rounds of 15 s; quick: one
-of 3 s), ``bench.store_density`` (its defaults: a real monitor's records written as an hour in
-both layouts at 0, 1 and 8 GPUs; quick: 36 records at 0 and 1 GPU) and ``bench.analysis_memory``
-(its defaults: explain on 27 h, the launch views on 8 ranks of 24 h; quick: 0.2 h and 2 ranks of
-0.1 h). About 10 minutes on 2 cores; quick, about a minute. Each benchmark's own table is printed,
-then one table of the numbers issue 27 asks for, with the machine, its load before and after,
-and whether an NVIDIA GPU was present.
+In this order, in one process: ``bench.analysis_memory`` (its defaults: explain on 27 h, the
+launch views on 8 ranks of 24 h; quick: 0.2 h and 2 ranks of 0.1 h), first, while this process is
+small: a view's peak memory is its interpreter's ``ru_maxrss``, which starts from the size of the
+process that forked it; ``bench.monitor_cpu`` (3 interleaved rounds of 15 s; quick: one of 3 s);
+``bench.store_density`` (its defaults: a real monitor's records written as an hour in both layouts
+at 0, 1 and 8 GPUs; quick: 36 records at 0 and 1 GPU). About 5 minutes on 2 cores; quick, under
+a minute. Each benchmark's own table is printed, then one table of the numbers issue 27 asks for,
+with the machine, its load before and after, and whether an NVIDIA GPU was present.
 """
 
 from __future__ import annotations
@@ -112,17 +113,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else DEFAULT
     print(f"{machine()}\nload average (1 / 5 / 15 min) at the start: {load()}\n")
-    rounds, seconds = sizes["monitor"]
-    monitor = monitor_cpu.rounds_of(rounds, seconds, DEFAULT_INNER_RATE_HZ)
-    table = monitor_cpu.report(monitor, seconds, DEFAULT_INNER_RATE_HZ)
-    print(f"## Monitoring CPU (bench.monitor_cpu)\n\n{table}\n")
     with tempfile.TemporaryDirectory() as tmp:
-        status, output, store = run_json(store_density.main, sizes["store"], Path(tmp))
-        print(f"## Store density (bench.store_density)\n\n{output}")
-        if status:
-            return status
         status, output, analysis = run_json(analysis_memory.main, sizes["analysis"], Path(tmp))
         print(f"## Analysis time and memory (bench.analysis_memory)\n\n{output}")
+        if status:
+            return status
+        rounds, seconds = sizes["monitor"]
+        monitor = monitor_cpu.rounds_of(rounds, seconds, DEFAULT_INNER_RATE_HZ)
+        table = monitor_cpu.report(monitor, seconds, DEFAULT_INNER_RATE_HZ)
+        print(f"## Monitoring CPU (bench.monitor_cpu)\n\n{table}\n")
+        status, output, store = run_json(store_density.main, sizes["store"], Path(tmp))
+        print(f"## Store density (bench.store_density)\n\n{output}")
         if status:
             return status
     print(f"## Issue 27, side by side\n\nload average at the end: {load()}\n")
