@@ -246,6 +246,21 @@ def test_a_reused_pid_is_never_read_as_the_backend() -> None:
         collector.close()
 
 
+def test_a_failed_tracked_read_leaves_no_stale_bytes_for_the_record() -> None:
+    """The backend dies between two tracked reads: the record reads nothing of it, not the
+    bytes the earlier tracked read left unclaimed."""
+    backend = subprocess.Popen(["sleep", "60"])
+    collector = ProcessCollector(backend.pid)
+    collector.sample_tracked()
+    backend.kill()
+    backend.wait()
+    assert all(math.isnan(v) for v in collector.sample_tracked())
+    read = values(collector)
+    assert math.isnan(read[catalogue.PROCESS_RSS.name])
+    assert math.isnan(read[catalogue.PROCESS_CPU_SECONDS.name])
+    collector.close()
+
+
 def test_a_process_gone_before_its_collector_is_made_raises() -> None:
     gone = subprocess.Popen(["true"])
     gone.wait()

@@ -67,6 +67,7 @@ class ProcFile:
 
     def read(self) -> bytes:
         """The whole file now."""
+        self._unclaimed = None  # a failed read leaves nothing for ``take()``
         if self._fd is None:
             self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self._dir_fd)
         data = os.pread(self._fd, self._size, 0)
