@@ -230,7 +230,7 @@ class MemoryCollector(Collector):
     def read(self) -> Readings:
         """The tracked reading's meminfo where it was read since the previous record (in the
         child, in the same wake-up), and swap from the same fields."""
-        fields = attempt(lambda: meminfo_kb(self._meminfo.take()), PARSING_ERRORS)
+        fields = attempt(lambda: meminfo_kb(self._meminfo.take(), None if self._swap else 5), PARSING_ERRORS)
         if fields is None:
             return {}
         percent = attempt(lambda: _percent(fields), PARSING_ERRORS)
