@@ -306,8 +306,8 @@ def test_a_child_whose_every_reading_fails_for_want_of_descriptors_is_replaced(
     options = {**FAST, "step_source": "seconds", "postmortem_dir": None, "_restart_backoff": (0.05, 0.2)}
     with (
         caplog.at_level(logging.WARNING, logger="sampler"),
-        # The tree opens its files at each pass; cpu, memory and process read through descriptors
-        # held since the start, which a child left none keeps reading.
+        # The process tree opens /proc files at each reading; cpu, memory, disk, network and
+        # process read files held open since their first reading, which starving cannot fail.
         sampler.ResourceMonitor(sink=sink, categories=["process_tree"], **options) as mon,
     ):
         wait_for(lambda: mon.stats()["records_logged"] >= 2, what="two records")
@@ -330,7 +330,9 @@ def test_a_child_losing_some_readings_to_starvation_says_so_once(caplog: pytest.
     options = {**FAST, "step_source": "seconds", "postmortem_dir": None}
     with (
         caplog.at_level(logging.WARNING, logger="sampler"),
-        sampler.ResourceMonitor(sink=sink, categories=["cpu", "disk"], disk_path="/", **options) as mon,
+        sampler.ResourceMonitor(
+            sink=sink, categories=["process_tree", "disk"], disk_path="/", **options
+        ) as mon,
     ):
         wait_for(lambda: mon.stats()["records_logged"] >= 2, what="two records")
         assert mon.child_pid is not None

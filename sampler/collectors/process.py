@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
 
 import psutil
 
 from sampler import catalogue
 from sampler.catalogue import MIB
 from sampler.collectors.base import MISSING, Collector, Readings, attempt
-from sampler.collectors.host import ProcFile
+from sampler.collectors.host import PARSING_ERRORS, ProcFile, available_kb, meminfo_kb
 from sampler.collectors.tree import Stat, parse_stat
 
 RSS = catalogue.PROCESS_RSS.name
@@ -22,22 +24,31 @@ class ProcessCollector(Collector):
     process using four cores reads 400; ``cpu_seconds`` is the CPU time (user +
     system) it used since it started, the counter that percentage is the rate of.
     CPU % and memory (RSS) are tracked between records: the tracked CPU % is
-    over the inner window, through a second handle whose CPU window is its own,
-    so ``sample()``'s stays the whole interval.
+    over the inner window and the record's over its own since the previous record.
+
+    Every reading is a file of the backend's ``/proc/<pid>`` held open (``stat``,
+    ``status``, ``schedstat``; ``/proc/meminfo`` for the machine's memory), each read
+    with one ``pread``; once the backend is gone they give no reading, even where its
+    pid was given to another process since.
     """
 
     category = "process"
 
     def __init__(self, pid: int) -> None:
+        """Raises ``psutil.NoSuchProcess`` when ``pid`` is gone."""
         self.pid = pid
-        self._process = psutil.Process(pid)
-        self._process.cpu_percent(interval=None)  # prime: the first call has no window
-        self._stat = ProcFile(f"/proc/{pid}/stat")
-        stat = self._read_stat()
-        self._inner = None if stat is None else (stat.cpu_seconds, time.monotonic())
-        """(CPU seconds, monotonic s) at the previous tracked reading: its CPU window is its own."""
-        self._schedstat = f"/proc/{pid}/schedstat"
-        self._status = f"/proc/{pid}/status"
+        try:
+            self._dir = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise psutil.NoSuchProcess(pid) from None
+        self._stat = ProcFile("stat", self._dir)
+        self._status = ProcFile("status", self._dir)
+        self._schedstat = ProcFile("schedstat", self._dir)
+        self._meminfo = ProcFile("/proc/meminfo")
+        stat = self._read_stat(self._stat.take)  # left for no record
+        self._inner = self._record = None if stat is None else (stat.cpu_seconds, self._stat.read_at)
+        """(CPU seconds, monotonic s) at the previous tracked reading, and at the previous
+        record: each CPU % has its window."""
         status = self._read_status()
         self._high_water_kb = None if status is None else status[2]
         """The backend's RSS high-water mark (``VmHWM``, kB) as the latest ``sample()`` read it."""
@@ -47,49 +58,59 @@ class ProcessCollector(Collector):
         """(monotonic ns, ns the main thread waited on a run queue) at the previous sample."""
 
     def read(self) -> Readings:
-        proc = self._process
-        with proc.oneshot():
-            cpu = attempt(lambda: proc.cpu_percent(interval=None))
-            times = attempt(proc.cpu_times)  # the stat file cpu_percent() read, cached by oneshot()
-            rss = attempt(lambda: proc.memory_info().rss)
-            percent = attempt(proc.memory_percent)
-        status = self._read_status()  # psutil's num_threads() would read the same file again
+        """CPU, RSS and its share of the machine's memory from ``stat`` (the tracked reading's
+        where one was made since the previous record: in the child, in the same wake-up)."""
+        stat, at = self._read_stat(self._stat.take), self._stat.read_at
+        status = self._read_status()
         threads, cores, self._high_water_kb = (None, None, None) if status is None else status
-        memory = attempt(psutil.virtual_memory)
+        memory = attempt(lambda: meminfo_kb(self._meminfo.read(), 3), PARSING_ERRORS)
         readings: Readings = {catalogue.PROCESS_CPU_WAIT: self._wait_percent()}
-        if cpu is not None:
-            readings[catalogue.PROCESS_CPU] = float(cpu)
+        last, self._record = self._record, None if stat is None else (stat.cpu_seconds, at)
+        if stat is not None and last is not None and at > last[1]:
+            readings[catalogue.PROCESS_CPU] = round((stat.cpu_seconds - last[0]) / (at - last[1]) * 100, 1)
         if threads is not None:
             readings[catalogue.PROCESS_THREADS] = float(threads)
-        readings[catalogue.PROCESS_RSS] = _memory_mb(rss)
-        if percent is not None:
-            readings[catalogue.PROCESS_RSS_PERCENT] = float(percent)
-        if memory is not None:
-            readings[catalogue.PROCESS_MEMORY_AVAILABLE] = memory.available / MIB
+        readings[catalogue.PROCESS_RSS] = _memory_mb(None if stat is None else stat.rss_bytes)
+        if memory is not None and b"MemTotal" in memory:
+            if stat is not None:
+                readings[catalogue.PROCESS_RSS_PERCENT] = stat.rss_bytes / (memory[b"MemTotal"] * 1024) * 100
+            available = attempt(lambda: available_kb(memory), PARSING_ERRORS)
+            if available is not None:
+                readings[catalogue.PROCESS_MEMORY_AVAILABLE] = available * 1024 / MIB
+            elif b"MemFree" in memory:  # no MemAvailable: psutil's estimate
+                estimate = attempt(psutil.virtual_memory)
+                if estimate is not None:
+                    readings[catalogue.PROCESS_MEMORY_AVAILABLE] = estimate.available / MIB
         if cores:
             readings[catalogue.PROCESS_CORES] = float(cores)
-        if times is not None:
-            readings[catalogue.PROCESS_CPU_SECONDS] = times.user + times.system
+        if stat is not None:
+            readings[catalogue.PROCESS_CPU_SECONDS] = stat.cpu_seconds
         return readings
 
     def read_tracked(self) -> list[Readings]:
         """CPU % (as psutil's ``cpu_percent``) and RSS from one read of /proc/<pid>/stat, the
         file psutil would open for the first, beside ``statm`` for the second."""
-        stat, at, last = self._read_stat(), time.monotonic(), self._inner
+        stat, last = self._read_stat(), self._inner
         if stat is None:
             return [{}]
+        at = self._stat.read_at
         self._inner = (stat.cpu_seconds, at)
         readings = {catalogue.PROCESS_RSS: _memory_mb(stat.rss_bytes)}
         if last is not None and at > last[1]:
             readings[catalogue.PROCESS_CPU] = round((stat.cpu_seconds - last[0]) / (at - last[1]) * 100, 1)
         return [readings]
 
-    def _read_stat(self) -> Stat | None:
-        data = attempt(self._stat.read)
+    def _read_stat(self, read: Callable[[], bytes] | None = None) -> Stat | None:
+        """``stat`` now, or through ``read`` where given (``take``); its ``read_at`` says when."""
+        data = attempt(read or self._stat.read)
         return None if data is None else parse_stat(data)
 
     def close(self) -> None:
-        self._stat.close()
+        for held in (self._stat, self._status, self._schedstat, self._meminfo):
+            held.close()
+        if self._dir >= 0:
+            os.close(self._dir)
+            self._dir = -1
 
     def read_marks(self) -> list[Readings]:
         """The RSS peak (MB) when ``VmHWM``, as the latest ``sample()`` read it, rose since the
@@ -105,8 +126,7 @@ class ProcessCollector(Collector):
         """(threads, CPUs the main thread may run on, ``VmHWM`` in kB) from /proc/<pid>/status."""
 
         def read() -> tuple[int, int, int]:
-            with open(self._status, "rb") as f:
-                fields = dict(line.split(b":", 1) for line in f if b":" in line)
+            fields = dict(line.split(b":", 1) for line in self._status.read().split(b"\n") if b":" in line)
             cores = _cpu_count(fields[b"Cpus_allowed_list"].strip())
             return int(fields[b"Threads"]), cores, int(fields[b"VmHWM"].split()[0])
 
@@ -116,8 +136,7 @@ class ProcessCollector(Collector):
         """(now, run-queue wait so far) in ns; None where the kernel keeps no schedstat."""
 
         def read() -> tuple[int, int]:
-            with open(self._schedstat) as f:
-                return time.monotonic_ns(), int(f.read().split()[1])
+            return time.monotonic_ns(), int(self._schedstat.read().split()[1])
 
         return attempt(read, (OSError, ValueError, IndexError))
 

@@ -13,6 +13,7 @@ import psutil
 from sampler import catalogue
 from sampler.catalogue import MIB
 from sampler.collectors.base import Collector, Readings, attempt
+from sampler.collectors.host import TICKS_PER_SECOND
 
 SAMPLING_CHILD_PROGRAM = "from sampler.child.main import main"
 """What the ``-c`` program of every sampling child runs: ``sampler.supervision.spawn`` builds its
@@ -45,7 +46,6 @@ def _smaps_rollup(path: Path) -> tuple[int, int] | None:
     return None if pss is None else (pss, uss)
 
 
-_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -78,11 +78,13 @@ def parse_stat(data: bytes) -> Stat | None:
     if len(fields) < 22:
         return None
     try:
-        own, reaped = (int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14]))
+        # Each field in seconds, then summed, as psutil's ``cpu_times()`` gives them
+        own = int(fields[11]) / TICKS_PER_SECOND + int(fields[12]) / TICKS_PER_SECOND
+        reaped = int(fields[13]) / TICKS_PER_SECOND + int(fields[14]) / TICKS_PER_SECOND
         rss = int(fields[21]) * _PAGE_BYTES
     except ValueError:
         return None
-    return Stat(own / _TICKS_PER_SECOND, reaped / _TICKS_PER_SECOND, rss, fields[0] == b"Z")
+    return Stat(own, reaped, rss, fields[0] == b"Z")
 
 
 def runs_a_sampling_child(cmdline: list[str]) -> bool:
