@@ -31,7 +31,7 @@ import psutil
 
 from ringbuf import Ring
 from sampler.child import postmortem, snapshot
-from sampler.child.cadence import Cadence, Stop
+from sampler.child.cadence import Cadence, Stop, inner_first, record_took
 from sampler.child.peaks import PeakTracker
 from sampler.collectors import Collector, build_collector, nvml
 from sampler.collectors.base import starvation
@@ -211,7 +211,7 @@ class Child:
         cpu_ns = 0  # CPU spent since the last record: its inner readings count towards its cost
         while True:
             due_record = records.seconds_left()
-            if self._tracking and inner.seconds_left() < due_record:
+            if self._tracking and inner_first(records, inner):
                 if self.stop.wait(inner.seconds_left()):
                     return EXIT_CLEAN
                 before = time.process_time_ns()
@@ -225,6 +225,7 @@ class Child:
             timestamp_ns = time.monotonic_ns()
             if self._tracking:
                 self._read_tracked(peaks)
+                record_took(inner)
             values: list[float] = []
             marks: list[float] = []
             for collector, phase in zip(self.collectors, phases, strict=True):
