@@ -3,7 +3,7 @@ a multi-rank launch together where its first run was, after a line naming the
 launch and how many of its ranks the store holds (``launch job-7: 3 of 4 ranks``),
 by rank, their ids indented.
 
-``--prune`` keeps a store bounded (it grows about 0.8 MiB per hour per rank
+``--prune`` keeps a store bounded (it grows about 0.5 MiB per hour per rank
 sampled every second at the default categories, no GPU): ``--older-than AGE``
 (``7d``, ``12h``) or ``--before DATE`` (ISO, local time) removes the runs that
 ended, or were lost, and last wrote before then, with their postmortems, in one
