@@ -30,7 +30,7 @@ NEW_ENTRIES = """    CPU_MADE_UP := Signal(
         "The same per second since the previous sample.",
     ),
 """
-READING_ANCHOR = "            readings[catalogue.CPU_UTILIZATION] = float(value)\n"
+READING_ANCHOR = "            readings[catalogue.CPU_UTILIZATION] = _cpu_percent(before, ticks)\n"
 NEW_READING = (
     "        readings[catalogue.CPU_MADE_UP] = sum(psutil.cpu_times())  # type: ignore[attr-defined]\n"
 )

@@ -156,9 +156,10 @@ class CpuCollector(Collector):
     def read(self) -> Readings:
         ticks, before = attempt(self._take_ticks, PARSING_ERRORS), self._record_ticks
         self._record_ticks = ticks
-        if ticks is None or before is None:
-            return {}
-        return {catalogue.CPU_UTILIZATION: _cpu_percent(before, ticks)}
+        readings: Readings = {}
+        if ticks is not None and before is not None:
+            readings[catalogue.CPU_UTILIZATION] = _cpu_percent(before, ticks)
+        return readings
 
     def read_tracked(self) -> list[Readings]:
         ticks, before = attempt(lambda: _ticks(self._stat.read()), PARSING_ERRORS), self._ticks
