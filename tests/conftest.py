@@ -23,7 +23,7 @@ import urllib.request
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import fake_driver
 import psutil
@@ -338,3 +338,15 @@ def default_sigint() -> None:
     """``preexec_fn`` of a process a test interrupts: SIGINT at its default, as under a terminal,
     whatever this test run inherited (a shell's background job starts with SIGINT ignored)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+T = TypeVar("T")
+
+
+def as_psutil_reads(procfs: Path, read: Callable[[], T]) -> T:
+    """``read()`` with psutil reading ``procfs`` as /proc (files a test wrote there)."""
+    saved, psutil.PROCFS_PATH = psutil.PROCFS_PATH, str(procfs)
+    try:
+        return read()
+    finally:
+        psutil.PROCFS_PATH = saved

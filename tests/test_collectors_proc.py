@@ -8,13 +8,12 @@ import math
 import os
 import subprocess
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import psutil
 import pytest
-from conftest import wait_for
+from conftest import as_psutil_reads, wait_for
 
 from sampler import catalogue
 from sampler.catalogue import MIB
@@ -22,17 +21,6 @@ from sampler.collectors import host
 from sampler.collectors.base import Collector
 from sampler.collectors.host import CpuCollector, DiskCollector, MemoryCollector, NetworkCollector, ProcFile
 from sampler.collectors.process import ProcessCollector
-
-T = TypeVar("T")
-
-
-def as_psutil_reads(procfs: Path, read: Callable[[], T]) -> T:
-    """``read()`` with psutil reading ``procfs`` as /proc."""
-    saved, psutil.PROCFS_PATH = psutil.PROCFS_PATH, str(procfs)
-    try:
-        return read()
-    finally:
-        psutil.PROCFS_PATH = saved
 
 
 def values(collector: Collector) -> dict[str, float]:

@@ -7,15 +7,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 import psutil
 import pytest
 from cgroups import cgroup_skip_reason, memory_cgroup
-from conftest import FAST, Recorder, wait_for
+from conftest import FAST, Recorder, as_psutil_reads, wait_for
 
 import sampler
 from sampler import catalogue
@@ -29,7 +28,6 @@ from sampler.collectors.process import ProcessCollector
 PEAK = "resource/process/memory_in_use_mb_peak"
 MEAN = "resource/process/memory_in_use_mb_mean"
 RSS = "resource/process/memory_in_use_mb"
-T = TypeVar("T")
 
 
 class Tracked(Collector):
@@ -196,15 +194,6 @@ def test_tracked_system_cpu_is_a_percentage() -> None:
     _spin(0.2)
     (value,) = collector.sample_tracked()
     assert 0 < value <= 100
-
-
-def as_psutil_reads(procfs: Path, read: Callable[[], T]) -> T:
-    """``read()`` with psutil reading ``procfs`` as /proc, for a file the test wrote."""
-    saved, psutil.PROCFS_PATH = psutil.PROCFS_PATH, str(procfs)
-    try:
-        return read()
-    finally:
-        psutil.PROCFS_PATH = saved
 
 
 def meminfo_reader(procfs: Path, text: str) -> MemoryCollector:
