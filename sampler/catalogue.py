@@ -220,6 +220,31 @@ THROTTLE_REASONS = (
 the part of ``throttled_<part>_seconds``, a short label, what slows the clocks."""
 
 
+STEP_PHASES = (
+    ("input", "waiting for input", "waiting for its next batch (in the DataLoader's iterator, else "
+     "between the previous optimizer step and the forward pass)"),
+    ("forward", "forward", "in the watched model's forward pass"),
+    ("backward", "backward", "from the forward pass's end to the optimizer step: the loss, the backward "
+     "pass and, in data-parallel training, the wait for the gradients' collective"),
+    ("optimizer", "optimizer", "in the optimizer's step"),
+    ("other", "other", "elsewhere: host work between the phases (logging, synchronizing with the GPU, "
+     "evaluation)"),
+)
+"""The phases a training step is timed in by ``watch_model``'s hooks: name, short label, where
+the loop was. Their shares of a step add up to 100 %."""
+
+
+def _phase_shares() -> tuple[Signal, ...]:
+    """Per step phase: its share of the steps since the previous logged record."""
+    return tuple(
+        Signal(
+            f"progress/{phase}_percent", "%", GAUGE, f"step time {label}", label,
+            f"Share of the watched model's steps since the previous logged record spent {where}.",
+        )
+        for phase, label, where in STEP_PHASES
+    )
+
+
 def _throttled(part: str) -> str:
     """The suffix of reason ``part``'s cumulative time throttled."""
     return f"throttled_{part}_seconds"
@@ -484,6 +509,16 @@ _SIGNALS = (
     THROUGHPUT := Signal(
         "progress/steps_per_second", "steps/s", GAUGE, "training throughput", "steps /s",
         "Steps per second between this logged record and the previous one (from the step axis).",
+    ),
+    STEP_SECONDS := Signal(
+        "progress/step_seconds", "s", GAUGE, "step time", "step s",
+        "Mean time of the training steps the watched model completed since the previous logged record "
+        "(from one optimizer step's end to the next's).",
+    ),
+    *(PHASE_SHARES := _phase_shares()),
+    DEVICE_SHARE := Signal(
+        "progress/device_percent", "%", GAUGE, "step time on the GPU", "on GPU",
+        "Share of those steps' time the GPU spent on their work, from CUDA events (where CUDA runs).",
     ),
     GPU_UTILIZATION := _gpu(
         "utilization_percent", "%", "GPU utilization", "util",
