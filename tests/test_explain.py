@@ -472,3 +472,40 @@ def test_a_run_slowed_for_most_of_its_time_keeps_its_unhindered_speed_as_typical
     assert found.typical == pytest.approx(500.0)
     (stretch,) = found.stretches
     assert (stretch.first, stretch.last) == (13, 30)
+
+
+# ------------------------------------------------------------- rules a mutation review found unpinned
+
+
+def test_two_stood_still_windows_side_by_side_are_one_slow_stretch_not_two_pauses() -> None:
+    seconds, steps = [0.1] * 20, [50] * 20
+    for i in (8, 9):  # two records a step apart, each after ~2 s standing still: 2 s steps, no evaluation
+        seconds[i], steps[i] = 2.0, 1
+    found = stretches.find(timeline(seconds, steps))
+    kinds = [(s.kind, s.first, s.last) for s in found.stretches]
+    assert kinds == [(stretches.SLOW, 9, 10)], kinds
+    assert not found.regular[9:11].any()
+
+
+def test_pressure_must_rise_to_half_again_its_typical_to_be_named() -> None:
+    cpu = "resource/pressure/cpu_some_percent"
+    assert reasons_for(**{cpu: during(80, 55)}) == []  # up 25 points, but under 1.5x on a busy host
+    assert reasons_for(**{cpu: during(83, 55)}) == ["cpu_pressure"]  # 1.5x and more
+
+
+def test_every_task_stalled_at_once_is_cited_from_half_the_threshold() -> None:
+    memory = "resource/pressure/memory_some_percent"
+    full = "resource/pressure/memory_full_percent"
+    (reason,) = reasons_with(**{memory: during(50, 2), full: during(4, 1)})  # up 3 of the 5 points
+    assert "every task at once 4%" in reason.text
+    assert [e.signal for e in reason.evidence] == [memory, full]
+    (reason,) = reasons_with(**{memory: during(50, 2), full: during(3, 1)})  # up 2: under half
+    assert "every task at once" not in reason.text and len(reason.evidence) == 1
+
+
+def test_a_stretchs_evidence_includes_its_last_record() -> None:
+    cpu = "resource/pressure/cpu_some_percent"
+    column = during(0, 2)
+    column[12:17] = [50, 50, 60, 70, 70]  # the stretch's records: the median of all five is 60
+    (reason,) = reasons_with(**{cpu: column})
+    assert reason.evidence[0].stretch == 60 and "60% of the time" in reason.text

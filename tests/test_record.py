@@ -195,3 +195,17 @@ def test_a_counters_change_per_step_follows_the_one_rate_rule() -> None:
     assert derived.derive(fields, [1.0, 50.0], 16, 5 * second) == [(THROUGHPUT, 1.0)]  # none before
     assert derived.derive(fields, [1.0, 52.0], 16, 6 * second) == []  # the step did not move on
     assert derived.derive(list(fields), [1.0, 60.0], 18, 7 * second) == [(THROUGHPUT, 2.0)]  # a new ring
+
+
+def test_a_new_childs_ring_restarts_the_per_step_counters_even_with_the_same_layout() -> None:
+    """Each child's ring brings its own fields: the previous child's counters are not compared."""
+    energy = catalogue.name_of(catalogue.GPU_ENERGY, "0")
+    per_step = catalogue.name_of(catalogue.GPU_ENERGY_PER_STEP, "0")
+    first_ring = ("resource/cpu/utilization_percent", energy)
+    second_ring = tuple(list(first_ring))  # a new child's: equal names, another tuple
+    derived = PerStep()
+    second = 1_000_000_000
+    derived.derive(first_ring, [1.0, 100.0], 10, 1 * second)
+    assert derived.derive(first_ring, [1.0, 120.0], 12, 2 * second) == [(THROUGHPUT, 2.0), (per_step, 10.0)]
+    assert derived.derive(second_ring, [1.0, 130.0], 13, 3 * second) == [(THROUGHPUT, 1.0)]
+    assert derived.derive(second_ring, [1.0, 136.0], 15, 4 * second) == [(THROUGHPUT, 2.0), (per_step, 3.0)]

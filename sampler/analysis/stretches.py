@@ -5,8 +5,8 @@ the median of its windows within reach (``SLOW_FRACTION``) of its upper quartile
 for up to three quarters of its time still has its unhindered speed as typical, and a quarter of
 its windows may be outliers. A window slower than ``SLOW_FRACTION`` of typical is slow; slow
 windows in a row (one regular window between two slow ones does not break them, a pause does)
-make a stretch once they cover ``MIN_WINDOWS`` windows, ``MIN_INTERVALS`` intervals and
-``MIN_SECONDS``.
+make a stretch once they cover ``MIN_WINDOWS`` windows (or hold a window that stood still, below),
+``MIN_INTERVALS`` intervals and ``MIN_SECONDS``.
 
 A step that stands still (an evaluation, a checkpoint save) logs no record, since the monitor
 drops a record at the step of the one before: the whole pause is one long window with almost no
@@ -109,7 +109,9 @@ def find(timeline: Timeline, slow_fraction: float = SLOW_FRACTION) -> Findings:
     for first, last in spans(slow, pause):
         windows = last - first + 1
         length = seconds[first : last + 1].sum()
-        if windows >= MIN_WINDOWS and length >= max(MIN_INTERVALS * timeline.interval, MIN_SECONDS):
+        # A window that stood still is no chance slowness: two of them side by side are a stretch.
+        enough = windows >= MIN_WINDOWS or stood_still[first : last + 1].any()
+        if enough and length >= max(MIN_INTERVALS * timeline.interval, MIN_SECONDS):
             stretches.append(_stretch(timeline, SLOW, first, last, 0.0))
             regular[first : last + 1] = False  # a regular window bridged into it is the stretch's
     stretches.sort(key=lambda s: s.first)
