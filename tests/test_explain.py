@@ -509,3 +509,113 @@ def test_a_stretchs_evidence_includes_its_last_record() -> None:
     column[12:17] = [50, 50, 60, 70, 70]  # the stretch's records: the median of all five is 60
     (reason,) = reasons_with(**{cpu: column})
     assert reason.evidence[0].stretch == 60 and "60% of the time" in reason.text
+
+
+# ------------------------------------------------------------- what the loop was doing
+
+OWN_CPU = "resource/process/cpu_utilization_percent"
+TREE_CPU = "resource/process_tree/cpu_utilization_percent"
+CPU_WAIT = "resource/process/cpu_wait_percent"
+STEP_SECONDS = "resource/progress/step_seconds"
+
+
+def phases(**shares: tuple[float, float]) -> dict[str, list[float]]:
+    """Phase shares (in the stretch, typically) as columns; the phases not given take none."""
+    return {
+        f"resource/progress/{phase}_percent": during(*shares.get(phase, (0.0, 0.0)))
+        for phase in ("input", "forward", "backward", "optimizer", "other")
+    }
+
+
+def test_a_process_whose_cpu_fell_while_it_did_not_wait_for_a_cpu_was_idle() -> None:
+    (idle,) = reasons_with(**{OWN_CPU: during(25, 95), CPU_WAIT: during(3, 2)})
+    assert idle.cause == "process_idle" and "its CPU 25% (typically 95%)" in idle.text
+    assert [e.signal for e in idle.evidence] == [OWN_CPU]
+    # Starved, not idle: it waited for a CPU (its own wait, or the CPU pressure where not recorded).
+    assert reasons_for(**{OWN_CPU: during(25, 95), CPU_WAIT: during(70, 5)}) == ["cpu_starved"]
+    pressure = "resource/pressure/cpu_some_percent"
+    assert reasons_for(**{OWN_CPU: during(25, 95), pressure: during(60, 2)}) == ["cpu_pressure"]
+    assert reasons_for(**{OWN_CPU: during(60, 95)}) == []  # fell by a third: not idle
+    assert reasons_for(**{OWN_CPU: during(5, 15)}) == []  # never a busy loop to fall from
+    # Its workers quiet beside it: said, and no input named.
+    (idle,) = reasons_with(**{OWN_CPU: during(20, 79), TREE_CPU: during(30, 100)})
+    assert idle.cause == "process_idle" and "DataLoader workers used 10% CPU (typically 21%)" in idle.text
+
+
+def test_an_idle_process_beside_busy_workers_waited_for_its_input() -> None:
+    (reason,) = reasons_with(**{OWN_CPU: during(20, 79), TREE_CPU: during(220, 100)})
+    assert reason.cause == "input_bound"
+    said = "its CPU 20% (typically 79%) while its DataLoader workers used 200% CPU (typically 21%)"
+    assert said in reason.text
+    assert [e.signal for e in reason.evidence] == [OWN_CPU, TREE_CPU]
+
+
+def test_the_phase_whose_time_grew_names_what_the_loop_was_doing() -> None:
+    # Steps 4x longer, the time gone to waiting for the next batch.
+    waiting = phases(input=(70, 5), forward=(12, 40), backward=(12, 45), optimizer=(4, 8), other=(2, 2))
+    (reason,) = reasons_with(
+        **waiting, **{STEP_SECONDS: during(0.2, 0.05), OWN_CPU: during(30, 95), TREE_CPU: during(60, 120)}
+    )
+    assert reason.cause == "input_bound"
+    assert reason.text.startswith("input-bound: the loop waited for its next batch 70% of each step (")
+    assert "0.14 s a step against 0.0025 s" in reason.text
+    assert "its DataLoader workers used 30% CPU (typically 25%)" in reason.text
+    cited = [e.signal for e in reason.evidence]
+    assert cited == ["resource/progress/input_percent", STEP_SECONDS, OWN_CPU, TREE_CPU]
+    # A sleep in the loop: the time went outside the phases, the process idle.
+    sleeping = phases(input=(1, 5), forward=(10, 40), backward=(10, 45), optimizer=(2, 8), other=(77, 2))
+    cpu = {STEP_SECONDS: during(0.2, 0.05), OWN_CPU: during(25, 95)}
+    assert reasons_for(**sleeping, **cpu) == ["loop_idle"]
+    busy = {STEP_SECONDS: during(0.2, 0.05), OWN_CPU: during(95, 95)}
+    assert reasons_for(**sleeping, **busy) == ["host_work"]
+    # Extra work in the forward pass, the process busy.
+    computing = phases(input=(2, 5), forward=(70, 40), backward=(22, 45), optimizer=(4, 8), other=(2, 2))
+    busy = {STEP_SECONDS: during(0.2, 0.1), OWN_CPU: during(99, 97)}
+    (reason,) = reasons_with(**computing, **busy)
+    assert reason.cause == "compute_bound"
+    assert reason.text.startswith("compute-bound: forward took 70% of each step")
+    # A phase that grew too little to hold the step's growth names nothing, and the CPU rule speaks.
+    flat = phases(input=(5, 5), forward=(40, 40), backward=(45, 45), optimizer=(8, 8), other=(2, 2))
+    assert reasons_for(**flat, **cpu) == ["process_idle"]
+
+
+def test_a_rank_that_waited_in_backward_with_its_cpu_idle_waited_in_the_collective() -> None:
+    waiting = phases(input=(2, 5), forward=(12, 35), backward=(80, 45), optimizer=(4, 10), other=(2, 5))
+    columns = {**waiting, STEP_SECONDS: during(0.3, 0.1), OWN_CPU: during(20, 95)}
+    seconds, steps = [0.25] * 30, [125] * 30
+    for i in range(12, 17):
+        steps[i] = 25
+    records = timeline(seconds, steps, **columns)
+    found = stretches.find(records)
+    (stretch,) = found.stretches
+    (alone,) = evidence.reasons(records, found, stretch)
+    assert alone.cause == "backward_wait"
+    (rank,) = evidence.reasons(records, found, stretch, launched=True)
+    assert rank.cause == "collective_wait" and "80% of each step (typically 45%)" in rank.text
+    assert "in the gradients' collective" in rank.text
+    # The same backward with the CPU busy is compute.
+    busy = {**columns, OWN_CPU: during(98, 95)}
+    assert [r.cause for r in evidence.reasons(timeline(seconds, steps, **busy), found, stretch, True)] == [
+        "compute_bound"
+    ]
+
+
+def test_a_cause_held_for_part_of_a_stretch_is_named_with_its_share() -> None:
+    seconds, steps = [0.25] * 60, [125] * 60
+    for i in range(20, 40):
+        steps[i] = 25  # 20 slow windows: records 21-40
+    pressure = [2.0] * 60
+    for i in range(20, 28):
+        pressure[i] = 70.0  # the first 8 of them under CPU pressure: 40 % of the stretch
+    records = timeline(seconds, steps, **{"resource/pressure/cpu_some_percent": pressure})
+    found = stretches.find(records)
+    (stretch,) = found.stretches
+    assert (stretch.first, stretch.last) == (21, 40)
+    (reason,) = evidence.reasons(records, found, stretch)
+    assert reason.cause == "cpu_pressure" and reason.share == pytest.approx(0.4)
+    assert reason.text.endswith("70% of the time (typically 2%), for 40% of the stretch")
+    assert reason.evidence[0].stretch == 70 and reason.strength == pytest.approx(6.8 * 0.4)
+    for held, shares in ((4, [pytest.approx(0.2)]), (3, [])):  # 20 % of the stretch is named, 15 % not
+        pressure[20:28] = [70.0] * held + [2.0] * (8 - held)
+        records = timeline(seconds, steps, **{"resource/pressure/cpu_some_percent": pressure})
+        assert [r.share for r in evidence.reasons(records, found, stretch)] == shares

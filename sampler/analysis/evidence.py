@@ -5,13 +5,25 @@ Each rule reads a few signals over the stretch's records and over the run's regu
 large, citing the signals and both values. Reasons are ranked by ``strength``: how far past its
 threshold each rule's difference went (1 at the threshold), so a CPU pressure of 60 % ranks above
 an every-core-busy of 92 %. A rule whose signals the run did not record says nothing.
+
+A cause that held for part of a stretch moves no median over all of it: a rule that says nothing
+of the whole stretch is asked again of each of its ``PART_CHUNKS`` parts (consecutive records),
+and where it held in parts that cover ``PART_SHARE`` of the stretch's time (and at least
+``PART_RECORDS`` records) its reason is given from those records alone, with the share it held.
+
+What the loop was doing: where the watched model's steps were timed (the ``progress`` phase
+shares), the phase whose seconds per step grew most names it (input-bound, compute-bound,
+waiting in the collective, host work or idle outside the phases); without them, the training
+process's own CPU falling far below its typical while it did not wait for a CPU says it was idle
+or sleeping, and its DataLoader workers' CPU (the process tree's less the backend's) rising then
+says it waited for its input.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -42,7 +54,10 @@ class Reason:
     """One sentence, with the values."""
     evidence: tuple[Evidence, ...]
     strength: float
-    """How far past its threshold the difference went (1: just at it)."""
+    """How far past its threshold the difference went (1: just at it), times ``share``."""
+    share: float = 1.0
+    """The share of the stretch's time the cause held (1: all of it; the evidence's medians are
+    over the records where it held)."""
 
 
 @dataclass(frozen=True)
@@ -58,27 +73,63 @@ class _Compare:
         return Evidence(self.name, self.stretch, self.typical)
 
 
-def _compare(timeline: Timeline, name: str, inside: Mask, baseline: Mask) -> _Compare | None:
-    column = timeline.column(name)
-    if column is None:
+def _median(values: Floats) -> float | None:
+    values = values[np.isfinite(values)]
+    return float(np.median(values)) if len(values) else None
+
+
+class _Frame:
+    """The records a rule judges (``inside``) against the ``baseline`` records. The baseline's
+    medians are computed once per signal and shared (``typical``) by the frames of a stretch's
+    parts, so asking a rule of each part costs one pass over the part's records."""
+
+    def __init__(
+        self,
+        timeline: Timeline,
+        inside: Mask,
+        baseline: Mask,
+        launched: bool,
+        typical: dict[str, float | None] | None = None,
+    ) -> None:
+        self.timeline, self.inside, self.baseline, self.launched = timeline, inside, baseline, launched
+        self._typical: dict[str, float | None] = {} if typical is None else typical
+
+    def part(self, inside: Mask) -> _Frame:
+        """The same judged against the same baseline, over the records ``inside`` only."""
+        return _Frame(self.timeline, inside, self.baseline, self.launched, self._typical)
+
+    def compare(self, name: str, column: Floats | None = None) -> _Compare | None:
+        """``name``'s medians (or ``column``'s, cited as ``name``); None where either side has none."""
+        if column is None:
+            column = self.timeline.column(name)
+            key = name
+        else:
+            key = "derived " + name
+        if column is None:
+            return None
+        if key not in self._typical:
+            self._typical[key] = _median(column[self.baseline])
+        typical = self._typical[key]
+        here = _median(column[self.inside])
+        if typical is None or here is None:
+            return None
+        return _Compare(name, here, typical)
+
+    def first(self, names: Iterable[str]) -> _Compare | None:
+        """The first of ``names`` the run recorded, compared."""
+        for name in names:
+            found = self.compare(name)
+            if found is not None:
+                return found
         return None
-    here, there = column[inside], column[baseline]
-    here, there = here[np.isfinite(here)], there[np.isfinite(there)]
-    if not len(here) or not len(there):
-        return None
-    return _Compare(name, float(np.median(here)), float(np.median(there)))
+
+    def median(self, name: str) -> float | None:
+        """``name``'s median over the judged records alone."""
+        column = self.timeline.column(name)
+        return None if column is None else _median(column[self.inside])
 
 
-def _first(timeline: Timeline, names: Iterable[str], inside: Mask, baseline: Mask) -> _Compare | None:
-    """The first of ``names`` the run recorded, compared."""
-    for name in names:
-        found = _compare(timeline, name, inside, baseline)
-        if found is not None:
-            return found
-    return None
-
-
-Rule = Callable[[Timeline, Mask, Mask], list[Reason]]
+Rule = Callable[[_Frame], list[Reason]]
 
 
 _FULL_PRESSURE = {
@@ -98,8 +149,8 @@ def _pressure(
     host the typical share is already high)."""
     names = {catalogue.name_of(signal): signal for signal in (cgroup, system)}
 
-    def rule(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
-        found = _first(timeline, names, inside, baseline)
+    def rule(frame: _Frame) -> list[Reason]:
+        found = frame.first(names)
         if found is None or found.stretch - found.typical < threshold or found.stretch < 1.5 * found.typical:
             return []
         text = (
@@ -107,7 +158,7 @@ def _pressure(
         )
         evidence = [found.evidence]
         every = _FULL_PRESSURE.get(names[found.name])
-        full = None if every is None else _compare(timeline, catalogue.name_of(every), inside, baseline)
+        full = None if every is None else frame.compare(catalogue.name_of(every))
         if full is not None and full.stretch - full.typical >= threshold / 2:
             text += f", every task at once {full.stretch:.0f}%"
             evidence.append(full.evidence)
@@ -118,8 +169,8 @@ def _pressure(
     return rule
 
 
-def _cpu_starved(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
-    wait = _compare(timeline, catalogue.name_of(catalogue.PROCESS_CPU_WAIT), inside, baseline)
+def _cpu_starved(frame: _Frame) -> list[Reason]:
+    wait = frame.compare(catalogue.name_of(catalogue.PROCESS_CPU_WAIT))
     if wait is None or wait.stretch - wait.typical < 20:
         return []
     text = (
@@ -129,17 +180,17 @@ def _cpu_starved(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reaso
     return [Reason("cpu_starved", text, (wait.evidence,), (wait.stretch - wait.typical) / 20)]
 
 
-def _cores_allowed(timeline: Timeline, inside: Mask, baseline: Mask) -> float | None:
+def _cores_allowed(frame: _Frame) -> float | None:
     """The CPUs the backend's tree could have: its affinity, capped by a container quota."""
-    cores = _compare(timeline, catalogue.name_of(catalogue.PROCESS_CORES), inside, inside | baseline)
-    quota = _compare(timeline, catalogue.name_of(catalogue.CONTAINER_CPU_QUOTA), inside, inside | baseline)
-    limits = [c.stretch for c in (cores, quota) if c is not None and c.stretch > 0]
+    cores = frame.median(catalogue.name_of(catalogue.PROCESS_CORES))
+    quota = frame.median(catalogue.name_of(catalogue.CONTAINER_CPU_QUOTA))
+    limits = [c for c in (cores, quota) if c is not None and c > 0]
     return min(limits) if limits else None
 
 
-def _workers_saturated(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
-    tree = _compare(timeline, catalogue.name_of(catalogue.TREE_CPU), inside, baseline)
-    cores = _cores_allowed(timeline, inside, baseline)
+def _workers_saturated(frame: _Frame) -> list[Reason]:
+    tree = frame.compare(catalogue.name_of(catalogue.TREE_CPU))
+    cores = _cores_allowed(frame)
     if tree is None or cores is None:
         return []
     used, typical = tree.stretch / 100, tree.typical / 100
@@ -152,9 +203,14 @@ def _workers_saturated(timeline: Timeline, inside: Mask, baseline: Mask) -> list
     return [Reason("workers_saturated", text, (tree.evidence,), 1 + (used / cores - 0.9) * 10)]
 
 
-def _gil_bound(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
-    backend = _compare(timeline, catalogue.name_of(catalogue.PROCESS_CPU), inside, baseline)
-    if backend is None or not 85 <= backend.stretch <= 115 or abs(backend.typical - 100) <= 25:
+def _one_core(backend: _Compare) -> bool:
+    """The backend ran at one full core where it typically did not: one Python thread's pace."""
+    return 85 <= backend.stretch <= 115 and abs(backend.typical - 100) > 25
+
+
+def _gil_bound(frame: _Frame) -> list[Reason]:
+    backend = frame.compare(catalogue.name_of(catalogue.PROCESS_CPU))
+    if backend is None or not _one_core(backend):
         return []
     text = (
         f"the backend itself ran at one full core ({backend.stretch:.0f}%, typically "
@@ -163,16 +219,16 @@ def _gil_bound(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]
     return [Reason("gil_bound", text, (backend.evidence,), abs(backend.typical - 100) / 25)]
 
 
-def _all_cores_busy(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
-    system = _compare(timeline, catalogue.name_of(catalogue.CPU_UTILIZATION), inside, baseline)
+def _all_cores_busy(frame: _Frame) -> list[Reason]:
+    system = frame.compare(catalogue.name_of(catalogue.CPU_UTILIZATION))
     if system is None or system.stretch < 90 or system.stretch - system.typical < 15:
         return []
     text = f"every core of the host was busy ({system.stretch:.0f}% CPU, typically {system.typical:.0f}%)"
     return [Reason("host_cpu_busy", text, (system.evidence,), (system.stretch - system.typical) / 15)]
 
 
-def _container_memory(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
-    used = _compare(timeline, catalogue.name_of(catalogue.CONTAINER_MEMORY_PERCENT), inside, baseline)
+def _container_memory(frame: _Frame) -> list[Reason]:
+    used = frame.compare(catalogue.name_of(catalogue.CONTAINER_MEMORY_PERCENT))
     if used is None or used.stretch < 90 or used.stretch - used.typical < 5:
         return []
     text = f"memory at {used.stretch:.0f}% of the container's limit (typically {used.typical:.0f}%)"
@@ -183,8 +239,8 @@ SWAP_IN_MIB_PER_SECOND = 1.0
 """Swap-ins that make a reason: this many MiB/s more than typical, and twice typical."""
 
 
-def _swapping(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
-    swap_in = _compare(timeline, catalogue.name_of(catalogue.SWAPPED_IN_RATE), inside, baseline)
+def _swapping(frame: _Frame) -> list[Reason]:
+    swap_in = frame.compare(catalogue.name_of(catalogue.SWAPPED_IN_RATE))
     if (
         swap_in is None
         or swap_in.stretch - swap_in.typical < SWAP_IN_MIB_PER_SECOND
@@ -196,7 +252,7 @@ def _swapping(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
         f"{swap_in.typical:.1f}): memory the training needed had been pushed out"
     )
     evidence = [swap_in.evidence]
-    swap_out = _compare(timeline, catalogue.name_of(catalogue.SWAPPED_OUT_RATE), inside, baseline)
+    swap_out = frame.compare(catalogue.name_of(catalogue.SWAPPED_OUT_RATE))
     if swap_out is not None and swap_out.stretch - swap_out.typical >= SWAP_IN_MIB_PER_SECOND:
         text += f", and wrote {swap_out.stretch:.1f} MiB/s out"
         evidence.append(swap_out.evidence)
@@ -222,13 +278,13 @@ THROTTLED_SHARE = 0.2
 """A throttle reason that held the clocks down this share of the time more than typical makes a reason."""
 
 
-def _gpu_throttled_time(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
+def _gpu_throttled_time(frame: _Frame) -> list[Reason]:
     """The driver's own count of the time each reason held the clocks down: a burst
     between samples counts, which the sampled bitmask misses."""
     reasons = []
-    for device in _gpus(timeline):
+    for device in _gpus(frame.timeline):
         for part, _, cause in catalogue.THROTTLE_REASONS:
-            held = _compare(timeline, _throttle_share(device, part), inside, baseline)
+            held = frame.compare(_throttle_share(device, part))
             if held is None or held.stretch - held.typical < THROTTLED_SHARE:
                 continue
             text = (
@@ -245,21 +301,21 @@ def _throttle_share(device: str, part: str) -> str:
     return catalogue.name_of(catalogue.SIGNALS[counter.key + catalogue.RATE_SUFFIX], device)
 
 
-def _gpu_throttled(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
+def _gpu_throttled(frame: _Frame) -> list[Reason]:
     """The sampled bitmask's flags, for a device whose driver counts no throttle time."""
     reasons = []
-    for device in _gpus(timeline):
+    for device in _gpus(frame.timeline):
         if any(
-            timeline.column(_throttle_share(device, part)) is not None
+            frame.timeline.column(_throttle_share(device, part)) is not None
             for part, _, _ in catalogue.THROTTLE_REASONS
         ):
             continue
         for signal, why in _THROTTLES:
             name = catalogue.name_of(signal, device)
-            column = timeline.column(name)
+            column = frame.timeline.column(name)
             if column is None:
                 continue
-            share, typical = _share(column, inside), _share(column, baseline)
+            share, typical = _share(column, frame.inside), _share(column, frame.baseline)
             if share >= 0.5 and share - typical >= 0.3:
                 text = (
                     f"GPU {device} was {why}-throttled in {share:.0%} of the stretch's samples "
@@ -277,23 +333,23 @@ def _share(column: Floats, mask: Mask) -> float:
     return float(np.mean(values > 0)) if len(values) else 0.0
 
 
-def _gpu_idle(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
+def _gpu_idle(frame: _Frame) -> list[Reason]:
     """A GPU that waited for work: its SMs' activity (GPM) where recorded, which reads low
     while a kernel waits in a collective, else NVML's utilization, which reads 100% then."""
     reasons = []
-    for device in _gpus(timeline):
+    for device in _gpus(frame.timeline):
         names = (
             catalogue.name_of(catalogue.GPU_SM_ACTIVITY, device),
             catalogue.name_of(catalogue.GPU_UTILIZATION, device),
         )
-        util = _first(timeline, names, inside, baseline)
+        util = frame.first(names)
         what = "its SMs were" if util is not None and util.name == names[0] else "it was"
         if util is not None and util.typical - util.stretch >= 20:
             text = (
                 f"GPU {device}: {what} busy {util.stretch:.0f}% of the time (typically {util.typical:.0f}%)"
             )
             evidence = [util.evidence]
-            power = _compare(timeline, catalogue.name_of(catalogue.GPU_ENERGY_RATE, device), inside, baseline)
+            power = frame.compare(catalogue.name_of(catalogue.GPU_ENERGY_RATE, device))
             if power is not None and power.stretch < power.typical:  # the energy counter agrees
                 text += f", drawing {power.stretch:.0f} W (typically {power.typical:.0f} W)"
                 evidence.append(power.evidence)
@@ -302,7 +358,143 @@ def _gpu_idle(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
     return reasons
 
 
+IDLE_SHARE = 0.5
+IDLE_POINTS = 20.0
+"""The training process is idle when its CPU falls below this share of its typical and this many
+points below it (a typical under these points is no busy loop to fall from)."""
+STARVED_POINTS = 10.0
+"""An idle-looking process whose wait for a CPU (or the CPU pressure) rose this many points was
+starved, not idle."""
+PHASE_POINTS = 10.0
+"""A phase of the step names what the loop was doing when its share of the step rose this many
+points and its seconds per step grew by half the step's growth or more."""
+WORKERS_POINTS = 20.0
+"""The DataLoader workers were busy when their CPU rose this many points and by half."""
+
+_OWN_CPU = catalogue.name_of(catalogue.PROCESS_CPU)
+_TREE_CPU = catalogue.name_of(catalogue.TREE_CPU)
+_STEP = catalogue.name_of(catalogue.STEP_SECONDS)
+_PHASES = tuple(
+    (catalogue.name_of(signal), phase, label)
+    for signal, (phase, label, _) in zip(catalogue.PHASE_SHARES, catalogue.STEP_PHASES, strict=True)
+)
+_CPU_PRESSURE = (
+    catalogue.name_of(catalogue.PRESSURE_CGROUP_CPU_SOME),
+    catalogue.name_of(catalogue.PRESSURE_CPU_SOME),
+)
+
+
+def _idle(frame: _Frame) -> _Compare | None:
+    """The training process's CPU where it fell far below its typical while the process did
+    not wait for a CPU (its own wait, else the CPU pressure, did not rise) and did not run at one
+    full core (``_gil_bound``): it slept or waited."""
+    own = frame.compare(_OWN_CPU)
+    if own is None or own.stretch > IDLE_SHARE * own.typical or own.typical - own.stretch < IDLE_POINTS:
+        return None
+    if _one_core(own):  # busy, at one thread's pace: the GIL, not idle
+        return None
+    wait = frame.compare(catalogue.name_of(catalogue.PROCESS_CPU_WAIT)) or frame.first(_CPU_PRESSURE)
+    if wait is not None and wait.stretch - wait.typical >= STARVED_POINTS:
+        return None
+    return own
+
+
+def _workers(frame: _Frame) -> tuple[_Compare, _Compare] | None:
+    """The CPU of the backend's descendants (its DataLoader workers: the tree's less the backend's
+    own), and the tree's, where the tree had descendants."""
+    tree, own = frame.timeline.column(_TREE_CPU), frame.timeline.column(_OWN_CPU)
+    if tree is None or own is None:
+        return None
+    workers, whole = frame.compare(_TREE_CPU, tree - own), frame.compare(_TREE_CPU)
+    if workers is None or whole is None or max(workers.stretch, workers.typical) < 1:
+        return None
+    return workers, whole
+
+
+def _workers_text(workers: _Compare) -> str:
+    return f"its DataLoader workers used {workers.stretch:.0f}% CPU (typically {workers.typical:.0f}%)"
+
+
+def _grown_phase(frame: _Frame) -> tuple[str, str, _Compare, _Compare, _Compare] | None:
+    """(phase, label, its share of the step, its seconds per step, the step time) of the phase
+    whose seconds per step grew most, where it holds the step's growth (``PHASE_POINTS``); None
+    without phase timings."""
+    step = frame.compare(_STEP)
+    steps = frame.timeline.column(_STEP)
+    if step is None or steps is None:
+        return None
+    best: tuple[float, str, str, _Compare, _Compare] | None = None
+    for name, phase, label in _PHASES:
+        column = frame.timeline.column(name)
+        share = frame.compare(name)
+        seconds = None if column is None else frame.compare(name, column * steps / 100)
+        if share is None or seconds is None:
+            continue
+        grew = seconds.stretch - seconds.typical
+        if best is None or grew > best[0]:
+            best = (grew, phase, label, share, seconds)
+    if best is None:
+        return None
+    grew, phase, label, share, seconds = best
+    if grew <= 0 or grew < 0.5 * (step.stretch - step.typical):
+        return None
+    return (phase, label, share, seconds, step) if share.stretch - share.typical >= PHASE_POINTS else None
+
+
+def _loop(frame: _Frame) -> list[Reason]:
+    """What the training loop was doing: the phase its steps' time went to where they were timed,
+    else its own CPU fallen idle, with its DataLoader workers' CPU beside it."""
+    own, idle, workers = frame.compare(_OWN_CPU), _idle(frame), _workers(frame)
+    grown = _grown_phase(frame)
+    if grown is not None:
+        phase, label, share, seconds, step = grown
+        evidence = [share.evidence, step.evidence]
+        took = (
+            f"{share.stretch:.0f}% of each step (typically {share.typical:.0f}%), "
+            f"{seconds.stretch:.3g} s a step against {seconds.typical:.3g} s"
+        )
+        cpu = "" if own is None else f"its CPU {own.stretch:.0f}% (typically {own.typical:.0f}%)"
+        if own is not None:
+            evidence.append(own.evidence)
+        if phase == "input":
+            cause, text = "input_bound", f"input-bound: the loop waited for its next batch {took}"
+            if workers is not None:
+                text += "; " + _workers_text(workers[0])
+                evidence.append(workers[1].evidence)
+        elif phase == "other":
+            if idle is not None:
+                cause, text = "loop_idle", f"the loop slept or waited outside its phases {took}, {cpu}"
+            else:
+                cause, text = "host_work", f"host work outside the step's phases took {took}"
+        elif phase == "backward" and idle is not None:
+            if frame.launched:
+                cause, where = "collective_wait", "in the gradients' collective, for a slower rank"
+            else:
+                cause, where = "backward_wait", "there (for a device, or a lock)"
+            text = f"the loop waited in backward {took}, {cpu}: it waited {where}"
+        else:
+            cause, text = "compute_bound", f"compute-bound: {label} took {took}" + (f", {cpu}" if cpu else "")
+        return [Reason(cause, text, tuple(evidence), (share.stretch - share.typical) / PHASE_POINTS)]
+    if idle is None:
+        return []
+    strength = (idle.typical - idle.stretch) / IDLE_POINTS
+    held = f"the training process was idle: its CPU {idle.stretch:.0f}% (typically {idle.typical:.0f}%)"
+    if workers is not None:
+        busy, whole = workers
+        if busy.stretch - busy.typical >= WORKERS_POINTS and busy.stretch >= 1.5 * busy.typical:
+            text = f"{held} while {_workers_text(busy)}: it waited for its input"
+            return [Reason("input_bound", text, (idle.evidence, whole.evidence), strength)]
+    text = (
+        f"{held}, and it did not wait for a CPU: it slept or waited for something else "
+        "(its input, I/O, a lock, another process)"
+    )
+    if workers is not None:
+        text += f"; {_workers_text(workers[0])}"
+    return [Reason("process_idle", text, (idle.evidence,), strength)]
+
+
 RULES: tuple[Rule, ...] = (
+    _loop,
     _cpu_starved,
     _pressure(
         "cpu",
@@ -333,16 +525,61 @@ RULES: tuple[Rule, ...] = (
 """Every rule, each one cause."""
 
 
-def reasons(timeline: Timeline, findings: Findings, stretch: Stretch) -> list[Reason]:
-    """What the signals say of a slow ``stretch``, strongest first; empty when nothing stood out."""
+PART_CHUNKS = 20
+"""A stretch is judged in at most this many parts (consecutive records) for a cause that held
+in some of it."""
+PART_SHARE = 0.2
+PART_RECORDS = 2
+"""A cause held in parts covering at least this share of the stretch's time and this many records
+is named with that share."""
+
+
+def reasons(timeline: Timeline, findings: Findings, stretch: Stretch, launched: bool = False) -> list[Reason]:
+    """What the signals say of a slow ``stretch``, strongest first; empty when nothing stood out.
+    ``launched``: the run is a rank of a multi-rank launch (its backward may wait for its peers)."""
     inside = np.zeros(len(timeline), dtype=bool)
     inside[stretch.first : stretch.last + 1] = True
-    return against(timeline, inside, findings.regular)
+    return against(timeline, inside, findings.regular, launched)
 
 
-def against(timeline: Timeline, inside: Mask, baseline: Mask) -> list[Reason]:
+def against(timeline: Timeline, inside: Mask, baseline: Mask, launched: bool = False) -> list[Reason]:
     """What every rule says of the records ``inside`` compared with the ``baseline`` records
     (a slow stretch against the run's regular windows, or a lagging rank against the other
-    ranks at the same time), strongest first."""
-    found = [reason for rule in RULES for reason in rule(timeline, inside, baseline)]
+    ranks at the same time), strongest first: of all of them, or of the part a cause held in."""
+    whole = _Frame(timeline, inside, baseline, launched)
+    weights = np.nan_to_num(np.clip(timeline.window_seconds(), 0, None))
+    found = []
+    for rule in RULES:
+        found += rule(whole) or _in_part(rule, whole, weights)
     return sorted(found, key=lambda reason: -reason.strength)
+
+
+def _in_part(rule: Rule, whole: _Frame, weights: Floats) -> list[Reason]:
+    """``rule``'s reasons over the parts of ``whole`` where each held, where they cover
+    ``PART_SHARE`` of its time (``weights``: each record's window, s), with that share."""
+    records = np.flatnonzero(whole.inside)
+    if len(records) <= PART_RECORDS:
+        return []
+    held: dict[str, Mask] = {}
+    for chunk in np.array_split(records, min(PART_CHUNKS, len(records))):
+        part = np.zeros(len(whole.inside), dtype=bool)
+        part[chunk] = True
+        for reason in rule(whole.part(part)):
+            held.setdefault(reason.cause, np.zeros(len(whole.inside), dtype=bool))[chunk] = True
+    total = weights[records].sum()
+    found = []
+    for cause, part in held.items():
+        share = weights[part].sum() / total if total > 0 else part.sum() / len(records)
+        if share < PART_SHARE or part.sum() < PART_RECORDS:
+            continue
+        found += [
+            replace(
+                reason,
+                text=f"{reason.text}, for {share:.0%} of the stretch",
+                strength=reason.strength * share,
+                share=float(share),
+            )
+            for reason in rule(whole.part(part))
+            if reason.cause == cause
+        ]
+    return found

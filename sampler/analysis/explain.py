@@ -62,8 +62,9 @@ def explain(reader: StoreReader, run: Run, slow_fraction: float = stretches.SLOW
     """Find ``run``'s slow stretches and pauses and what the signals say of each."""
     records = timeline.load(reader, run)
     findings = stretches.find(records, slow_fraction)
+    launched = run.world_size > 1
     explained = [
-        Explained(s, evidence.reasons(records, findings, s) if s.kind == stretches.SLOW else [])
+        Explained(s, evidence.reasons(records, findings, s, launched) if s.kind == stretches.SLOW else [])
         for s in findings.stretches
     ]
     return Explanation(run, len(records), findings.typical, explained)

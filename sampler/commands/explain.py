@@ -2,10 +2,12 @@
 
 Finds the stretches whose throughput (steps per second on the step axis) fell well below the
 run's typical (its median), and for each says, strongest first, what the recorded signals show
-was different from the run's typical at the same time: CPU, memory or I/O pressure, the process
-tree on every CPU it may use, the backend at one full core, memory near a container limit, GPU
-throttling or waiting. A pause of the step (an evaluation, a checkpoint) is named as such, and a
-stretch with no evidence says so. For a rank of a multi-rank launch (or with ``--launch``), it
+was different from the run's typical at the same time: what the training loop was doing (waiting
+for its input, computing, waiting in the collective, idle or sleeping), CPU, memory or I/O
+pressure, the process tree on every CPU it may use, the backend at one full core, memory near a
+container limit, GPU throttling or waiting; a cause that held for part of a stretch, with the
+share it held. A pause of the step (an evaluation, a checkpoint) is named as such, and a stretch
+with no evidence says so. For a rank of a multi-rank launch (or with ``--launch``), it
 also compares each rank's throughput with the launch's median and names the ranks that fell
 behind, where, and what their signals showed against the other ranks then
 (``sampler.analysis.ranks``). ``--json`` for machines; ``plot --explain`` shades the same
