@@ -1,0 +1,159 @@
+"""``explain`` on real torch training loops (CPU) whose loop sleeps, or whose DataLoader is
+slowed, for a stretch: each named as such.
+
+Each backend is a real training script: a small model, a DataLoader with a worker process, the
+monitor writing to a run store. It slows itself for one phase and writes down when (wall time).
+Without phase timings (the model watched by a step counter, no hooks) the training process's CPU
+tells the loop was idle, and its workers' CPU that it waited for its input; with them (the module
+itself watched) the step's phases tell where the time went. The phased runs skip while the
+backend logs no phase shares.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import backend_script, run_command
+
+from sampler import catalogue
+from sampler.analysis import stretches
+from sampler.analysis.explain import explain
+from sampler.commands import explain as explain_command
+from sampler.store.reader import StoreReader
+
+pytest.importorskip("torch")
+
+LOOP = """
+import json, os, time
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+STORE, TIMES, SLOWED, PHASED, SLOW_FLAG = {store!r}, {times!r}, {slowed!r}, {phased!r}, {flag!r}
+torch.set_num_threads(1)
+torch.manual_seed(0)
+
+class Batches(IterableDataset):
+    # Endless batches; while the flag file exists each takes 30 ms of the worker's CPU to make.
+    def __iter__(self):
+        while True:
+            if os.path.exists(SLOW_FLAG):
+                until = time.perf_counter() + 0.03
+                while time.perf_counter() < until:
+                    pass
+            yield torch.randn(32, 64), torch.randn(32, 1)
+
+class Steps:
+    age = 0
+    def get_age(self):
+        return self.age
+
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+steps = Steps()
+sampler.watch_model(model if PHASED else steps)  # the module: its steps' phases are timed
+monitor = sampler.ResourceMonitor(
+    store=STORE, interval_seconds=0.1, _min_interval_seconds=0.05,
+    categories=["cpu", "memory", "process", "process_tree", "pressure"],
+).start()
+batches = iter(DataLoader(Batches(), batch_size=None, num_workers=1, prefetch_factor=2))
+while monitor.stats()["records_read"] < 3:
+    time.sleep(0.01)
+
+def train(seconds, sleep=0.0):
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        x, y = next(batches)
+        for _ in range(4):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            steps.age += 1
+        if sleep:
+            time.sleep(sleep)
+
+times = []
+for kind, seconds in [("quiet", 3.0), (SLOWED, 3.0), ("quiet", 2.0)]:
+    start = time.time()
+    if kind == "input":
+        open(SLOW_FLAG, "w").close()
+        train(seconds)
+        os.unlink(SLOW_FLAG)
+    else:
+        train(seconds, sleep=0.03 if kind == "sleep" else 0.0)
+    times.append((kind, start, time.time()))
+monitor.stop()
+with open(TIMES, "w") as f:
+    json.dump(times, f)
+"""
+
+INPUT_SHARE = catalogue.name_of(catalogue.PHASE_SHARES[0])
+
+
+def run_loop(tmp_path: Path, slowed: str, phased: bool) -> tuple[float, float]:
+    """Run the loop slowed by ``slowed`` (``sleep``: the loop sleeps 30 ms each batch; ``input``:
+    each batch takes its worker 30 ms); returns when the slowed phase began and ended."""
+    store, times = tmp_path / "runs.sqlite", tmp_path / "times.json"
+    script = tmp_path / "train.py"
+    body = LOOP.format(
+        store=str(store), times=str(times), slowed=slowed, phased=phased, flag=str(tmp_path / "slow")
+    )
+    script.write_text(backend_script(body))
+    backend = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = backend.communicate(timeout=120)
+    finally:
+        backend.kill()
+        backend.wait()
+    assert backend.returncode == 0, err
+    ((_, start, end),) = [item for item in json.loads(times.read_text()) if item[0] == slowed]
+    return start, end
+
+
+def causes_during(tmp_path: Path, start: float, end: float, phased: bool) -> tuple[list[Any], str]:
+    """The slow stretches overlapping [start, end], and what ``explain`` prints (a phased run
+    skips where the backend logged no phase shares)."""
+    with StoreReader(str(tmp_path / "runs.sqlite")) as reader:
+        run = reader.run()
+        if phased and INPUT_SHARE not in reader.names(run.id):
+            pytest.skip("the backend logged no phase shares (watch_model's phase timer is not in yet)")
+        explanation = explain(reader, run)
+    status, printed = run_command("explain", str(tmp_path / "runs.sqlite"), handler=explain_command.main)
+    assert status == 0
+    print(printed)
+    found = [
+        e
+        for e in explanation.stretches
+        if e.stretch.kind == stretches.SLOW and e.stretch.start_wall < end and e.stretch.end_wall > start
+    ]
+    return found, printed
+
+
+EXPECTED = {
+    ("sleep", False): {"process_idle"},
+    ("sleep", True): {"loop_idle"},
+    ("input", False): {"input_bound"},
+    ("input", True): {"input_bound"},
+}
+"""What a stretch of each slowdown is named, without and with the step's phases timed."""
+
+
+@pytest.mark.parametrize("phased", [False, True], ids=["unphased", "phased"])
+@pytest.mark.parametrize("slowed", ["sleep", "input"])
+@pytest.mark.usefixtures("whole_machine")
+def test_a_sleeping_loop_and_a_slowed_dataloader_are_each_named(
+    tmp_path: Path, slowed: str, phased: bool
+) -> None:
+    start, end = run_loop(tmp_path, slowed, phased)
+    found, printed = causes_during(tmp_path, start, end, phased)
+    assert found, f"no slow stretch found for the {slowed} phase:\n{printed}"
+    named = {reason.cause for item in found for reason in item.reasons}
+    assert EXPECTED[slowed, phased] & named, printed
+    # The first-named cause of the stretch that overlaps the phase most is it.
+    main = max(found, key=lambda e: min(end, e.stretch.end_wall) - max(start, e.stretch.start_wall))
+    assert main.reasons and main.reasons[0].cause in EXPECTED[slowed, phased], printed
