@@ -558,7 +558,7 @@ def test_the_phase_whose_time_grew_names_what_the_loop_was_doing() -> None:
     )
     assert reason.cause == "input_bound"
     assert reason.text.startswith("input-bound: the loop waited for its next batch 70% of each step (")
-    assert "0.14 s a step against 0.0025 s" in reason.text
+    assert "140 ms a step against 2.5 ms" in reason.text
     assert "its DataLoader workers used 30% CPU (typically 25%)" in reason.text
     cited = [e.signal for e in reason.evidence]
     assert cited == ["resource/progress/input_percent", STEP_SECONDS, OWN_CPU, TREE_CPU]

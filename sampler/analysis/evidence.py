@@ -451,7 +451,7 @@ def _loop(frame: _Frame) -> list[Reason]:
         evidence = [share.evidence, step.evidence]
         took = (
             f"{share.stretch:.0f}% of each step (typically {share.typical:.0f}%), "
-            f"{seconds.stretch:.3g} s a step against {seconds.typical:.3g} s"
+            f"{seconds.stretch * 1000:.3g} ms a step against {seconds.typical * 1000:.3g} ms"
         )
         cpu = "" if own is None else f"its CPU {own.stretch:.0f}% (typically {own.typical:.0f}%)"
         if own is not None:
