@@ -574,6 +574,8 @@ def test_the_phase_whose_time_grew_names_what_the_loop_was_doing() -> None:
     (reason,) = reasons_with(**computing, **busy)
     assert reason.cause == "compute_bound"
     assert reason.text.startswith("compute-bound: forward took 70% of each step")
+    # The same forward with the process's CPU idle waited there (for a device, or a lock).
+    assert reasons_for(**computing, **{**busy, OWN_CPU: during(20, 97)}) == ["phase_wait"]
     # A phase that grew too little to hold the step's growth names nothing, and the CPU rule speaks.
     flat = phases(input=(5, 5), forward=(40, 40), backward=(45, 45), optimizer=(8, 8), other=(2, 2))
     assert reasons_for(**flat, **cpu) == ["process_idle"]
@@ -589,7 +591,7 @@ def test_a_rank_that_waited_in_backward_with_its_cpu_idle_waited_in_the_collecti
     found = stretches.find(records)
     (stretch,) = found.stretches
     (alone,) = evidence.reasons(records, found, stretch)
-    assert alone.cause == "backward_wait"
+    assert alone.cause == "phase_wait" and "the loop waited in backward 80% of each step" in alone.text
     (rank,) = evidence.reasons(records, found, stretch, launched=True)
     assert rank.cause == "collective_wait" and "80% of each step (typically 45%)" in rank.text
     assert "in the gradients' collective" in rank.text

@@ -13,7 +13,8 @@ and where it held in parts that cover ``PART_SHARE`` of the stretch's time (and 
 
 What the loop was doing: where the watched model's steps were timed (the ``progress`` phase
 shares), the phase whose seconds per step grew most names it (input-bound, compute-bound,
-waiting in the collective, host work or idle outside the phases); without them, the training
+waiting in a phase or, for a rank of a launch, in the collective, host work or idle outside the
+phases); without them, the training
 process's own CPU falling far below its typical while it did not wait for a CPU says it was idle
 or sleeping, and its DataLoader workers' CPU (the process tree's less the backend's) rising then
 says it waited for its input.
@@ -466,12 +467,12 @@ def _loop(frame: _Frame) -> list[Reason]:
                 cause, text = "loop_idle", f"the loop slept or waited outside its phases {took}, {cpu}"
             else:
                 cause, text = "host_work", f"host work outside the step's phases took {took}"
-        elif phase == "backward" and idle is not None:
-            if frame.launched:
+        elif idle is not None:  # in forward, backward or the optimizer, its CPU idle
+            if phase == "backward" and frame.launched:
                 cause, where = "collective_wait", "in the gradients' collective, for a slower rank"
             else:
-                cause, where = "backward_wait", "there (for a device, or a lock)"
-            text = f"the loop waited in backward {took}, {cpu}: it waited {where}"
+                cause, where = "phase_wait", "there (for a device, or a lock)"
+            text = f"the loop waited in {label} {took}, {cpu}: it waited {where}"
         else:
             cause, text = "compute_bound", f"compute-bound: {label} took {took}" + (f", {cpu}" if cpu else "")
         return [Reason(cause, text, tuple(evidence), (share.stretch - share.typical) / PHASE_POINTS)]
