@@ -13,6 +13,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,9 @@ from sampler.analysis import evidence, stretches
 from sampler.analysis.explain import Explanation, explain
 from sampler.commands import explain as explain_command
 from sampler.commands import plot as plot_command
+from sampler.settings.placement import Placement
 from sampler.store.reader import StoreReader
+from sampler.store.writer import RunInfo, RunWriter
 from sampler.views import plot
 
 WORKLOAD = """
@@ -621,3 +624,30 @@ def test_a_cause_held_for_part_of_a_stretch_is_named_with_its_share() -> None:
         pressure[20:28] = [70.0] * held + [2.0] * (8 - held)
         records = timeline(seconds, steps, **{"resource/pressure/cpu_some_percent": pressure})
         assert [r.share for r in evidence.reasons(records, found, stretch)] == shares
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_explain_says_the_collective_only_for_a_rank_of_a_launch(tmp_path: Path, world: int) -> None:
+    """The same records from a run alone and from rank 0 of two: the backward's wait with the
+    process idle is the collective's only where there are peers to wait for."""
+    where = Placement("node", 0, 0, world, world, "job" if world > 1 else "")
+    path = tmp_path / "runs.sqlite"
+    writer = RunWriter(
+        str(path), RunInfo(100, ["train"], {"interval_seconds": 0.25}, time.time() - 20, where)
+    )
+    columns = {
+        **phases(input=(2, 5), forward=(12, 35), backward=(80, 45), optimizer=(4, 10), other=(2, 5)),
+        STEP_SECONDS: during(0.04, 0.002),
+        OWN_CPU: during(20, 95),
+    }
+    base, step = time.monotonic_ns() - 10 * 10**9, 0
+    writer.record({OWN_CPU: 95.0}, step, base, None)
+    for i in range(30):
+        step += 25 if 12 <= i < 17 else 125
+        writer.record(
+            {name: column[i] for name, column in columns.items()}, step, base + (i + 1) * 250_000_000, None
+        )
+    writer.close({})
+    with StoreReader(str(path)) as reader:
+        (item,) = explain(reader, reader.run()).stretches
+    assert [reason.cause for reason in item.reasons] == ["collective_wait" if world > 1 else "phase_wait"]
