@@ -520,6 +520,7 @@ OWN_CPU = "resource/process/cpu_utilization_percent"
 TREE_CPU = "resource/process_tree/cpu_utilization_percent"
 CPU_WAIT = "resource/process/cpu_wait_percent"
 STEP_SECONDS = "resource/progress/step_seconds"
+TREE_COUNT = "resource/process_tree/process_count"
 
 
 def phases(**shares: tuple[float, float]) -> dict[str, list[float]]:
@@ -562,9 +563,22 @@ def test_the_phase_whose_time_grew_names_what_the_loop_was_doing() -> None:
     assert reason.cause == "input_bound"
     assert reason.text.startswith("input-bound: the loop waited for its next batch 70% of each step (")
     assert "140 ms a step against 2.5 ms" in reason.text
-    assert "its DataLoader workers used 30% CPU (typically 25%)" in reason.text
+    assert (
+        "its DataLoader workers used 30% CPU (typically 25%): they were not busier, so they were held up"
+        in reason.text
+    )
     cited = [e.signal for e in reason.evidence]
     assert cited == ["resource/progress/input_percent", STEP_SECONDS, OWN_CPU, TREE_CPU]
+    step = {STEP_SECONDS: during(0.2, 0.05)}
+    (reason,) = reasons_with(**waiting, **step, **{OWN_CPU: during(30, 95), TREE_CPU: during(230, 120)})
+    assert "its DataLoader workers used 200% CPU (typically 25%): making the batches held it" in reason.text
+    # No workers (none in the tree, or none recorded): the wait before the forward pass was the
+    # loop's own, a sleep if its CPU fell, else loading in the loop.
+    alone = {OWN_CPU: during(30, 95), TREE_CPU: during(33, 97), TREE_COUNT: during(1, 1)}  # sampled apart
+    assert reasons_for(**waiting, **step, **alone) == ["loop_idle"]
+    assert reasons_for(**waiting, **step, **{OWN_CPU: during(30, 95)}) == ["loop_idle"]
+    (reason,) = reasons_with(**waiting, **step, **{OWN_CPU: during(97, 95)})
+    assert reason.cause == "input_bound" and reason.text.endswith("loaded in the loop itself")
     # A sleep in the loop: the time went outside the phases, the process idle.
     sleeping = phases(input=(1, 5), forward=(10, 40), backward=(10, 45), optimizer=(2, 8), other=(77, 2))
     cpu = {STEP_SECONDS: during(0.2, 0.05), OWN_CPU: during(25, 95)}

@@ -374,6 +374,7 @@ WORKERS_POINTS = 20.0
 
 _OWN_CPU = catalogue.name_of(catalogue.PROCESS_CPU)
 _TREE_CPU = catalogue.name_of(catalogue.TREE_CPU)
+_TREE_COUNT = catalogue.name_of(catalogue.TREE_PROCESSES)
 _STEP = catalogue.name_of(catalogue.STEP_SECONDS)
 _PHASES = tuple(
     (catalogue.name_of(signal), phase, label)
@@ -402,9 +403,10 @@ def _idle(frame: _Frame) -> _Compare | None:
 
 def _workers(frame: _Frame) -> tuple[_Compare, _Compare] | None:
     """The CPU of the backend's descendants (its DataLoader workers: the tree's less the backend's
-    own), and the tree's, where the tree had descendants."""
+    own), and the tree's, where the tree had descendants (more than one process where counted)."""
     tree, own = frame.timeline.column(_TREE_CPU), frame.timeline.column(_OWN_CPU)
-    if tree is None or own is None:
+    count = frame.median(_TREE_COUNT)
+    if tree is None or own is None or (count is not None and count < 2):
         return None
     workers, whole = frame.compare(_TREE_CPU, tree - own), frame.compare(_TREE_CPU)
     if workers is None or whole is None or max(workers.stretch, workers.typical) < 1:
@@ -414,6 +416,11 @@ def _workers(frame: _Frame) -> tuple[_Compare, _Compare] | None:
 
 def _workers_text(workers: _Compare) -> str:
     return f"its DataLoader workers used {workers.stretch:.0f}% CPU (typically {workers.typical:.0f}%)"
+
+
+def _busy(workers: _Compare) -> bool:
+    """The workers' CPU rose: they were making the batches the loop waited for."""
+    return workers.stretch - workers.typical >= WORKERS_POINTS and workers.stretch >= 1.5 * workers.typical
 
 
 def _grown_phase(frame: _Frame) -> tuple[str, str, _Compare, _Compare, _Compare] | None:
@@ -457,11 +464,23 @@ def _loop(frame: _Frame) -> list[Reason]:
         cpu = "" if own is None else f"its CPU {own.stretch:.0f}% (typically {own.typical:.0f}%)"
         if own is not None:
             evidence.append(own.evidence)
-        if phase == "input":
+        if phase == "input" and workers is not None:
             cause, text = "input_bound", f"input-bound: the loop waited for its next batch {took}"
-            if workers is not None:
-                text += "; " + _workers_text(workers[0])
-                evidence.append(workers[1].evidence)
+            text += "; " + _workers_text(workers[0])
+            if _busy(workers[0]):
+                text += ": making the batches held it"
+            else:
+                text += ": they were not busier, so they were held up too (by storage, a lock, other work)"
+            evidence.append(workers[1].evidence)
+        elif phase == "input" and idle is not None:  # no workers: a sleep, or loading that waited
+            cause = "loop_idle"
+            text = (
+                f"the loop slept or waited before its forward pass {took}, {cpu}, with no DataLoader "
+                "workers: a sleep, or data loaded in the loop that waited (for storage, the network)"
+            )
+        elif phase == "input":
+            cause = "input_bound"
+            text = f"input-bound: the loop waited for its next batch {took}, {cpu}: loaded in the loop itself"
         elif phase == "other":
             if idle is not None:
                 cause, text = "loop_idle", f"the loop slept or waited outside its phases {took}, {cpu}"
@@ -480,11 +499,9 @@ def _loop(frame: _Frame) -> list[Reason]:
         return []
     strength = (idle.typical - idle.stretch) / IDLE_POINTS
     held = f"the training process was idle: its CPU {idle.stretch:.0f}% (typically {idle.typical:.0f}%)"
-    if workers is not None:
-        busy, whole = workers
-        if busy.stretch - busy.typical >= WORKERS_POINTS and busy.stretch >= 1.5 * busy.typical:
-            text = f"{held} while {_workers_text(busy)}: it waited for its input"
-            return [Reason("input_bound", text, (idle.evidence, whole.evidence), strength)]
+    if workers is not None and _busy(workers[0]):
+        text = f"{held} while {_workers_text(workers[0])}: it waited for its input"
+        return [Reason("input_bound", text, (idle.evidence, workers[1].evidence), strength)]
     text = (
         f"{held}, and it did not wait for a CPU: it slept or waited for something else "
         "(its input, I/O, a lock, another process)"
