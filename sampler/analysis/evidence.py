@@ -14,10 +14,9 @@ and where it held in parts that cover ``PART_SHARE`` of the stretch's time (and 
 What the loop was doing: where the watched model's steps were timed (the ``progress`` phase
 shares), the phase whose seconds per step grew most names it (input-bound, compute-bound,
 waiting in a phase or, for a rank of a launch, in the collective, host work or idle outside the
-phases); without them, the training
-process's own CPU falling far below its typical while it did not wait for a CPU says it was idle
-or sleeping, and its DataLoader workers' CPU (the process tree's less the backend's) rising then
-says it waited for its input.
+phases); without them, the training process's own CPU falling far below its typical while it did
+not wait for a CPU says it was idle or sleeping, and its DataLoader workers' CPU (the process
+tree's less the backend's) rising then says it waited for its input.
 """
 
 from __future__ import annotations
