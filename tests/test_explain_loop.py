@@ -1,11 +1,12 @@
-"""``explain`` on real torch training loops (CPU) whose loop sleeps, or whose DataLoader is
-slowed, for a stretch: each named as such.
+"""``explain`` on real torch training loops (CPU) whose loop sleeps, whose DataLoader is slowed,
+or whose forward pass does more work, for a stretch: each named as such.
 
 Each backend is a real training script: a small model, a DataLoader with a worker process, the
 monitor writing to a run store. It slows itself for one phase and writes down when (wall time).
 Without phase timings (the model watched by a step counter, no hooks) the training process's CPU
 tells the loop was idle, and its workers' CPU that it waited for its input; with them (the module
-itself watched) the step's phases tell where the time went.
+itself watched) the step's phases tell where the time went, and more work in the forward pass,
+which no machine signal tells from the loop's usual work, is compute.
 """
 
 from __future__ import annotations
@@ -51,7 +52,21 @@ class Steps:
     def get_age(self):
         return self.age
 
-model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+class Net(torch.nn.Module):
+    # While ``heavy`` is set, each forward pass does 20 more 256x256 layers' work.
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+        self.wide, self.extra = torch.randn(64, 256) / 8, torch.randn(256, 256) / 16
+        self.heavy = False
+    def forward(self, x):
+        if self.heavy:  # work whose result is not needed: the forward pass takes longer
+            h = x @ self.wide
+            for _ in range(20):
+                h = torch.tanh(h @ self.extra)
+        return self.layers(x)
+
+model = Net()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 steps = Steps()
 sampler.watch_model(model if PHASED else steps)  # the module: its steps' phases are timed
@@ -79,7 +94,11 @@ def train(seconds, sleep=0.0):
 times = []
 for kind, seconds in [("quiet", 3.0), (SLOWED, 3.0), ("quiet", 2.0)]:
     start = time.time()
-    if kind == "input":
+    if kind == "compute":
+        model.heavy = True
+        train(seconds)
+        model.heavy = False
+    elif kind == "input":
         open(SLOW_FLAG, "w").close()
         train(seconds)
         os.unlink(SLOW_FLAG)
@@ -96,7 +115,8 @@ INPUT_SHARE = catalogue.name_of(catalogue.PHASE_SHARES[0])
 
 def run_loop(tmp_path: Path, slowed: str, phased: bool) -> tuple[float, float]:
     """Run the loop slowed by ``slowed`` (``sleep``: the loop sleeps 30 ms each batch; ``input``:
-    each batch takes its worker 30 ms); returns when the slowed phase began and ended."""
+    each batch takes its worker 30 ms; ``compute``: each forward pass does 20 layers more); returns
+    when the slowed phase began and ended."""
     store, times = tmp_path / "runs.sqlite", tmp_path / "times.json"
     script = tmp_path / "train.py"
     body = LOOP.format(
@@ -145,14 +165,16 @@ EXPECTED = {
     ("sleep", True): {"loop_idle"},
     ("input", False): {"input_bound"},
     ("input", True): {"input_bound"},
+    ("compute", True): {"compute_bound"},
 }
 """What a stretch of each slowdown is named, without and with the step's phases timed."""
 
 
-@pytest.mark.parametrize("phased", [False, True], ids=["unphased", "phased"])
-@pytest.mark.parametrize("slowed", ["sleep", "input"])
+@pytest.mark.parametrize(
+    ("slowed", "phased"), list(EXPECTED), ids=[f"{s}-{'phased' if p else 'unphased'}" for s, p in EXPECTED]
+)
 @pytest.mark.usefixtures("whole_machine")
-def test_a_sleeping_loop_and_a_slowed_dataloader_are_each_named(
+def test_a_sleeping_loop_a_slowed_dataloader_and_a_heavier_forward_are_each_named(
     tmp_path: Path, slowed: str, phased: bool
 ) -> None:
     start, end = run_loop(tmp_path, slowed, phased)
