@@ -665,3 +665,23 @@ def test_explain_says_the_collective_only_for_a_rank_of_a_launch(tmp_path: Path,
     with StoreReader(str(path)) as reader:
         (item,) = explain(reader, reader.run()).stretches
     assert [reason.cause for reason in item.reasons] == ["collective_wait" if world > 1 else "phase_wait"]
+
+
+def test_a_loop_that_slept_then_waited_for_its_input_is_named_both_ways() -> None:
+    seconds, steps = [0.25] * 60, [125] * 60
+    for i in range(20, 40):
+        steps[i] = 25  # records 21-40 slow, the process idle all along
+    own = [95.0 if not 20 <= i < 40 else 15.0 for i in range(60)]
+    workers = [30.0 if not 28 <= i < 40 else 120.0 for i in range(60)]  # busy in its last 12 windows
+    columns = {OWN_CPU: own, TREE_CPU: [a + b for a, b in zip(own, workers, strict=True)]}
+    records = timeline(seconds, steps, **columns)
+    found = stretches.find(records)
+    (stretch,) = found.stretches
+    reasons = evidence.reasons(records, found, stretch)
+    assert [(r.cause, r.share) for r in reasons] == [
+        ("input_bound", 1.0),
+        ("process_idle", pytest.approx(0.4)),
+    ]
+    assert reasons[1].text.endswith(
+        "its DataLoader workers used 30% CPU (typically 30%), for 40% of the stretch"
+    )

@@ -6,10 +6,11 @@ large, citing the signals and both values. Reasons are ranked by ``strength``: h
 threshold each rule's difference went (1 at the threshold), so a CPU pressure of 60 % ranks above
 an every-core-busy of 92 %. A rule whose signals the run did not record says nothing.
 
-A cause that held for part of a stretch moves no median over all of it: a rule that says nothing
-of the whole stretch is asked again of each of its ``PART_CHUNKS`` parts (consecutive records),
-and where it held in parts that cover ``PART_SHARE`` of the stretch's time (and at least
-``PART_RECORDS`` records) its reason is given from those records alone, with the share it held.
+A cause that held for part of a stretch moves no median over all of it: every rule is asked again
+of each of the stretch's ``PART_CHUNKS`` parts (consecutive records), and a cause it did not give
+of the whole that held in parts covering ``PART_SHARE`` of the stretch's time (and at least
+``PART_RECORDS`` records) is given from those records alone, with the share it held (a loop that
+slept, then waited for its input, is named both ways).
 
 What the loop was doing: where the watched model's steps were timed (the ``progress`` phase
 shares), the phase whose seconds per step grew most names it (input-bound, compute-bound,
@@ -567,13 +568,15 @@ def against(timeline: Timeline, inside: Mask, baseline: Mask, launched: bool = F
     weights = np.nan_to_num(np.clip(timeline.window_seconds(), 0, None))
     found = []
     for rule in RULES:
-        found += rule(whole) or _in_part(rule, whole, weights)
+        said = rule(whole)
+        found += said + _in_part(rule, whole, weights, {reason.cause for reason in said})
     return sorted(found, key=lambda reason: -reason.strength)
 
 
-def _in_part(rule: Rule, whole: _Frame, weights: Floats) -> list[Reason]:
-    """``rule``'s reasons over the parts of ``whole`` where each held, where they cover
-    ``PART_SHARE`` of its time (``weights``: each record's window, s), with that share."""
+def _in_part(rule: Rule, whole: _Frame, weights: Floats, said: set[str]) -> list[Reason]:
+    """``rule``'s reasons over the parts of ``whole`` where each held, but for the causes it
+    ``said`` of the whole, where they cover ``PART_SHARE`` of its time (``weights``: each record's
+    window, s), with that share."""
     records = np.flatnonzero(whole.inside)
     if len(records) <= PART_RECORDS:
         return []
@@ -587,13 +590,13 @@ def _in_part(rule: Rule, whole: _Frame, weights: Floats) -> list[Reason]:
     found = []
     for cause, part in held.items():
         share = weights[part].sum() / total if total > 0 else part.sum() / len(records)
-        if share < PART_SHARE or part.sum() < PART_RECORDS:
+        if cause in said or share < PART_SHARE or part.sum() < PART_RECORDS:
             continue
         found += [
             replace(
                 reason,
                 text=f"{reason.text}, for {share:.0%} of the stretch",
-                strength=reason.strength * share,
+                strength=float(reason.strength * share),
                 share=float(share),
             )
             for reason in rule(whole.part(part))
