@@ -102,6 +102,11 @@ for kind, seconds in [("quiet", 3.0), (SLOWED, 3.0), ("quiet", 2.0)]:
         open(SLOW_FLAG, "w").close()
         train(seconds)
         os.unlink(SLOW_FLAG)
+    elif kind == "sleep-input":  # the loop sleeps, then waits for its input: one stretch
+        train(seconds * 0.4, sleep=0.03)
+        open(SLOW_FLAG, "w").close()
+        train(seconds * 0.6)
+        os.unlink(SLOW_FLAG)
     else:
         train(seconds, sleep=0.03 if kind == "sleep" else 0.0)
     times.append((kind, start, time.time()))
@@ -115,8 +120,9 @@ INPUT_SHARE = catalogue.name_of(catalogue.PHASE_SHARES[0])
 
 def run_loop(tmp_path: Path, slowed: str, phased: bool) -> tuple[float, float]:
     """Run the loop slowed by ``slowed`` (``sleep``: the loop sleeps 30 ms each batch; ``input``:
-    each batch takes its worker 30 ms; ``compute``: each forward pass does 20 layers more); returns
-    when the slowed phase began and ended."""
+    each batch takes its worker 30 ms; ``compute``: each forward pass does 20 layers more;
+    ``sleep-input``: the first 40 % sleeps, the rest waits for its input); returns when the slowed
+    phase began and ended."""
     store, times = tmp_path / "runs.sqlite", tmp_path / "times.json"
     script = tmp_path / "train.py"
     body = LOOP.format(
@@ -185,3 +191,14 @@ def test_a_sleeping_loop_a_slowed_dataloader_and_a_heavier_forward_are_each_name
     # The first-named cause of the stretch that overlaps the phase most is it.
     main = max(found, key=lambda e: min(end, e.stretch.end_wall) - max(start, e.stretch.start_wall))
     assert main.reasons and main.reasons[0].cause in EXPECTED[slowed, phased], printed
+
+
+@pytest.mark.usefixtures("whole_machine")
+def test_a_loop_that_slept_then_waited_for_its_input_is_named_both_ways_with_their_shares(
+    tmp_path: Path,
+) -> None:
+    start, end = run_loop(tmp_path, "sleep-input", False)
+    found, printed = causes_during(tmp_path, start, end, False)
+    shares = {reason.cause: reason.share for item in found for reason in item.reasons}
+    assert {"input_bound", "process_idle"} <= set(shares), printed
+    assert min(shares["input_bound"], shares["process_idle"]) < 1, printed  # one held for part of it
