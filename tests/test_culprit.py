@@ -187,3 +187,30 @@ def test_a_lag_is_rechecked_once_the_intervals_between_are_bridged(tmp_path: Pat
     assert comparison.lags == [], [
         (lag.rank.run.rank, lag.start_step, lag.throughput) for lag in comparison.lags
     ]
+
+
+def test_plot_launch_shades_where_each_rank_held_the_others_back(tmp_path: Path) -> None:
+    from test_plot import panels
+
+    from sampler.views import launch_plot
+
+    path = tmp_path / "runs.sqlite"
+    synchronous(path, [(1, range(8, 20), SLOW_INPUT), (2, range(26, 34), SLOW_COMPUTE)])
+    with StoreReader(str(path)) as reader:
+        fig = launch_plot.figure(reader, ranks.gather(reader, reader.launch("job")))
+    throughput = panels(fig)[launch_plot.THROUGHPUT]
+    spans = {
+        patch.get_gid(): patch for patch in throughput.patches if str(patch.get_gid()).startswith("culprit/")
+    }
+    assert list(spans) == ["culprit/rank1", "culprit/rank2"]
+    assert spans["culprit/rank1"].get_label() == "rank 1 held the others back: input"
+    assert spans["culprit/rank2"].get_label() == "rank 2 held the others back: compute"
+    left = spans["culprit/rank1"].get_x()  # type: ignore[attr-defined]  # seconds since the launch's first record, at T0 + 1
+    assert 6 <= left <= 9
+    quiet = tmp_path / "quiet.sqlite"
+    synchronous(quiet, [])
+    with StoreReader(str(quiet)) as reader:
+        fig = launch_plot.figure(reader, ranks.gather(reader, reader.launch("job")))
+    assert not [
+        p for p in panels(fig)[launch_plot.THROUGHPUT].patches if str(p.get_gid()).startswith("culprit")
+    ]
