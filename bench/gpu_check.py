@@ -10,9 +10,11 @@ it answers and its p50/p99 latency over ``--calls`` calls (NVML's own ``latencyU
 field values); one GPM pair. Then, for device 0, a burst of matrix products (idle without
 torch) during which the energy counter's rise is set against the power draw integrated over
 the same time, and a real ``ResourceMonitor`` (1 s interval) runs: its gpu signals, peaks and
-means must arrive and be plausible. ``sample()`` and ``sample_tracked()`` are timed (CPU and
-wall ms per call). When torch with CUDA is here, 256 MiB are held on the current device first,
-so ``process_memory_bytes`` has something to find.
+means must arrive and be plausible. With torch and CUDA, two training loops on the GPU check
+``watch_model``'s step phases: a GPU-bound loop's steps must read mostly on the device
+(``device_percent``), an input-bound one's mostly waiting for input. ``sample()`` and
+``sample_tracked()`` are timed (CPU and wall ms per call). When torch with CUDA is here, 256 MiB
+are held on the current device first, so ``process_memory_bytes`` has something to find.
 
 With ``--out DIR`` the report is written there as ``gpu_check.json`` and ``gpu_check.md``.
 Exit status: 0 when everything is plausible, 1 when something is not, 2 when there is no GPU
@@ -308,6 +310,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  never arrived: {name}")
     for name, why in implausible.items():
         print(f"  implausible in the monitor's run: {name} = {why}")
+    report["step_phases"] = phases = gpu_probe.step_phases()
+    if phases is None:
+        print("torch with CUDA is not here: the step phases' GPU time is not checked")
+    else:
+        gpu_bound, input_bound = phases["gpu-bound"], phases["input-bound"]
+        ok = (
+            gpu_bound.get("device_percent", 0) >= 50
+            and input_bound.get("input_percent", 0) >= 50
+            and input_bound.get("device_percent", 100) < 50
+        )
+        failures += not ok
+        print(f"step phases, a GPU-bound loop: {gpu_bound}")
+        print(f"step phases, an input-bound loop: {input_bound}")
+        verdict = "ok" if ok else "NOT AS EXPECTED"
+        print(f"step phases: {verdict} (GPU-bound: device >= 50 %; input-bound: input >= 50 %, device < 50)")
     report["problems"] = failures
     print("all plausible" if not failures else f"{failures} problem(s)")
     if args.out is not None:

@@ -215,3 +215,54 @@ def matmul_burst(device: int) -> Callable[[threading.Event], None] | None:
                 torch.cuda.synchronize()
 
     return work
+
+
+PHASE_STEPS = 40
+"""Training steps timed per loop of ``step_phases``."""
+
+
+def step_phases() -> dict[str, dict[str, float]] | None:
+    """Where torch with CUDA is here: the phase signals ``watch_model`` gives two loops of a model
+    on the GPU, one GPU-bound (a ``loss.item()`` after each step waits for its matrix products) and
+    one input-bound (each batch takes 20 ms to make, the model is small), each over ``PHASE_STEPS``
+    steps; else None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    from sampler.pipeline.phases import PhaseShares
+    from sampler.pipeline.steps import watch_model, watched_phases
+
+    class Slow(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        def __init__(self, nap: float, width: int) -> None:
+            self.nap, self.width = nap, width
+
+        def __len__(self) -> int:
+            return PHASE_STEPS + 1
+
+        def __getitem__(self, index: int) -> Any:
+            time.sleep(self.nap)
+            return torch.randn(self.width)
+
+    found: dict[str, dict[str, float]] = {}
+    for loop, nap, width, depth in (("gpu-bound", 0.0, 8192, 8), ("input-bound", 0.02, 64, 1)):
+        model = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(depth))).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
+        watch_model(model)
+        shares = PhaseShares()
+        shares.derive(watched_phases())
+        got: dict[str, float] = {}
+        try:
+            for x in torch.utils.data.DataLoader(Slow(nap, width), batch_size=1):
+                loss = model(x.cuda()).square().mean()
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                loss.item()  # the host waits for the device here, in "other"
+                got.update(shares.derive(watched_phases()))  # the device's time, read when done
+        finally:
+            watch_model(None)
+        found[loop] = {name.rpartition("/")[2]: round(value, 3) for name, value in got.items()}
+    return found

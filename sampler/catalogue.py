@@ -221,14 +221,25 @@ the part of ``throttled_<part>_seconds``, a short label, what slows the clocks."
 
 
 STEP_PHASES = (
-    ("input", "waiting for input", "waiting for its next batch (in the DataLoader's iterator, else "
-     "between the previous optimizer step and the forward pass)"),
+    (
+        "input",
+        "waiting for input",
+        "waiting for its next batch (in the DataLoader's iterator, else "
+        "between the previous optimizer step and the forward pass)",
+    ),
     ("forward", "forward", "in the watched model's forward pass"),
-    ("backward", "backward", "from the forward pass's end to the optimizer step: the loss, the backward "
-     "pass and, in data-parallel training, the wait for the gradients' collective"),
+    (
+        "backward",
+        "backward",
+        "from the forward pass's end to the optimizer step: the loss, the backward "
+        "pass and, in data-parallel training, the wait for the gradients' collective",
+    ),
     ("optimizer", "optimizer", "in the optimizer's step"),
-    ("other", "other", "elsewhere: host work between the phases (logging, synchronizing with the GPU, "
-     "evaluation)"),
+    (
+        "other",
+        "other",
+        "elsewhere: host work between the phases (logging, synchronizing with the GPU, evaluation)",
+    ),
 )
 """The phases a training step is timed in by ``watch_model``'s hooks: name, short label, where
 the loop was. Their shares of a step add up to 100 %."""
@@ -238,7 +249,11 @@ def _phase_shares() -> tuple[Signal, ...]:
     """Per step phase: its share of the steps since the previous logged record."""
     return tuple(
         Signal(
-            f"progress/{phase}_percent", "%", GAUGE, f"step time {label}", label,
+            f"progress/{phase}_percent",
+            "%",
+            GAUGE,
+            f"step time {label}",
+            label,
             f"Share of the watched model's steps since the previous logged record spent {where}.",
         )
         for phase, label, where in STEP_PHASES

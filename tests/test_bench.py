@@ -173,3 +173,11 @@ def test_child_breakdown_times_every_phase_of_the_childs_loop() -> None:
         assert float(rows[phase][4]) > 0  # CPU ms/s
     phases = [float(cells[4]) for name, cells in rows.items() if name not in ("phase", "all")]
     assert float(rows["all"][4]) == pytest.approx(sum(phases), abs=0.001 * len(phases) + 0.001)
+
+
+def test_hook_cost_benchmark_prints_the_hooks_cost_per_step() -> None:
+    done = quick("bench.hook_cost")
+    said = dict(line.split(":", 1) for line in done.stdout.splitlines() if ":" in line)
+    for what in ("training step, unwatched", "training step, watched"):
+        assert float(said[what].split()[0]) > 0
+    assert "µs per step" in said["the hooks' cost"] and "% of this tiny step" in said["the hooks' cost"]

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from sampler import signals
 from sampler.pipeline import weightslab as wl_adapter
 from sampler.pipeline.derived import PerStep
+from sampler.pipeline.phases import PhaseShares, PhaseTotals
 from sampler.pipeline.stats import MonitorStats
-from sampler.pipeline.steps import StepStamper
+from sampler.pipeline.steps import StepStamper, watched_phases
 from sampler.pipeline.store_feed import StoreFeed
 from sampler.pipeline.timing import CallbackTimes
 from sampler.settings.placement import Placement
@@ -58,7 +59,8 @@ class Emitter:
     written, before the sink and hook get it (``StoreFeed``), with what the pipeline
     queued since the last, and the reader's waits end for the queue in between
     (``store_due``, ``serve_store``), so a long interval does not hold it back.
-    Each logged record brings what the step axis derives (``PerStep``).
+    Each logged record brings what the step axis derives (``PerStep``) and the watched
+    module's step phases since the previous one (``PhaseShares``).
     The time the model's age source, the sink, the pipeline's subscribers and the hook
     take is kept per callback and judged against ``interval_seconds`` (``timing``); once
     ``stopping`` is set, they are called no more.
@@ -95,6 +97,10 @@ class Emitter:
         self._emitted = 0
         """Records handed to ``emit`` so far."""
         self._per_step = PerStep()
+        self._phase_shares = PhaseShares()
+        self.phase_totals: PhaseTotals | None = None
+        """The watched module's phase totals as of the last logged record (None: none is watched),
+        for the reader to publish to the child's endpoint."""
 
     def emit(self, fields: Sequence[str], values: Sequence[float], timestamp_ns: int) -> int | None:
         """Log one record; returns the step it was logged at, None if it was dropped."""
@@ -126,6 +132,9 @@ class Emitter:
                 ]
                 logged = len(readings)
             derived = self._per_step.derive(fields, values, step, timestamp_ns)
+            phases = watched_phases()
+            derived += self._phase_shares.derive(phases)
+            self.phase_totals = None if phases is None else phases.totals
             if derived:
                 readings = itertools.chain(readings, derived)
                 logged += len(derived)

@@ -16,10 +16,10 @@ import inspect
 import logging
 import sys
 from collections.abc import Callable
-from typing import Any
 
 from sampler import signals
 from sampler.pipeline import weightslab as wl_adapter
+from sampler.pipeline.phases import StepPhases, cuda_events
 from sampler.util.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
@@ -30,28 +30,6 @@ UNSTAMPED_WARNING_AFTER = 3
 """Samples dropped at step 0 with no step from any source before the monitor says so (once)."""
 
 _watched: object | None = None
-
-
-class ForwardCounter:
-    """The age of a PyTorch module without ``get_age()``: its training-mode forward
-    passes since it was watched, counted by a forward pre-hook. The monitor never
-    calls the module (a forward pass in the monitor thread would be a bug, and a
-    module needs its input)."""
-
-    def __init__(self, module: object) -> None:
-        self.passes = 0
-        self._handle = module.register_forward_pre_hook(self._count)  # type: ignore[attr-defined]
-
-    def _count(self, module: Any, inputs: object) -> None:
-        if module.training:
-            self.passes += 1
-
-    def get_age(self) -> int:
-        return self.passes
-
-    def release(self) -> None:
-        """Take the hook off the module."""
-        self._handle.remove()
 
 
 def _is_torch_module(model: object) -> bool:
@@ -75,14 +53,14 @@ def watch_model(model: object | None) -> None:
 
     An object with ``get_age()`` is asked for it; a ``torch.nn.Module`` without
     one counts its training-mode forward passes (the monitor never calls a
-    module); a callable that takes no arguments is called; anything else is a
-    ``TypeError``.
+    module), and its steps' phases are timed (``phases``); a callable that takes
+    no arguments is called; anything else is a ``TypeError``.
     """
     global _watched
     if model is None or callable(getattr(model, "get_age", None)):
         watched = model
     elif _is_torch_module(model):
-        watched = ForwardCounter(model)
+        watched = StepPhases(model, cuda_events())
     elif callable(model) and _takes_no_arguments(model):
         watched = model
     else:
@@ -91,8 +69,14 @@ def watch_model(model: object | None) -> None:
             f"arguments, got {type(model).__name__}"
         )
     previous, _watched = _watched, watched  # one assignment: atomic, nothing a fork could inherit half-done
-    if isinstance(previous, ForwardCounter):
+    if isinstance(previous, StepPhases):
         previous.release()
+
+
+def watched_phases() -> StepPhases | None:
+    """The phase timer of the watched module, if a ``torch.nn.Module`` is watched."""
+    watched = _watched
+    return watched if isinstance(watched, StepPhases) else None
 
 
 def watched_model_age() -> object:
