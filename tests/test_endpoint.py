@@ -479,3 +479,36 @@ def test_the_endpoint_is_in_stats_only_once_its_discovery_entry_is_written(
         wait_for(lambda: mon.stats()["prometheus_endpoint"] is not None, what="the endpoint")
         assert list(tmp_path.glob("*.json"))
     assert seen_while_writing == [None]
+
+
+def test_a_watched_models_steps_and_their_phases_reach_the_endpoint() -> None:
+    torch = pytest.importorskip("torch")
+    port = free_ports()
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    sampler.watch_model(model)
+    found: Series = {}
+    try:
+        with monitor(prometheus_port=port, step_source="model_age"):
+
+            def stepped() -> bool:
+                for _ in range(20):
+                    model(torch.randn(2, 4)).sum().backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+                try:
+                    found.update(series(scrape(port)))
+                except (urllib.error.URLError, ConnectionError):
+                    return False  # not serving yet
+                return sum(values_of(found, "wl_resource_steps_timed_total").values()) >= 10
+
+            wait_for(stepped, what="steps timed on the endpoint")
+    finally:
+        sampler.watch_model(None)
+    (steps,) = values_of(found, "wl_resource_steps_timed_total").values()
+    seconds = {
+        dict(k)["phase"]: v for k, v in values_of(found, "wl_resource_step_phase_seconds_total").items()
+    }
+    assert list(seconds) == [phase for phase, _, _ in STEP_PHASES]
+    assert seconds["forward"] > 0 and seconds["optimizer"] > 0
+    assert 0 < sum(seconds.values()) < steps  # each step well under a second
