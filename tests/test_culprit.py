@@ -110,6 +110,8 @@ def test_the_rank_slow_in_its_input_then_the_one_slow_in_its_compute_are_named(t
     assert held[0].startswith("rank 1 (run 2) held the others back in its input over steps ")
     assert held[1].startswith("rank 2 (run 3) held the others back in its compute (the forward pass) over")
     assert re.search(r"grew to 7[0-9]% \(typically 50%\)\.$", held[0]), held[0]
+    machine = "  its machine then (the other ranks' in brackets): process CPU (100 % per core) 90% (90%)."
+    assert printed.count(machine) == 2
     status, printed = run_command(
         "explain", str(path), "--launch", "job", "--json", handler=explain_command.main
     )
@@ -160,6 +162,9 @@ def test_a_ranks_gpu_is_compared_with_the_other_ranks_gpus_by_role(tmp_path: Pat
     assert reason.text.startswith("GPU 1's clocks were held down by software thermal slowdown 90%")
     assert "(typically 0%)" in reason.text  # the other ranks' GPUs 0 and 2 then
     assert [e.signal for e in reason.evidence] == [thermal("1")]
+    assert [(r.signal, r.title, r.own, r.others) for r in culprit.machine] == [
+        (CPU, catalogue.PROCESS_CPU.title, 90.0, 90.0)
+    ]
 
 
 def test_by_role_names_another_ranks_gpus_as_this_ranks_and_drops_its_extra_ones() -> None:

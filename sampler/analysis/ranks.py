@@ -47,7 +47,7 @@ import numpy.typing as npt
 
 from sampler import catalogue
 from sampler.analysis import evidence, stretches, timeline
-from sampler.analysis.evidence import Reason
+from sampler.analysis.evidence import Mask, Reason
 from sampler.analysis.explain import json_number
 from sampler.analysis.timeline import Floats, Timeline
 from sampler.store.reader import Launch, Run, StoreReader
@@ -187,6 +187,8 @@ class Culprit:
     without such a time)."""
     reasons: list[Reason]
     """What its signals then show against the other ranks', strongest first."""
+    machine: list[Reading]
+    """Its ``MACHINE`` signals then against the other ranks'."""
 
     @property
     def seconds(self) -> float:
@@ -207,6 +209,7 @@ class Culprit:
             "others_percent": self.others,
             "others_typical_backward_percent": json_number(self.others_typical_backward),
             "reasons": [asdict(reason) for reason in self.reasons],
+            "machine": [asdict(reading) for reading in self.machine],
         }
 
 
@@ -427,7 +430,8 @@ def culprits(ranks: Ranks, grid: _PhaseGrid | None = None) -> list[Culprit]:
 
             def their(phase: str, where: slice | npt.NDArray[np.bool_], others: list[int] = others) -> float:
                 rows = grid.shares[phase][others][:, where]
-                return float(np.nanmean(np.nanmedian(rows, axis=0))) if np.isfinite(rows).any() else math.nan
+                rows = rows[:, np.isfinite(rows).any(axis=0)]
+                return float(np.mean(np.nanmedian(rows, axis=0))) if rows.size else math.nan
 
             found.append(
                 Culprit(
@@ -442,15 +446,17 @@ def culprits(ranks: Ranks, grid: _PhaseGrid | None = None) -> list[Culprit]:
                     {phase: their(phase, span) for phase in grid.shares},
                     their(BACKWARD, quiet),
                     [],
+                    [],
                 )
             )
     return found
 
 
 def _explained(ranks: Ranks, culprit: Culprit) -> Culprit:
-    """``culprit`` with its reasons."""
-    found = _reasons(ranks, culprit.rank, culprit.start_wall, culprit.end_wall)
-    return Culprit(**{**vars(culprit), "reasons": found})
+    """``culprit`` with its reasons and what its machine showed."""
+    joined, mine, theirs = _against(ranks, culprit.rank, culprit.start_wall, culprit.end_wall)
+    found = evidence.against(joined, mine, theirs)
+    return Culprit(**{**vars(culprit), "reasons": found, "machine": _machine(joined, mine, theirs)})
 
 
 def _lag(ranks: Ranks, rank: Rank, start: int, end: int) -> Lag:
@@ -473,13 +479,59 @@ def _lag(ranks: Ranks, rank: Rank, start: int, end: int) -> Lag:
 def _reasons(ranks: Ranks, rank: Rank, start: float, end: float) -> list[Reason]:
     """The evidence rules on ``rank``'s records between ``start`` and ``end`` (wall time) against
     the other ranks' records then, their GPUs named as ``rank``'s (:func:`by_role`)."""
+    return evidence.against(*_against(ranks, rank, start, end))
+
+
+def _against(ranks: Ranks, rank: Rank, start: float, end: float) -> tuple[Timeline, Mask, Mask]:
+    """Every rank's records in one timeline, the other ranks' GPUs named as ``rank``'s: (it,
+    ``rank``'s records between ``start`` and ``end``, the other ranks' records then)."""
     own = _devices(rank.timeline)
     parts = [rank.timeline, *(by_role(other.timeline, own) for other in ranks.ranks if other is not rank)]
     joined = timeline.joined(parts, rank.run.interval)
     during = (joined.walls > start) & (joined.walls <= end)
     mine = np.zeros(len(joined), dtype=bool)
     mine[: len(rank.timeline)] = True
-    return evidence.against(joined, during & mine, during & ~mine)
+    return joined, during & mine, during & ~mine
+
+
+MACHINE = (catalogue.PROCESS_CPU, catalogue.TREE_CPU, catalogue.PROCESS_CPU_WAIT, catalogue.GPU_UTILIZATION)
+"""What a rank that held the others back shows of its machine beside the rules' reasons, each
+against the other ranks at the same time: its own CPU, with its DataLoader workers', the time its
+threads waited for a CPU, and its GPUs' utilization."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One of a rank's signals over a span, and the other ranks' then (medians)."""
+
+    signal: str
+    title: str
+    unit: str
+    own: float
+    others: float
+
+
+def _machine(joined: Timeline, mine: Mask, theirs: Mask) -> list[Reading]:
+    """The ``MACHINE`` signals ``mine`` and ``theirs`` both have values of."""
+    found = []
+    devices = sorted(
+        {reading.device for name in joined.values if (reading := catalogue.lookup(name)) and reading.device},
+        key=catalogue.device_order,
+    )
+    for signal in MACHINE:
+        for device in devices if catalogue.DEVICE in signal.key else [""]:
+            name = catalogue.name_of(signal, device)
+            column = joined.column(name)
+            if column is None:
+                continue
+            own, others = column[mine], column[theirs]
+            own, others = own[np.isfinite(own)], others[np.isfinite(others)]
+            if len(own) and len(others):
+                title = signal.title.replace("GPU", f"GPU {device}", 1) if device else signal.title
+                found.append(
+                    Reading(name, title, signal.unit, float(np.median(own)), float(np.median(others)))
+                )
+    return found
 
 
 def _devices(line: Timeline) -> list[str]:

@@ -196,6 +196,10 @@ def render_launch(comparison: ranks.Comparison) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _value(value: float, unit: str) -> str:
+    return f"{value:.0f}%" if unit == "%" else f"{value:.3g} {unit}"
+
+
 _PHASE_WORDS = {ranks.INPUT: "its input", ranks.FORWARD: "its compute (the forward pass)"}
 
 
@@ -214,6 +218,12 @@ def _culprit_lines(culprit: ranks.Culprit) -> str:
         f" ranks' backward, their wait for it in the gradients' collective, grew to"
         f" {others[ranks.BACKWARD]:.0f}%{grew}."
     ]
+    if culprit.machine:
+        shown = "; ".join(
+            f"{reading.title} {_value(reading.own, reading.unit)} ({_value(reading.others, reading.unit)})"
+            for reading in culprit.machine
+        )
+        lines.append(f"  its machine then (the other ranks' in brackets): {shown}.")
     if not culprit.reasons:
         lines.append(f"  nothing else {culprit.rank.label} recorded was different from the other ranks then.")
     else:
