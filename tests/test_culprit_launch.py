@@ -79,7 +79,7 @@ def torchrun(where: Path, sd_dir: Path, plan: str) -> tuple[Path, dict[str, Any]
         start_new_session=True,
     )
     try:
-        printed, _ = launcher.communicate(timeout=240)
+        printed, _ = launcher.communicate(timeout=200)
     finally:  # whatever happened: the launcher's session (it, its ranks and their workers), by its id
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
@@ -111,6 +111,9 @@ def alerted(server: PrometheusServer | None, launch_id: str) -> dict[tuple[str, 
     return {key: (first, last) for key, (first, last) in times.items()}
 
 
+@pytest.mark.timeout(
+    480
+)  # two launches of three ranks (75 s on an idle 2-core machine), each bounded at 200 s
 def test_explain_and_the_rule_name_rank_1_for_its_input_then_rank_2_for_its_compute_and_no_one_when_quiet(
     tmp_path: Path,
 ) -> None:
