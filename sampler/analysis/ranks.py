@@ -369,6 +369,8 @@ class _PhaseGrid:
 def _phase_grid(ranks: Ranks) -> _PhaseGrid | None:
     """The ranks' phases on the time grid; None where fewer than two ranks recorded any."""
     times = ranks.times
+    if not ranks.ranks or _STEP_SECONDS not in ranks.ranks[0].reader.columns():
+        return None  # no run in the store timed its steps: nothing to read
     shares: dict[str, list[Floats]] = {phase: [] for phase in (INPUT, FORWARD, BACKWARD)}
     steps = []
     for rank in ranks.ranks:
