@@ -219,3 +219,19 @@ def test_plot_launch_shades_where_each_rank_held_the_others_back(tmp_path: Path)
     assert not [
         p for p in panels(fig)[launch_plot.THROUGHPUT].patches if str(p.get_gid()).startswith("culprit")
     ]
+
+
+def test_a_culprit_is_rechecked_once_the_intervals_between_are_bridged(tmp_path: Path) -> None:
+    """Rank 1 holds the others back at one grid time and at the one after next; between, for a
+    one-second step, it is the others that spend longer in their input: bridged, rank 1 spent
+    less in input and forward than the median rank over the three (and either spell alone is
+    too short to name)."""
+    path = tmp_path / "runs.sqlite"
+    at = 2 * 1000  # grid times fall on every other record: 1000, 1001 and 1002 here
+    spells = [(0.3, SLOW_INPUT, WAITING)] * 2 + [(1.0, QUIET, SLOW_INPUT)] + [(0.3, SLOW_INPUT, WAITING)] * 2
+    for rank in range(3):
+        records = [phased(QUIET, 0.1) for _ in range(2 * ranks.MAX_GRID - 1)]
+        for k, (step, its, theirs) in enumerate(spells):
+            records[at + k] = phased(its if rank == 1 else theirs, step)
+        write(path, rank, 3, records)
+    assert compare(path).culprits == []
