@@ -96,7 +96,10 @@ class Rank:
 
     @cached_property
     def phases(self) -> Timeline:
-        """Its records with only the step time and the phases' shares (``watch_model``'s)."""
+        """Its records with only the step time and the phases' shares (``watch_model``'s); none
+        read where no run in the store timed its steps."""
+        if _STEP_SECONDS not in self.reader.columns():
+            return Timeline(self.records.steps, self.records.walls, {}, self.records.interval)
         return _rising(timeline.load(self.reader, self.run, [_STEP_SECONDS, *_SHARES.values()]))
 
     @property
@@ -349,13 +352,13 @@ def compare(ranks: Ranks, share: float = stretches.SLOW_FRACTION) -> Comparison:
             lag = _lag(ranks, rank, start, end)
             if lag.throughput < share * lag.median:  # still, with the intervals bridged
                 lags.append(lag)
-    grid = _phase_grid(ranks)
+    grid = phase_grid(ranks)
     found = culprits(ranks, grid)
     return Comparison(ranks, lags, [_explained(ranks, culprit) for culprit in found], grid is not None)
 
 
 @dataclass(frozen=True)
-class _PhaseGrid:
+class PhaseGrid:
     """The ranks' phases on the time grid: per phase, one row per rank of its seconds per step,
     and the medians across ranks (NaN where fewer than two ranks have one)."""
 
@@ -366,11 +369,9 @@ class _PhaseGrid:
     """The median rank's step time, s."""
 
 
-def _phase_grid(ranks: Ranks) -> _PhaseGrid | None:
+def phase_grid(ranks: Ranks) -> PhaseGrid | None:
     """The ranks' phases on the time grid; None where fewer than two ranks recorded any."""
     times = ranks.times
-    if not ranks.ranks or _STEP_SECONDS not in ranks.ranks[0].reader.columns():
-        return None  # no run in the store timed its steps: nothing to read
     shares: dict[str, list[Floats]] = {phase: [] for phase in (INPUT, FORWARD, BACKWARD)}
     steps = []
     for rank in ranks.ranks:
@@ -389,7 +390,7 @@ def _phase_grid(ranks: Ranks) -> _PhaseGrid | None:
     seconds = {phase: rows / 100 * step_rows for phase, rows in share_rows.items()}
     seconds["busy"] = seconds[INPUT] + seconds[FORWARD]
     median = {phase: _across(rows) for phase, rows in seconds.items()}
-    return _PhaseGrid(seconds, share_rows, median, _across(step_rows))
+    return PhaseGrid(seconds, share_rows, median, _across(step_rows))
 
 
 def _across(rows: Floats) -> Floats:
@@ -400,10 +401,10 @@ def _across(rows: Floats) -> Floats:
     return out
 
 
-def culprits(ranks: Ranks, grid: _PhaseGrid | None = None) -> list[Culprit]:
+def culprits(ranks: Ranks, grid: PhaseGrid | None = None) -> list[Culprit]:
     """The ranks that held the others back, and where (see the module), in rank and time order;
-    without their reasons (:func:`compare` adds them). None where no two ranks timed phases."""
-    grid = grid if grid is not None else _phase_grid(ranks)
+    without their reasons (:func:`compare` adds them); empty where fewer than two ranks timed their steps."""
+    grid = grid if grid is not None else phase_grid(ranks)
     if grid is None:
         return []
     margin = CULPRIT_SHARE * grid.step
