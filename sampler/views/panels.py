@@ -119,7 +119,7 @@ def _resource_panel(key: str, category: str, signal: str, reading: catalogue.Rea
     return Panel(key, category, title, unit, scale, rate=rate, rank=catalogue.RANKS[known.key])
 
 
-PHASES_KEY = f"{catalogue.PREFIX}progress/*_percent"
+PHASES_KEY = catalogue.PHASE_SHARES[0].name.replace(catalogue.STEP_PHASES[0][0], "*", 1)
 """The key of the panel that stacks the step's phases."""
 
 
