@@ -21,9 +21,11 @@ import pytest
 from conftest import FAST, Recorder, backend_script, free_ports, gone, scrape, wait_for
 
 import sampler
+from sampler.catalogue import STEP_PHASES
 from sampler.ipc.channel import PrometheusTarget
-from sampler.ipc.status import ENDPOINT_BAD_ADDRESS, ENDPOINT_NO_CLIENT, ENDPOINT_UNAVAILABLE
+from sampler.ipc.status import ENDPOINT_BAD_ADDRESS, ENDPOINT_NO_CLIENT, ENDPOINT_UNAVAILABLE, ChildStatus
 from sampler.prometheus import discovery, metrics
+from sampler.prometheus.endpoint import RecordCollector
 from sampler.supervision import exposition
 
 parser = pytest.importorskip("prometheus_client.parser")
@@ -117,6 +119,8 @@ def test_a_scrape_shows_one_logged_record_in_base_units(samples: list[sampler.Sa
     info = values_of(found, "wl_resource_monitor_info")
     ((info_labels, one),) = info.items()
     assert one == 1 and dict(info_labels)["world_size"] == "1"
+    # No model watched: no step was timed, and no phase metric is served.
+    assert "steps_timed" not in text and "step_phase" not in text
 
 
 def test_a_failed_reading_is_absent_not_nan(tmp_path: Path) -> None:
@@ -232,6 +236,36 @@ def test_model_age_is_the_step_the_backend_stamped() -> None:
     (age,) = values_of(found, "wl_resource_model_age").values()
     assert age == 1234
     assert {step for _, _, step in recorder.calls} == {1234}
+
+
+def test_the_phases_the_backend_published_are_served_per_phase_once_a_step_was_timed() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    status, fd = ChildStatus.create()
+    child = ChildStatus.from_fd(fd)
+    os.close(fd)
+    labels = {"host": "h", "rank": "2", "local_rank": "2", "run_id": "job-9"}
+    target = PrometheusTarget("127.0.0.1", 0, labels, {}, None)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RecordCollector([], target, child, ("cpu",), {}))
+    try:
+        before = series(generate_latest(registry).decode())
+        status.publish_phases(40, (2.0, 0.5, 6.25, 0.125, 0.0625))
+        found = series(generate_latest(registry).decode())
+    finally:
+        child.close()
+        status.close()
+    assert not values_of(before, "wl_resource_steps_timed_total")  # nothing timed: nothing served
+    assert not values_of(before, "wl_resource_step_phase_seconds_total")
+    base = tuple(sorted(labels.items()))
+    assert values_of(found, "wl_resource_steps_timed_total") == {base: 40}
+    per_phase = {
+        dict(key)["phase"]: value
+        for key, value in values_of(found, "wl_resource_step_phase_seconds_total").items()
+    }
+    assert per_phase == dict(
+        zip([p for p, _, _ in STEP_PHASES], (2.0, 0.5, 6.25, 0.125, 0.0625), strict=True)
+    )
 
 
 def test_a_port_in_use_is_one_warning_and_monitoring_goes_on(
@@ -445,3 +479,36 @@ def test_the_endpoint_is_in_stats_only_once_its_discovery_entry_is_written(
         wait_for(lambda: mon.stats()["prometheus_endpoint"] is not None, what="the endpoint")
         assert list(tmp_path.glob("*.json"))
     assert seen_while_writing == [None]
+
+
+def test_a_watched_models_steps_and_their_phases_reach_the_endpoint() -> None:
+    torch = pytest.importorskip("torch")
+    port = free_ports()
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    sampler.watch_model(model)
+    found: Series = {}
+    try:
+        with monitor(prometheus_port=port, step_source="model_age"):
+
+            def stepped() -> bool:
+                for _ in range(20):
+                    model(torch.randn(2, 4)).sum().backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+                try:
+                    found.update(series(scrape(port)))
+                except (urllib.error.URLError, ConnectionError):
+                    return False  # not serving yet
+                return sum(values_of(found, "wl_resource_steps_timed_total").values()) >= 10
+
+            wait_for(stepped, what="steps timed on the endpoint")
+    finally:
+        sampler.watch_model(None)
+    (steps,) = values_of(found, "wl_resource_steps_timed_total").values()
+    seconds = {
+        dict(k)["phase"]: v for k, v in values_of(found, "wl_resource_step_phase_seconds_total").items()
+    }
+    assert list(seconds) == [phase for phase, _, _ in STEP_PHASES]
+    assert seconds["forward"] > 0 and seconds["optimizer"] > 0
+    assert 0 < sum(seconds.values()) < steps  # each step well under a second

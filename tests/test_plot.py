@@ -36,7 +36,7 @@ from sampler.store.reader import Run, Series, StoreReader
 from sampler.store.writer import RunInfo, RunWriter
 from sampler.views import plot
 from sampler.views.lines import points as prepared
-from sampler.views.panels import matches
+from sampler.views.panels import PHASES_KEY, matches
 from sampler.views.panels import panels as chosen
 
 REPO = Path(__file__).resolve().parent.parent
@@ -463,3 +463,48 @@ def test_a_spike_does_not_squash_a_training_curve() -> None:
     assert high < 3 and low < min(descent)
     assert plot.robust_limits(descent) is None  # no spike: the full range
     assert plot.robust_limits([5.0, 1.0]) is None  # too few points to call one a spike
+
+
+@pytest.fixture
+def phased(tmp_path: Path) -> Path:
+    """Two runs of 8 records, each with the step's phase shares (input 60, forward 10, backward
+    20, optimizer 5, other 5) and the mean step time."""
+    path = tmp_path / "phases.sqlite"
+    shares = dict(zip(catalogue.PHASE_SHARES, (60.0, 10.0, 20.0, 5.0, 5.0), strict=True))
+    for _ in range(2):
+        writer = RunWriter(
+            str(path), RunInfo(pid=1, command=["train"], config={}, started_at=time.time() - 9)
+        )
+        base = time.monotonic_ns() - 9 * 10**9
+        for i in range(8):
+            values = {signal.name: share for signal, share in shares.items()}
+            values[catalogue.STEP_SECONDS.name] = 0.1
+            writer.record(values, 10 * (i + 1), base + i * 10**9, None)
+        writer.close({})
+    return path
+
+
+def test_the_steps_phases_are_stacked_in_one_panel_for_one_run(phased: Path) -> None:
+    fig, _ = draw(phased, [1])
+    shown = panels(fig)
+    assert not {signal.name for signal in catalogue.PHASE_SHARES} & set(shown)
+    stacked = shown[PHASES_KEY]
+    areas = {str(area.get_gid()): area for area in stacked.collections}
+    labels = [label for _, label, _ in catalogue.STEP_PHASES]
+    assert list(areas) == [f"run1/{label}" for label in labels]
+    assert stacked.get_ylim() == (0, 100)
+    legend = stacked.get_legend()
+    assert legend is not None and [t.get_text() for t in legend.get_texts()] == labels
+    assert catalogue.STEP_SECONDS.name in shown
+
+
+def test_the_phases_of_two_runs_are_lines_coloured_by_phase_dashed_by_run(phased: Path) -> None:
+    fig, _ = draw(phased, [1, 2])
+    drawn = lines(panels(fig)[PHASES_KEY])
+    labels = [label for _, label, _ in catalogue.STEP_PHASES]
+    assert set(drawn) == {f"run{run}/{label}" for run in (1, 2) for label in labels}
+    first, second = drawn[f"run1/{labels[0]}"], drawn[f"run2/{labels[0]}"]
+    assert first.get_color() == second.get_color() and first.get_linestyle() != second.get_linestyle()
+    assert ys(first) == [60.0] * 8
+    legend = panels(fig)[PHASES_KEY].get_legend()
+    assert legend is not None and [t.get_text() for t in legend.get_texts()] == labels

@@ -95,9 +95,41 @@ def counter(per_second: float, start: int = 0) -> Values:
     return [per_second * SCRAPE * max(0, k - start) for k in range(SAMPLES)]
 
 
+PHASES = ("input", "forward", "backward", "optimizer", "other")
+QUIET = (0.05, 0.3, 0.5, 0.1, 0.05)
+"""Each rank's seconds per step in each phase while none holds the others back (1 step/s)."""
+WAITING = (0.02, 0.15, 0.75, 0.05, 0.03)
+"""A rank that waits in the gradients' collective (its backward) for a slow peer."""
+SLOW_INPUT = (0.6, 0.15, 0.17, 0.05, 0.03)
+SLOW_COMPUTE = (0.02, 0.75, 0.15, 0.05, 0.03)
+
+
+Spell = tuple[int, int, dict[int, tuple[float, ...]]]
+"""From one sample to another, the ranks' seconds per step in each phase (``WAITING`` for a
+rank not named)."""
+
+
+def timed(launch: Launch, spells: list[Spell] | None = None, stop: int | None = None) -> None:
+    """Every rank's phase counters, one step a second: each phase's seconds per step are
+    ``QUIET`` outside the ``spells``; with ``stop``, no step completes from that sample on."""
+    ended = SAMPLES if stop is None else stop
+    for rank in range(RANKS):
+        launch.set("wl_resource_steps_timed_total", rank, [SCRAPE * min(k, ended) for k in range(SAMPLES)])
+        for k, phase in enumerate(PHASES):
+            spent, total = [], 0.0
+            for sample in range(SAMPLES):
+                spent.append(round(total, 6))
+                now = next((rates for start, end, rates in spells or [] if start <= sample < end), None)
+                if sample < ended:
+                    total += SCRAPE * (QUIET[k] if now is None else now.get(rank, WAITING)[k])
+            launch.set("wl_resource_step_phase_seconds_total", rank, spent, phase=phase)
+
+
 def healthy() -> Launch:
-    """Every rank stepping at one pace, up, never restarted; host-wide series from rank 0."""
+    """Every rank stepping at one pace, up, never restarted, its steps' phases alike;
+    host-wide series from rank 0."""
     launch = Launch()
+    timed(launch)
     for rank in range(RANKS):
         launch.set("wl_resource_model_age", rank, steps())
         launch.set("up", rank, constant(1))
@@ -117,6 +149,7 @@ def paused_together(launch: Launch) -> Launch:
     """Every rank stops at the same step from ``STOP`` on (an evaluation, a checkpoint)."""
     for rank in range(RANKS):
         launch.set("wl_resource_model_age", rank, steps(stop=STOP))
+    timed(launch, stop=STOP)
     return launch
 
 
@@ -142,6 +175,10 @@ def _stuck(launch: Launch) -> None:
 
 def _straggler(launch: Launch) -> None:
     launch.set("wl_resource_model_age", SLOW, steps(rate=0.8))
+
+
+def _holding_back(launch: Launch) -> None:
+    timed(launch, [(STOP, SAMPLES, {SLOW: SLOW_INPUT})])
 
 
 def _down(launch: Launch) -> None:
@@ -175,6 +212,8 @@ ALERTS = {
     for alert in (
         Alert("WlRankStuck", _stuck, 25, ""),
         Alert("WlRankStraggler", _straggler, 20, "0.8"),
+        # Input and forward 0.75 s per step against the median rank's 0.17.
+        Alert("WlRankHoldingBack", _holding_back, 20, "0.58", {"phase": "input"}),
         Alert("WlRankDown", _down, 15, ""),
         Alert("WlMonitorRestarting", _restarting, 23, "3"),
         Alert("WlContainerMemoryNearLimit", _memory, 17, "95%", rank=0),
@@ -337,6 +376,36 @@ def test_a_stuck_rank_that_moves_again_resolves(tmp_path: Path) -> None:
             *quiet(alert.name, 31, 40),
         ],
     )
+
+
+def test_the_rank_slow_in_its_compute_is_named_with_its_phase_and_a_quiet_launch_names_none(
+    tmp_path: Path,
+) -> None:
+    name = "WlRankHoldingBack"
+    compute = Alert(name, _holding_back, 20, "0.6", {"phase": "compute"}, rank=2)  # 0.77 - 0.17
+    launch = healthy()
+    timed(launch, [(STOP, SAMPLES, {2: SLOW_COMPUTE})])
+    promtool_test(
+        tmp_path,
+        launch,
+        [*quiet(name, 10), {"eval_time": "20m", "alertname": name, "exp_alerts": [expected(compute)]}],
+    )
+    # Rank 1 slow in its input for 15 minutes, then, 5 minutes later, rank 2 in its compute:
+    # each named in its turn, and alone.
+    launch = healthy()
+    timed(launch, [(STOP, STOP + 60, {SLOW: SLOW_INPUT}), (STOP + 80, SAMPLES, {2: SLOW_COMPUTE})])
+    promtool_test(
+        tmp_path,
+        launch,
+        [
+            {"eval_time": "20m", "alertname": name, "exp_alerts": [expected(ALERTS[name])]},
+            {"eval_time": "40m", "alertname": name, "exp_alerts": [expected(compute)]},
+        ],
+    )
+    # Every rank's step slower alike: no rank holds the others back.
+    launch = healthy()
+    timed(launch, [(STOP, SAMPLES, {rank: SLOW_INPUT for rank in range(RANKS)})])
+    promtool_test(tmp_path, launch, quiet(name, 5, 20, 45))
 
 
 def test_a_straggler_within_the_margin_is_quiet(tmp_path: Path) -> None:

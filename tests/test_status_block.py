@@ -13,6 +13,7 @@ import time
 import pytest
 from conftest import TESTS_DIR
 
+from sampler.catalogue import STEP_PHASES
 from sampler.collectors import Sources
 from sampler.ipc.channel import ChildParams, PostmortemTarget, receive_hello, send_hello
 from sampler.ipc.status import (
@@ -300,4 +301,39 @@ def test_the_nvml_call_under_way_is_read_back_and_a_long_one_cut() -> None:
         status.note_call(b"\0")  # the call returned
         assert status.call() is None
     finally:
+        status.close()
+
+
+# --------------------------------------------------------------------------- the step phases
+
+
+def test_the_backend_publishes_the_step_phases_to_the_child_and_no_other_word_moves() -> None:
+    status, fd = ChildStatus.create()
+    child = ChildStatus.from_fd(fd)
+    os.close(fd)
+    try:
+        assert child.phases() == (0, (0.0,) * len(STEP_PHASES))  # nothing timed yet
+        child.set_endpoint(9403)
+        child.note_call(b"nvmlDeviceGetCount on GPU 0\0")
+        status.publish_logged(2, 40)
+        status.publish_health({"hang": 1}, 3, ["gpu"], gpu_errors=2)
+
+        def words() -> tuple[object, ...]:
+            return (
+                status.read(),
+                child.logged(),
+                child.health(),
+                child.gpus(),
+                status.endpoint(),
+                status.call(),
+            )
+
+        before = words()
+        status.publish_phases(17, (1.5, 0.25, 3.0, 0.125, 1e-9))
+        assert child.phases() == (17, (1.5, 0.25, 3.0, 0.125, 1e-9))
+        assert words() == before
+        status.publish_phases(2**40, (1e6,) * len(STEP_PHASES))  # a week of steps still fits a word
+        assert child.phases() == (2**40, (1e6,) * len(STEP_PHASES))
+    finally:
+        child.close()
         status.close()

@@ -19,7 +19,20 @@ below a share (``--slow``, 0.6) of their median; lagging intervals in a row (one
 them does not break them) make a :class:`Lag` once they cover ``stretches.MIN_INTERVALS`` of the
 rank's sampling intervals and ``stretches.MIN_SECONDS``. Its reasons are the ``evidence`` rules
 applied to its records then against the other ranks' records over the same time (a signal only
-one rank per host samples compares only where both sides have it).
+one rank per host samples compares only where both sides have it; each rank's GPUs are compared
+by role, its k-th GPU against the other ranks' k-th, as each rank samples its own device under
+its own index).
+
+In synchronous data-parallel training every rank steps at the slowest one's pace, so no rank
+lags; the rank that holds the others back is told by the phases of its steps (``watch_model``'s
+``resource/progress/...`` signals). Each rank's seconds per step in input, forward and backward
+(share times step time) go on the time grid; a rank holds the others back over a grid interval where
+its input and forward take ``CULPRIT_SHARE`` of the median rank's step time or more longer than
+the median rank's, and its backward (which holds the wait for the gradients' collective) that
+much less: it arrives at the collective last and waits least, while the others wait for it.
+Intervals in a row make a :class:`Culprit` as lagging ones make a lag, rechecked over the whole
+span once bridged; its phase is whichever of input and forward ran longer than the median rank's
+by more, and its reasons are the evidence rules on its records against the other ranks' then.
 """
 
 from __future__ import annotations
@@ -32,8 +45,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from sampler import catalogue
 from sampler.analysis import evidence, stretches, timeline
-from sampler.analysis.evidence import Reason
+from sampler.analysis.evidence import Mask, Reason
 from sampler.analysis.explain import json_number
 from sampler.analysis.timeline import Floats, Timeline
 from sampler.store.reader import Launch, Run, StoreReader
@@ -42,6 +56,17 @@ from sampler.util.quoting import printable
 MAX_GRID = 2000
 """Grid steps at most: finer than a rank's records in most runs (its throughput is then exactly
 its windows'), and a launch of a million steps is still drawn and judged in milliseconds."""
+
+CULPRIT_SHARE = 0.2
+"""A rank holds the others back where its input and forward run longer, and its backward
+shorter, than the median rank's by this share of the median rank's step time or more."""
+INPUT, FORWARD, BACKWARD = "input", "forward", "backward"
+"""The phases (``catalogue.STEP_PHASES``) that tell which rank holds the others back."""
+_SHARES = {
+    phase: catalogue.name_of(signal)
+    for (phase, _, _), signal in zip(catalogue.STEP_PHASES, catalogue.PHASE_SHARES, strict=True)
+}
+_STEP_SECONDS = catalogue.name_of(catalogue.STEP_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -68,6 +93,14 @@ class Rank:
         """Its records with every signal's values, read from the store when first needed (the
         evidence of a lag): a launch's ranks are not all held in memory to draw or compare them."""
         return _rising(timeline.load(self.reader, self.run))
+
+    @cached_property
+    def phases(self) -> Timeline:
+        """Its records with only the step time and the phases' shares (``watch_model``'s); none
+        read where no run in the store timed its steps."""
+        if _STEP_SECONDS not in self.reader.columns():
+            return Timeline(self.records.steps, self.records.walls, {}, self.records.interval)
+        return _rising(timeline.load(self.reader, self.run, [_STEP_SECONDS, *_SHARES.values()]))
 
     @property
     def label(self) -> str:
@@ -133,11 +166,66 @@ class Lag:
 
 
 @dataclass(frozen=True)
+class Culprit:
+    """Where one rank held the others back: its input or forward ran longer than theirs, and
+    they waited for it in the gradients' collective (their backward)."""
+
+    rank: Rank
+    phase: str
+    """``INPUT`` or ``FORWARD``: the one it spent longer in than the other ranks, by more."""
+    start_step: int
+    end_step: int
+    """Its steps when it began and ended."""
+    start_wall: float
+    end_wall: float
+    """When it began and ended, s since the epoch."""
+    step_seconds: float
+    """The median rank's step time over it, s."""
+    shares: dict[str, float]
+    """Its mean share of the step in input, forward and backward over it, %."""
+    others: dict[str, float]
+    """The other ranks' median shares then, %."""
+    others_typical_backward: float
+    """The other ranks' median backward share where no rank held the others back, % (NaN
+    without such a time)."""
+    reasons: list[Reason]
+    """What its signals then show against the other ranks', strongest first."""
+    machine: list[Reading]
+    """Its ``MACHINE`` signals then against the other ranks'."""
+
+    @property
+    def seconds(self) -> float:
+        return self.end_wall - self.start_wall
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank.run.rank,
+            "run": self.rank.run.id,
+            "phase": self.phase,
+            "first_step": self.start_step,
+            "last_step": self.end_step,
+            "start": self.start_wall,
+            "end": self.end_wall,
+            "seconds": self.seconds,
+            "seconds_per_step": self.step_seconds,
+            "percent": self.shares,
+            "others_percent": self.others,
+            "others_typical_backward_percent": json_number(self.others_typical_backward),
+            "reasons": [asdict(reason) for reason in self.reasons],
+            "machine": [asdict(reading) for reading in self.machine],
+        }
+
+
+@dataclass(frozen=True)
 class Comparison:
-    """Each rank's throughput against the launch's median, and the lags found."""
+    """Each rank's throughput against the launch's median, the lags found, and the ranks that
+    held the others back."""
 
     ranks: Ranks
     lags: list[Lag]
+    culprits: list[Culprit]
+    timed: bool
+    """At least two ranks recorded their steps' phases (``watch_model``)."""
 
     def as_json(self) -> dict[str, Any]:
         """The comparison as plain JSON types."""
@@ -166,6 +254,8 @@ class Comparison:
                 }
                 for lag in self.lags
             ],
+            "phases_timed": self.timed,
+            "culprits": [culprit.as_json() for culprit in self.culprits],
         }
 
 
@@ -262,7 +352,114 @@ def compare(ranks: Ranks, share: float = stretches.SLOW_FRACTION) -> Comparison:
             lag = _lag(ranks, rank, start, end)
             if lag.throughput < share * lag.median:  # still, with the intervals bridged
                 lags.append(lag)
-    return Comparison(ranks, lags)
+    grid = phase_grid(ranks)
+    found = culprits(ranks, grid)
+    return Comparison(ranks, lags, [_explained(ranks, culprit) for culprit in found], grid is not None)
+
+
+@dataclass(frozen=True)
+class PhaseGrid:
+    """The ranks' phases on the time grid: per phase, one row per rank of its seconds per step,
+    and the medians across ranks (NaN where fewer than two ranks have one)."""
+
+    seconds: dict[str, Floats]
+    shares: dict[str, Floats]
+    median: dict[str, Floats]
+    step: Floats
+    """The median rank's step time, s."""
+
+
+def phase_grid(ranks: Ranks) -> PhaseGrid | None:
+    """The ranks' phases on the time grid; None where fewer than two ranks recorded any."""
+    times = ranks.times
+    shares: dict[str, list[Floats]] = {phase: [] for phase in (INPUT, FORWARD, BACKWARD)}
+    steps = []
+    for rank in ranks.ranks:
+        line = rank.phases
+        step = line.column(_STEP_SECONDS)
+        steps.append(on_grid(times, line.walls, step) if step is not None else np.full(len(times), np.nan))
+        for phase, rows in shares.items():
+            column = line.column(_SHARES[phase])
+            rows.append(
+                on_grid(times, line.walls, column) if column is not None else np.full(len(times), np.nan)
+            )
+    step_rows = np.vstack(steps) if steps else np.empty((0, len(times)))
+    if not len(times) or (np.isfinite(step_rows).any(axis=1).sum() < 2):
+        return None
+    share_rows = {phase: np.vstack(rows) for phase, rows in shares.items()}
+    seconds = {phase: rows / 100 * step_rows for phase, rows in share_rows.items()}
+    seconds["busy"] = seconds[INPUT] + seconds[FORWARD]
+    median = {phase: _across(rows) for phase, rows in seconds.items()}
+    return PhaseGrid(seconds, share_rows, median, _across(step_rows))
+
+
+def _across(rows: Floats) -> Floats:
+    """Per grid time (column): the median of the finite values, NaN where fewer than two are."""
+    out = np.full(rows.shape[1], np.nan)
+    counted = np.isfinite(rows).sum(axis=0) >= 2
+    out[counted] = np.nanmedian(rows[:, counted], axis=0)
+    return out
+
+
+def culprits(ranks: Ranks, grid: PhaseGrid | None = None) -> list[Culprit]:
+    """The ranks that held the others back, and where (see the module), in rank and time order;
+    without their reasons (:func:`compare` adds them); empty where fewer than two ranks timed their steps."""
+    grid = grid if grid is not None else phase_grid(ranks)
+    if grid is None:
+        return []
+    margin = CULPRIT_SHARE * grid.step
+    with np.errstate(invalid="ignore"):
+        holding = (grid.seconds["busy"] - grid.median["busy"] > margin) & (
+            grid.median[BACKWARD] - grid.seconds[BACKWARD] > margin
+        )
+    quiet = np.asarray(~holding.any(axis=0), dtype=bool)
+    found = []
+    for i, rank in enumerate(ranks.ranks):
+        least = max(stretches.MIN_INTERVALS * rank.run.interval, stretches.MIN_SECONDS)
+        for first, last in stretches.spans(holding[i], np.zeros(len(ranks.times), dtype=bool)):
+            start, end = first - 1, last
+            if start < 0 or ranks.times[end] - ranks.times[start] < least:
+                continue
+            span = slice(first, last + 1)
+
+            def over(phase: str, i: int = i, span: slice = span) -> float:
+                """How much longer rank i ran ``phase`` than the median rank, s per step."""
+                return float(np.nanmean(grid.seconds[phase][i, span] - grid.median[phase][span]))
+
+            step = float(np.nanmean(grid.step[span]))
+            if not (over("busy") > CULPRIT_SHARE * step and -over(BACKWARD) > CULPRIT_SHARE * step):
+                continue  # not once the intervals between are bridged
+            others = [k for k in range(len(ranks.ranks)) if k != i]
+
+            def their(phase: str, where: slice | npt.NDArray[np.bool_], others: list[int] = others) -> float:
+                rows = grid.shares[phase][others][:, where]
+                rows = rows[:, np.isfinite(rows).any(axis=0)]
+                return float(np.mean(np.nanmedian(rows, axis=0))) if rows.size else math.nan
+
+            found.append(
+                Culprit(
+                    rank,
+                    INPUT if over(INPUT) >= over(FORWARD) else FORWARD,
+                    round(rank.steps[start]),
+                    round(rank.steps[end]),
+                    float(ranks.times[start]),
+                    float(ranks.times[end]),
+                    step,
+                    {phase: float(np.nanmean(grid.shares[phase][i, span])) for phase in grid.shares},
+                    {phase: their(phase, span) for phase in grid.shares},
+                    their(BACKWARD, quiet),
+                    [],
+                    [],
+                )
+            )
+    return found
+
+
+def _explained(ranks: Ranks, culprit: Culprit) -> Culprit:
+    """``culprit`` with its reasons and what its machine showed."""
+    joined, mine, theirs = _against(ranks, culprit.rank, culprit.start_wall, culprit.end_wall)
+    found = evidence.against(joined, mine, theirs)
+    return Culprit(**{**vars(culprit), "reasons": found, "machine": _machine(joined, mine, theirs)})
 
 
 def _lag(ranks: Ranks, rank: Rank, start: int, end: int) -> Lag:
@@ -284,10 +481,85 @@ def _lag(ranks: Ranks, rank: Rank, start: int, end: int) -> Lag:
 
 def _reasons(ranks: Ranks, rank: Rank, start: float, end: float) -> list[Reason]:
     """The evidence rules on ``rank``'s records between ``start`` and ``end`` (wall time) against
-    the other ranks' records then."""
-    parts = [rank.timeline, *(other.timeline for other in ranks.ranks if other is not rank)]
+    the other ranks' records then, their GPUs named as ``rank``'s (:func:`by_role`)."""
+    return evidence.against(*_against(ranks, rank, start, end))
+
+
+def _against(ranks: Ranks, rank: Rank, start: float, end: float) -> tuple[Timeline, Mask, Mask]:
+    """Every rank's records in one timeline, the other ranks' GPUs named as ``rank``'s: (it,
+    ``rank``'s records between ``start`` and ``end``, the other ranks' records then)."""
+    own = _devices(rank.timeline)
+    parts = [rank.timeline, *(by_role(other.timeline, own) for other in ranks.ranks if other is not rank)]
     joined = timeline.joined(parts, rank.run.interval)
     during = (joined.walls > start) & (joined.walls <= end)
-    own = np.zeros(len(joined), dtype=bool)
-    own[: len(rank.timeline)] = True
-    return evidence.against(joined, during & own, during & ~own)
+    mine = np.zeros(len(joined), dtype=bool)
+    mine[: len(rank.timeline)] = True
+    return joined, during & mine, during & ~mine
+
+
+MACHINE = (catalogue.PROCESS_CPU, catalogue.TREE_CPU, catalogue.PROCESS_CPU_WAIT, catalogue.GPU_UTILIZATION)
+"""What a rank that held the others back shows of its machine beside the rules' reasons, each
+against the other ranks at the same time: its own CPU, with its DataLoader workers', the time its
+threads waited for a CPU, and its GPUs' utilization."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One of a rank's signals over a span, and the other ranks' then (medians)."""
+
+    signal: str
+    title: str
+    unit: str
+    own: float
+    others: float
+
+
+def _machine(joined: Timeline, mine: Mask, theirs: Mask) -> list[Reading]:
+    """The ``MACHINE`` signals ``mine`` and ``theirs`` both have values of."""
+    found = []
+    devices = sorted(
+        {reading.device for name in joined.values if (reading := catalogue.lookup(name)) and reading.device},
+        key=catalogue.device_order,
+    )
+    for signal in MACHINE:
+        for device in devices if catalogue.DEVICE in signal.key else [""]:
+            name = catalogue.name_of(signal, device)
+            column = joined.column(name)
+            if column is None:
+                continue
+            own, others = column[mine], column[theirs]
+            own, others = own[np.isfinite(own)], others[np.isfinite(others)]
+            if len(own) and len(others):
+                title = signal.title.replace("GPU", f"GPU {device}", 1) if device else signal.title
+                found.append(
+                    Reading(name, title, signal.unit, float(np.median(own)), float(np.median(others)))
+                )
+    return found
+
+
+def _devices(line: Timeline) -> list[str]:
+    """The GPU devices ``line`` has signals of, in device order."""
+    found = {reading.device for name in line.values if (reading := catalogue.lookup(name)) and reading.device}
+    return sorted(found, key=catalogue.device_order)
+
+
+def by_role(line: Timeline, devices: list[str]) -> Timeline:
+    """``line`` with its k-th GPU's signals named as the k-th of ``devices`` (another rank's own
+    GPUs), and those of its GPUs past ``devices``' count left out: each rank samples its own
+    GPU under its own index, and a rank's GPU is compared with the others' GPUs, not with the
+    same index on another rank (which none of them samples)."""
+    theirs = _devices(line)
+    if not theirs:
+        return line
+    renamed = dict(zip(theirs, devices, strict=False))
+    values = {}
+    for name, column in line.values.items():
+        reading = catalogue.lookup(name)
+        if reading is None or not reading.device:
+            values[name] = column
+        elif reading.device in renamed:
+            before = f"{catalogue.GPU_NAME_PREFIX}{reading.device}/"
+            values[f"{catalogue.GPU_NAME_PREFIX}{renamed[reading.device]}/" + name.removeprefix(before)] = (
+                column
+            )
+    return Timeline(line.steps, line.walls, values, line.interval)

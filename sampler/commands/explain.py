@@ -9,9 +9,11 @@ container limit, GPU throttling or waiting; a cause that held for part of a stre
 share it held. A pause of the step (an evaluation, a checkpoint) is named as such, and a stretch
 with no evidence says so. For a rank of a multi-rank launch (or with ``--launch``), it
 also compares each rank's throughput with the launch's median and names the ranks that fell
-behind, where, and what their signals showed against the other ranks then
-(``sampler.analysis.ranks``). ``--json`` for machines; ``plot --explain`` shades the same
-stretches.
+behind, where, and what their signals showed against the other ranks then; where the ranks
+timed their steps' phases (``watch_model``), the rank that held the others back in synchronous
+training, the phase it spent longer in (input or compute), what its signals showed against the
+other ranks then, and how the others' wait in the collective grew (``sampler.analysis.ranks``).
+``--json`` for machines; ``plot --explain`` shades the same stretches.
 """
 
 from __future__ import annotations
@@ -190,4 +192,45 @@ def render_launch(comparison: ranks.Comparison) -> str:
         for number, reason in enumerate(lag.reasons, 1):
             cited = ", ".join(e.signal for e in reason.evidence)
             lines.append(f"  {number}. {reason.text} [{cited}]")
+    if comparison.timed and not comparison.culprits:
+        lines.append("No rank held the others back: the ranks' step phases agree.")
+    lines.extend(_culprit_lines(culprit) for culprit in comparison.culprits)
     return "\n".join(lines) + "\n"
+
+
+def _value(value: float, unit: str) -> str:
+    return f"{value:.0f}%" if unit == "%" else f"{value:.3g} {unit}"
+
+
+_PHASE_WORDS = {ranks.INPUT: "its input", ranks.FORWARD: "its compute (the forward pass)"}
+
+
+def _culprit_lines(culprit: ranks.Culprit) -> str:
+    """What ``explain`` says of one rank that held the others back."""
+    own, others = culprit.shares, culprit.others
+    typical = culprit.others_typical_backward
+    grew = f" (typically {typical:.0f}%)" if typical == typical else ""
+    lines = [
+        f"{culprit.rank.label} (run {culprit.rank.run.id}) held the others back in"
+        f" {_PHASE_WORDS[culprit.phase]} over steps {culprit.start_step:,}-{culprit.end_step:,}"
+        f" ({_clock(culprit.start_wall)}-{_clock(culprit.end_wall)}, {_duration(culprit.seconds)}):"
+        f" of each {culprit.step_seconds:.3g} s step it spent {own[ranks.INPUT]:.0f}% waiting for input"
+        f" and {own[ranks.FORWARD]:.0f}% in forward (the other ranks {others[ranks.INPUT]:.0f}% and"
+        f" {others[ranks.FORWARD]:.0f}%), and {own[ranks.BACKWARD]:.0f}% in backward, while the other"
+        f" ranks' backward, their wait for it in the gradients' collective, grew to"
+        f" {others[ranks.BACKWARD]:.0f}%{grew}."
+    ]
+    if culprit.machine:
+        shown = "; ".join(
+            f"{reading.title} {_value(reading.own, reading.unit)} ({_value(reading.others, reading.unit)})"
+            for reading in culprit.machine
+        )
+        lines.append(f"  its machine then (the other ranks' in brackets): {shown}.")
+    if not culprit.reasons:
+        lines.append(f"  nothing else {culprit.rank.label} recorded was different from the other ranks then.")
+    else:
+        lines.append(f"  {culprit.rank.label}'s machine against the other ranks then:")
+    for number, reason in enumerate(culprit.reasons, 1):
+        cited = ", ".join(e.signal for e in reason.evidence)
+        lines.append(f"  {number}. {reason.text} [{cited}]")
+    return "\n".join(lines)

@@ -56,6 +56,12 @@ The backend writes, with the health:
 
 16. times a GPU device's readings stopped in earlier children.
 
+The backend writes, per logged record while ``watch_model`` times steps, for the child to export:
+
+17. steps timed so far;
+18. to 22. nanoseconds spent so far in each phase of those steps (``catalogue.STEP_PHASES``
+    order). Written before word 17, so a reader that sees a step count sees at least its seconds.
+
 The child writes, after the words:
 
 - ``CALL_BYTES`` bytes: the NVML call under way (``<function> on GPU <label>``, ASCII, up to a NUL;
@@ -67,11 +73,13 @@ from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 from ringbuf import segment
+from sampler.catalogue import STEP_PHASES
 from sampler.settings import DEFAULT_CATEGORIES
 
 PHASE_STARTING = -2
@@ -102,7 +110,8 @@ ENDPOINT_NO_CLIENT = ENDPOINT_UNAVAILABLE - 2
 RESTART_CAUSES: tuple[str, ...] = ("crash", "hang", "start")
 
 _PHASE_BIAS = 16
-_WORDS = 17
+_PHASES_AT = 17
+_WORDS = _PHASES_AT + 1 + len(STEP_PHASES)
 _CHILD_WORDS = 4
 CALL_BYTES = 64
 _CALL_AT = _WORDS * 8
@@ -112,6 +121,7 @@ _LOGGED = struct.Struct("@2q")
 _HEALTH = struct.Struct("@5q")
 _WORD = struct.Struct("@q")
 _GPUS = struct.Struct("@3q")
+_PHASES = struct.Struct(f"@{1 + len(STEP_PHASES)}q")
 """The reader's side: numpy would be cheaper to write with, but the backend reads
 once per wake-up, cache-cold, and struct touches far less code than numpy."""
 
@@ -165,6 +175,8 @@ class ChildStatus:
         """Words 4 and 5 as a plain memoryview: the backend writes them per logged record,
         cache-cold, and a memoryview store runs far less code than a numpy one."""
         self._child_words = memoryview(seg.buf)[0:24].cast("q")
+        self._phases = memoryview(seg.buf)[_PHASES_AT * 8 : _WORDS * 8].cast("q")
+        """Words 17 to 22 the same way: the backend writes them per logged record."""
         self._call = memoryview(seg.buf)[_CALL_AT:_SIZE]
         """Words 0 to 2 (phase, samples, CPU) the same way: the child marks a phase several
         times per reading."""
@@ -266,6 +278,20 @@ class ChildStatus:
         restarts = dict(zip(RESTART_CAUSES, (crash, hang, start), strict=True))
         return Health(restarts, lost, quarantined, gpu_errors)
 
+    def publish_phases(self, steps: int, seconds: Sequence[float]) -> None:
+        """Backend side: ``steps`` timed so far, and the seconds spent so far in each phase of
+        them (``catalogue.STEP_PHASES`` order)."""
+        words = self._phases
+        for k, spent in enumerate(seconds, 1):
+            words[k] = round(spent * 1e9)
+        words[0] = steps
+
+    def phases(self) -> tuple[int, tuple[float, ...]]:
+        """Child side: (steps timed so far, seconds so far per phase in ``STEP_PHASES`` order);
+        (0, zeros) while none were published."""
+        steps, *spent = _PHASES.unpack_from(self._seg.buf, _PHASES_AT * 8)
+        return steps, tuple(ns / 1e9 for ns in spent)
+
     def read(self) -> Snapshot:
         packed, samples, cpu_ns, exit_declared = _READ.unpack_from(self._seg.buf, 0)
         return Snapshot((packed & 0xFF) - _PHASE_BIAS, (packed >> 8) * 1000, samples, cpu_ns, exit_declared)
@@ -275,5 +301,6 @@ class ChildStatus:
             del self._words
             self._logged.release()
             self._child_words.release()
+            self._phases.release()
             self._call.release()
             self._seg.close()

@@ -110,7 +110,8 @@ class RecordCollector:
         yield from self._own(family)
 
     def _own(self, family: Any) -> Iterator[Any]:
-        """The monitor's metrics: model age, health, the child's cost, info."""
+        """The monitor's metrics: model age, health, the child's cost, the steps' phases once
+        ``watch_model`` has timed any, info."""
         names, values, status = self._base_names, self._base_values, self._status
         _, step = status.logged()
         if step != NOT_LOGGED:
@@ -141,6 +142,15 @@ class RecordCollector:
             cpu = family(metrics.CHILD_CPU, names)
             cpu.add_metric(values, per_sample)
             yield cpu
+        steps, spent = status.phases()
+        if steps:
+            timed = family(metrics.STEPS_TIMED, names)
+            timed.add_metric(values, steps)
+            yield timed
+            seconds = family(metrics.PHASE_SECONDS, (*names, "phase"))
+            for (phase, _, _), phase_seconds in zip(catalogue.STEP_PHASES, spent, strict=True):
+                seconds.add_metric((*values, phase), phase_seconds)
+            yield seconds
         if self.dropped:
             dropped = family(metrics.CONNECTIONS_DROPPED, (*names, "reason"))
             for reason, count in self.dropped.items():

@@ -65,6 +65,15 @@ CONNECTIONS_DROPPED = _m(
     "Connections to this endpoint it dropped: idle, slow, broken or over the limit, by reason.",
     COUNTER,
 )
+STEPS_TIMED = _m(
+    "steps_timed_total", 1, "Training steps watch_model has timed (exported once it has timed one).", COUNTER
+)
+PHASE_SECONDS = _m(
+    "step_phase_seconds_total",
+    1,
+    "Seconds the timed training steps spent in each phase, by `phase` (catalogue.STEP_PHASES).",
+    COUNTER,
+)
 INFO = _m("monitor_info", 1, "Always 1; the labels describe the monitor.")
 OWN_METRICS = (
     MODEL_AGE,
@@ -76,6 +85,8 @@ OWN_METRICS = (
     GPU_ERRORS,
     CHILD_CPU,
     CONNECTIONS_DROPPED,
+    STEPS_TIMED,
+    PHASE_SECONDS,
     INFO,
 )
 

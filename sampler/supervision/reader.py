@@ -263,6 +263,9 @@ class ChildReader:
             step = emit(fields, values, timestamp_ns)
             if step is not None:  # the child carries peaks over the records after this one
                 status.publish_logged(index, step)
+                totals = self.emitter.phase_totals
+                if totals is not None and totals.steps:  # the steps' phases, for the endpoint
+                    status.publish_phases(totals.steps, [ns / 1e9 for ns in totals.ns])
         starved = status.starved()  # the word sits on the status page the records just touched
         if self.base_starved + starved != stats.readings_starved:
             self._note_starved(starved)

@@ -12,7 +12,10 @@ rank samples its own device). A reading's peak and mean between steps are left o
 panel (gid :data:`THROUGHPUT`) draws each rank's steps per second over the seconds since the
 launch's first record (ranks that do not wait for each other pass a step at different times, so
 throughput is compared at the same time), one line per rank (gid ``rank<R>``, labelled
-``rank R``), with the ranks' median dotted.
+``rank R``), with the ranks' median dotted, and each span where a rank held the others back in
+synchronous training (``ranks.culprits``, from the step phases ``watch_model`` times) shaded in
+that rank's colour (gid ``culprit/rank<R>``, labelled ``rank R held the others back: input`` or
+``: compute``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sampler.analysis.ranks import Ranks, on_grid
+from sampler.analysis.ranks import INPUT, Ranks, culprits, on_grid
 from sampler.store.reader import StoreReader
 from sampler.util.quoting import printable
 from sampler.views import plot
@@ -107,6 +110,18 @@ def figure(reader: StoreReader, ranks: Ranks, *, pattern: str | None = None) -> 
                 (line,) = ax.plot(seconds, rank.throughput, color=f"C{i % 10}", linewidth=1.4)
                 line.set_gid(f"rank{rank.run.rank}" + (f"/run{rank.run.id}" if rank.repeated else ""))
                 line.set_label(rank.label)
+            colours = {rank.run.id: f"C{i % 10}" for i, rank in enumerate(ranks.ranks)}
+            for culprit in culprits(ranks):
+                span = ax.axvspan(
+                    culprit.start_wall - ranks.times[0],
+                    culprit.end_wall - ranks.times[0],
+                    color=colours[culprit.rank.run.id],
+                    alpha=0.15,
+                    linewidth=0,
+                )
+                span.set_gid(f"culprit/rank{culprit.rank.run.rank}")
+                what = "input" if culprit.phase == INPUT else "compute"
+                span.set_label(f"{culprit.rank.label} held the others back: {what}")
             (line,) = ax.plot(seconds, ranks.median, color="black", linestyle=":", linewidth=1.2)
             line.set_gid("median")
             line.set_label("median")

@@ -77,7 +77,7 @@ def lines_of(
     each reading before its peak and mean."""
     found = []
     for run in runs:
-        for device in sorted(panel.names, key=lambda d: (len(d), d)):
+        for device in panel.parts or sorted(panel.names, key=lambda d: (len(d), d)):
             names = [("", panel.names[device])]
             names += [
                 (kind, panel.variants[device, kind])

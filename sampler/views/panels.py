@@ -59,6 +59,8 @@ class Panel:
     """(device, ``peak`` or ``mean``) -> the name of that reading's peak or mean between steps."""
     rank: int = len(catalogue.RANKS)
     """Its place within its category (the catalogue's order; unknown signals last)."""
+    parts: tuple[str, ...] = ()
+    """Shares of one whole drawn stacked, bottom first: then ``names`` is part -> signal name."""
 
 
 def panels(names: Sequence[str]) -> list[Panel]:
@@ -115,3 +117,24 @@ def _resource_panel(key: str, category: str, signal: str, reading: catalogue.Rea
     unit, scale = _DRAWN_AS.get(unit, (unit, 1.0))
     title = f"{known.title} ({reading.variant})" if reading.variant else known.title
     return Panel(key, category, title, unit, scale, rate=rate, rank=catalogue.RANKS[known.key])
+
+
+PHASES_KEY = catalogue.PHASE_SHARES[0].name.replace(catalogue.STEP_PHASES[0][0], "*", 1)
+"""The key of the panel that stacks the step's phases."""
+
+
+def stack_phases(chosen: list[Panel]) -> list[Panel]:
+    """``chosen`` with the panels of the step's phase shares (``catalogue.PHASE_SHARES``) made one,
+    where the first of them was, that stacks them: where each step's time went."""
+    labels = {
+        s.name: label for s, (_, label, _) in zip(catalogue.PHASE_SHARES, catalogue.STEP_PHASES, strict=True)
+    }
+    shares = [p for p in chosen if p.key in labels and not p.variants]
+    if len(shares) < 2:
+        return chosen
+    stacked = Panel(PHASES_KEY, shares[0].category, "where each step's time went", "%", rank=shares[0].rank)
+    stacked.names = {labels[p.key]: p.key for p in sorted(shares, key=lambda p: p.rank)}
+    stacked.parts = tuple(stacked.names)
+    at = chosen.index(shares[0])
+    rest = [p for p in chosen if p not in shares]
+    return [*rest[:at], stacked, *rest[at:]]

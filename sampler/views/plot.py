@@ -29,8 +29,8 @@ from sampler import catalogue
 from sampler.analysis.stretches import PAUSE, Stretch
 from sampler.store.reader import Run, StoreReader
 from sampler.util import atomicfile
-from sampler.views.lines import RunPoints, lines_of
-from sampler.views.panels import TRAINING, Panel, matches, panels
+from sampler.views.lines import Line, RunPoints, lines_of
+from sampler.views.panels import TRAINING, Panel, matches, panels, stack_phases
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist
@@ -152,7 +152,7 @@ def figure(
     which = ("runs " if len(runs) > 1 else "run ") + ", ".join(str(run.id) for run in runs)
     drawn = []
     loaded = {run.id: RunPoints(reader, run) for run in runs}
-    for panel in panels(selected):
+    for panel in stack_phases(panels(selected)):
         found = lines_of(loaded, runs, panel, x, available)
         if found:
             drawn.append((panel, found))
@@ -172,7 +172,7 @@ def figure(
     columns = max(column for _, column in cells) + 1
     multi = len(runs) > 1
     devices = sorted(
-        {device for panel, lines in drawn for _, device, _, _, _ in lines if device},
+        {device for panel, lines in drawn if not panel.parts for _, device, _, _, _ in lines if device},
         key=lambda d: (len(d), d),
     )
     kinds = [
@@ -212,6 +212,10 @@ def figure(
                 start, end = stretch.start_wall - runs[0].started_at, stretch.end_wall - runs[0].started_at
                 marker = ax.axvspan(start, end, color=colour, alpha=alpha, linewidth=0)
             marker.set_gid(f"explain/{stretch.kind}")
+        if panel.parts:
+            draw_parts(ax, panel, lines, multi)
+            lowest[column] = ax
+            continue
         for run, device, kind, xs, ys in lines:
             colour, style = colours[run.id], "-"
             if device:
@@ -284,6 +288,31 @@ def figure(
             handlelength=3,
         )
     return fig
+
+
+def draw_parts(ax: Axes, panel: Panel, lines: list[Line], multi: bool) -> None:
+    """Shares of a whole (``panel.parts``), one colour each with a key in the panel: stacked for
+    one run whose parts share their x (they are logged together), else one line per part and run."""
+    colour = {part: f"C{i % 10}" for i, part in enumerate(panel.parts)}
+    xs = lines[0][3]
+    if not multi and len(lines) == len(panel.parts) and all(np.array_equal(xs, line[3]) for line in lines):
+        ys = [np.nan_to_num(line[4]) for line in lines]
+        areas = ax.stackplot(xs, *ys, labels=panel.parts, colors=[colour[p] for p in panel.parts], alpha=0.8)
+        for area, part in zip(areas, panel.parts, strict=True):
+            area.set_gid(f"run{lines[0][0].id}/{part}")
+        ax.set_ylim(0, 100)
+    else:
+        runs = list(dict.fromkeys(line[0].id for line in lines))
+        for run, part, _, part_xs, part_ys in lines:
+            style = _DASHES[runs.index(run.id) % len(_DASHES)]
+            (drawn,) = ax.plot(
+                part_xs, part_ys, color=colour[part], linestyle=style, linewidth=1.4, label=part
+            )
+            drawn.set_gid(f"run{run.id}/{part}")
+        y_limits(ax, panel, np.concatenate([ys for *_, ys in lines]))
+    handles, labels = ax.get_legend_handles_labels()
+    seen = dict(zip(labels, handles, strict=True))  # one key per part, however many runs
+    ax.legend(seen.values(), seen.keys(), fontsize=7, loc="upper left", ncol=3, framealpha=0.85)
 
 
 def style_axes(ax: Axes, panel: Panel, x: str) -> None:
