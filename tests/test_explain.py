@@ -685,3 +685,23 @@ def test_a_loop_that_slept_then_waited_for_its_input_is_named_both_ways() -> Non
     assert reasons[1].text.endswith(
         "its DataLoader workers used 30% CPU (typically 30%), for 40% of the stretch"
     )
+
+
+def test_a_loop_whose_cpu_stayed_under_the_phases_share_waited_there() -> None:
+    """A loop at low CPU throughout (typically 24%, input-bound already): its CPU need not fall
+    20 points to show that it waited. Under half the grown phase's share of the time, it did not
+    run in it; its workers, counted in the tree and using no CPU, were held up."""
+    step = {STEP_SECONDS: during(0.04, 0.006)}
+    waiting = phases(input=(93, 60), forward=(2, 10), backward=(3, 15), optimizer=(1, 5), other=(1, 10))
+    counted = {OWN_CPU: during(6, 24), TREE_CPU: during(6, 24), TREE_COUNT: during(3, 3)}
+    (reason,) = reasons_with(**waiting, **step, **counted)
+    assert reason.cause == "input_bound"
+    assert (
+        "its DataLoader workers used 0% CPU (typically 0%): they were not busier, so they were held up"
+        in (reason.text)
+    )
+    sleeping = phases(input=(10, 60), forward=(2, 10), backward=(5, 15), optimizer=(1, 5), other=(76, 10))
+    (reason,) = reasons_with(**sleeping, **step, **{OWN_CPU: during(10, 24)})
+    assert reason.cause == "loop_idle" and "its CPU 10% (typically 24%)" in reason.text
+    # Its CPU at the share of the time it spent there: it ran in it.
+    assert reasons_for(**sleeping, **step, **{OWN_CPU: during(70, 24)}) == ["host_work"]

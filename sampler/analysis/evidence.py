@@ -386,6 +386,11 @@ _CPU_PRESSURE = (
 )
 
 
+WAITING_SHARE = 0.5
+"""A loop whose process used less CPU (100 % per core, every thread) than this share of the time
+its steps spent in a phase did not run in it: it waited."""
+
+
 def _idle(frame: _Frame) -> _Compare | None:
     """The training process's CPU where it fell far below its typical while the process did
     not wait for a CPU (its own wait, else the CPU pressure, did not rise) and did not run at one
@@ -409,8 +414,8 @@ def _workers(frame: _Frame) -> tuple[_Compare, _Compare] | None:
     if tree is None or own is None or (count is not None and count < 2):
         return None
     workers, whole = frame.compare(_TREE_CPU, tree - own), frame.compare(_TREE_CPU)
-    if workers is None or whole is None or max(workers.stretch, workers.typical) < 1:
-        return None
+    if workers is None or whole is None or (count is None and max(workers.stretch, workers.typical) < 1):
+        return None  # counted, workers that used no CPU are still there: held up (storage, a sleep)
     return workers, whole
 
 
@@ -456,6 +461,10 @@ def _loop(frame: _Frame) -> list[Reason]:
     grown = _grown_phase(frame)
     if grown is not None:
         phase, label, share, seconds, step = grown
+        # Its CPU (every thread's) well under the phase's share of the time: the loop was not
+        # running in it, whatever its CPU was before.
+        if idle is None and own is not None and own.stretch < WAITING_SHARE * share.stretch:
+            idle = own
         evidence = [share.evidence, step.evidence]
         took = (
             f"{share.stretch:.0f}% of each step (typically {share.typical:.0f}%), "
