@@ -99,22 +99,26 @@ class StepPhases:
         """(start, end, host ns) of the last step timed on the device, until the monitor reads it."""
         self._device = (0, 0)
         """(device ns, host ns) of the steps timed on the GPU so far: the monitor thread's."""
+        self._stepping: object | None = None
+        """The optimizer whose step is under way: the outermost, a wrapping optimizer's (Lookahead's,
+        ``ZeroRedundancyOptimizer``'s) whose step runs its inner one's; one whose step raised (no
+        post-hook) is taken over by the next step begun outside the optimizer phase."""
+        self._in_loader = False
+        """Inside a timed DataLoader ``__next__``: a DataLoader drawn from inside it is not timed again."""
+        torch_c = getattr(sys.modules.get("torch"), "_C", None)
+        self._graph_task: Callable[[], int] | None = getattr(torch_c, "_current_graph_task_id", None)
+        """-1 outside a backward pass: a forward inside one is a checkpoint's recomputation."""
         self._handles = [
             module.register_forward_pre_hook(self._forward_pre),
             module.register_forward_hook(self._forward_post),
         ]
-        optim = sys.modules.get("torch.optim.optimizer")
-        pre = getattr(optim, "register_optimizer_step_pre_hook", None)
-        post = getattr(optim, "register_optimizer_step_post_hook", None)
-        if pre is None or post is None:
+        if not _optimizer_hooks.point(self):
             self.by_forward = True
             log.warning(
                 "resource monitor: this torch has no global optimizer hooks (torch 2.0 or later has them): "
                 "each training step is timed from one forward pass to the next, the optimizer's step "
                 "counted as backward"
             )
-        else:
-            self._handles += [pre(self._optimizer_pre), post(self._optimizer_post)]
         _loader_timing.attach(self)
 
     def get_age(self) -> int:
@@ -133,10 +137,12 @@ class StepPhases:
         return PhaseTotals(steps, ns, *self._device)
 
     def release(self) -> None:
-        """Take every hook off (the module's and the optimizers'), and stop timing the DataLoader."""
+        """Take the module's hooks off, idle torch's optimizer hooks (``_OptimizerHooks``), and stop
+        timing the DataLoader."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        _optimizer_hooks.idle(self)
         _loader_timing.detach(self)
 
     def _to(self, phase: int) -> None:
@@ -149,6 +155,8 @@ class StepPhases:
         loader = self.loader_ns
         if loader:
             self.loader_ns = 0
+            if loader > elapsed:  # a boundary inside __next__ (the module run to make a batch)
+                loader = elapsed
             cum[INPUT] += loader
             elapsed -= loader
         current = self._phase
@@ -177,6 +185,8 @@ class StepPhases:
             self._thread = _ident()
         elif self._thread != _ident():
             return
+        if self._graph_task is not None and self._graph_task() != -1:
+            return  # torch.utils.checkpoint runs the forward again inside the backward: backward's time
         self.passes += 1
         if self.by_forward and self._forwarded:
             self._to(_GAP)
@@ -191,12 +201,17 @@ class StepPhases:
             self._to(BACKWARD)
 
     def _optimizer_pre(self, optimizer: object, args: object, kwargs: object) -> None:
-        if self._thread == _ident() and not self.by_forward:
+        if self._thread != _ident() or self.by_forward:
+            return
+        stepping = self._stepping
+        if stepping is None or self._phase != OPTIMIZER or stepping is optimizer:
+            self._stepping = optimizer  # else an inner optimizer's step inside the outer one's
             self._to(OPTIMIZER)
 
     def _optimizer_post(self, optimizer: object, args: object, kwargs: object) -> None:
-        if self._thread != _ident() or self.by_forward:
-            return
+        if self._thread != _ident() or self.by_forward or optimizer is not self._stepping:
+            return  # another thread's, or an inner optimizer's step inside the outer one's
+        self._stepping = None
         self._to(_GAP)
         if self._forwarded:  # a second optimizer of the same step (a GAN's) ends no new step
             self._end_step()
@@ -283,6 +298,52 @@ def cuda_events() -> Callable[[Any], Any] | None:
     return event
 
 
+def _idle(optimizer: object, args: object, kwargs: object) -> None:
+    """torch's optimizer hook while no module is watched."""
+
+
+class _OptimizerHooks:
+    """torch's global optimizer step hooks, registered at the first watch and never removed: each
+    watch and unwatch replaces the value of our entry in torch's hook tables in place (the watched
+    timer's hook, or ``_idle``). A step iterates those tables live, so adding or removing an entry
+    while a hook runs (``watch_model`` from a signal handler, or from another thread while a hook
+    lets it run) would raise "OrderedDict mutated during iteration" out of the user's
+    ``optimizer.step()``; replacing a value changes neither a table's size nor its order."""
+
+    def __init__(self) -> None:
+        self._slots: list[tuple[dict[int, Any], int]] = []
+        """(torch's table, our key) for the pre-hooks and the post-hooks."""
+        self._owner: StepPhases | None = None
+
+    def point(self, phases: StepPhases) -> bool:
+        """Make the hooks ``phases``'s; False where this torch has no global optimizer hooks."""
+        if not self._slots:
+            optim = sys.modules.get("torch.optim.optimizer")
+            pre = getattr(optim, "register_optimizer_step_pre_hook", None)
+            post = getattr(optim, "register_optimizer_step_post_hook", None)
+            if pre is None or post is None:
+                return False
+            for register in (pre, post):
+                handle = register(_idle)
+                self._slots.append((handle.hooks_dict_ref(), handle.id))
+        self._owner = phases
+        self._set(phases._optimizer_pre, phases._optimizer_post)
+        return True
+
+    def idle(self, phases: StepPhases) -> None:
+        """Idle the hooks if ``phases`` still owns them (not once a newer watch took them)."""
+        if self._owner is phases:
+            self._owner = None
+            self._set(_idle, _idle)
+
+    def _set(self, *hooks: Callable[[object, object, object], None]) -> None:
+        for (table, key), hook in zip(self._slots, hooks, strict=True):
+            table[key] = hook
+
+
+_optimizer_hooks = _OptimizerHooks()
+
+
 class _LoaderTiming:
     """Times the DataLoader iterator's ``__next__`` for the watched module's ``StepPhases``, by
     wrapping torch's ``_BaseDataLoaderIter.__next__`` while a module is watched."""
@@ -305,12 +366,14 @@ class _LoaderTiming:
 
         def __next__(iterator: Any) -> Any:
             watched = timing.phases
-            if watched is None or watched._thread not in (None, _ident()):  # not the training thread's
-                return original(iterator)
+            if watched is None or watched._in_loader or watched._thread not in (None, _ident()):
+                return original(iterator)  # not the training thread's, or a DataLoader inside one
             start = _now()
             try:
+                watched._in_loader = True
                 return original(iterator)
             finally:  # the wait goes to input at the next boundary
+                watched._in_loader = False
                 watched.loader_ns += _now() - start
                 watched.loader_seen = True
 

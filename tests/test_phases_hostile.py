@@ -1,0 +1,246 @@
+"""The step-phase timer under hostile training: watch_model called from inside an optimizer step
+(as a signal handler or another thread would), DataLoaders drawn inside DataLoaders, a module
+run to make a batch, optimizers that wrap optimizers, and checkpointed forwards run again inside
+the backward. Training must go on as without the monitor, and the shares stay within 0..100."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.utils.checkpoint
+from conftest import WAIT_SECONDS
+from test_phases import NAP, SHARE, SlowData, SlowForward, fast_data, train
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils.data import DataLoader, IterableDataset
+
+from sampler import catalogue
+from sampler.pipeline.phases import PhaseShares
+from sampler.pipeline.steps import watch_model, watched_phases
+
+
+@pytest.fixture
+def shares() -> Callable[[], dict[str, float]]:
+    """Each call: the phase signals of the steps since the previous call (the first call starts)."""
+    deriver = PhaseShares()
+    return lambda: dict(deriver.derive(watched_phases()))
+
+
+def assert_sane(got: dict[str, float]) -> None:
+    values = [got[SHARE[phase]] for phase, _, _ in catalogue.STEP_PHASES]
+    assert all(0 <= v <= 100 for v in values) and sum(values) == pytest.approx(100), got
+
+
+def trained_weights(
+    hook: Callable[[Any, Any, Any], None], watch_inside: Callable[[], None]
+) -> list[torch.Tensor]:
+    """Weights after a few steps of a seeded loop in which a global optimizer hook of the user's,
+    registered before the module is watched (so torch calls it before ours), runs ``hook``."""
+    torch.manual_seed(0)
+    model = SlowForward()
+    handle = register_optimizer_step_pre_hook(hook)
+    try:
+        watch_model(model)
+        watch_inside()
+        train(model, fast_data())
+    finally:
+        handle.remove()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("then", ["unwatch", "rewatch", "watch_another"])
+def test_watch_model_inside_an_optimizer_step_leaves_the_step_alone(then: str) -> None:
+    """A signal handler (Ctrl-C's cleanup) runs between any two bytecodes, so inside a global
+    optimizer hook of the user's too; there a watch that added or removed torch's hook entries
+    raised "OrderedDict mutated during iteration" out of ``optimizer.step()``."""
+    bare = trained_weights(lambda *a: None, lambda: watch_model(None))
+    model_of: list[torch.nn.Module] = []
+
+    def handler_now(optimizer: object, args: object, kwargs: object) -> None:
+        timer = watched_phases()
+        if timer is None:
+            return
+        if then == "unwatch":
+            watch_model(None)
+        elif then == "rewatch":
+            watch_model(timer._module)
+        else:
+            model_of.append(SlowForward())
+            watch_model(model_of[-1])
+
+    watched = trained_weights(handler_now, lambda: None)
+    assert all(torch.equal(a, b) for a, b in zip(watched, bare, strict=True))
+
+
+def test_watch_model_from_another_thread_while_a_step_runs_its_hooks() -> None:
+    """A user's global optimizer hook that does I/O lets another thread run mid-step; that
+    thread re-watching and unwatching must not break the step."""
+    inside, done = threading.Event(), threading.Event()
+    model = SlowForward()
+
+    def logging_hook(optimizer: object, args: object, kwargs: object) -> None:
+        if not done.is_set():
+            inside.set()
+            assert done.wait(WAIT_SECONDS)
+
+    def other_thread() -> None:
+        assert inside.wait(WAIT_SECONDS)
+        watch_model(model)
+        watch_model(None)
+        done.set()
+
+    handle = register_optimizer_step_pre_hook(logging_hook)
+    thread = threading.Thread(target=other_thread)
+    try:
+        watch_model(model)
+        thread.start()
+        assert train(model, fast_data()) == len(fast_data())
+    finally:
+        done.set()
+        thread.join()
+        handle.remove()
+
+
+def test_after_unwatching_no_optimizer_hook_of_a_timer_is_left_in_torch() -> None:
+    model = SlowForward()
+    watch_model(model)
+    timer = watched_phases()
+    assert timer is not None
+    watch_model(None)
+    from torch.optim import optimizer as torch_optimizer
+
+    tables = (torch_optimizer._global_optimizer_pre_hooks, torch_optimizer._global_optimizer_post_hooks)
+    assert not [
+        hook for table in tables for hook in table.values() if getattr(hook, "__self__", None) is timer
+    ]
+    train(model, fast_data())
+    assert timer.totals.steps == 0
+
+
+class Drawn(IterableDataset[torch.Tensor]):
+    """Batches drawn, in the main process, from a slow DataLoader of its own."""
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for x, _ in DataLoader(SlowData(), batch_size=1):
+            yield x[0]
+
+
+def test_a_dataloader_drawn_inside_a_dataloader_counts_its_wait_once(
+    shares: Callable[[], dict[str, float]],
+) -> None:
+    """Half of each step waits for the inner DataLoader, half is host work after the step: the
+    inner wait counted again inside the outer's made other negative and input all of it."""
+    model = SlowForward()
+    watch_model(model)
+    shares()
+    data = DataLoader(Drawn(), batch_size=1)
+    train(model, ((x, torch.zeros(1, 1)) for x in data), after_step=lambda: time.sleep(NAP))
+    got = shares()
+    assert_sane(got)
+    assert got[SHARE["other"]] > 25 and got[SHARE["input"]] < 75, got
+
+
+class MadeByTheModel(IterableDataset[torch.Tensor]):
+    """Each batch made by running the watched module (in training mode) on noise."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for _ in range(8):
+            time.sleep(NAP)
+            with torch.no_grad():
+                self.model(torch.randn(1, 4))
+            time.sleep(NAP)
+            yield torch.randn(4)
+
+
+def test_a_batch_made_by_the_watched_module_keeps_the_shares_in_range(
+    shares: Callable[[], dict[str, float]],
+) -> None:
+    """The module's forward inside the DataLoader's ``__next__`` is a boundary within the wait."""
+    model = SlowForward()
+    watch_model(model)
+    train(model, fast_data())
+    shares()
+    data = DataLoader(MadeByTheModel(model), batch_size=1)
+    train(model, ((x, torch.zeros(1, 1)) for x in data))
+    assert_sane(shares())
+
+
+class Lookahead(torch.optim.Optimizer):
+    """An optimizer whose step runs another's, then works ``NAP`` seconds of its own."""
+
+    def __init__(self, inner: torch.optim.Optimizer) -> None:
+        self.inner = inner
+        super().__init__(inner.param_groups, {})
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        self.inner.step()
+        time.sleep(NAP)
+
+
+def test_a_wrapping_optimizers_own_work_is_the_optimizers(shares: Callable[[], dict[str, float]]) -> None:
+    """The inner optimizer's step ended the step, and the outer's own work read as input."""
+    model = SlowForward()
+    watch_model(model)
+    timer = watched_phases()
+    assert timer is not None
+    optimizer = Lookahead(torch.optim.SGD(model.parameters(), lr=1e-3))
+    shares()
+    for x, y in fast_data():
+        ((model(x) - y) ** 2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    got = shares()
+    assert got[SHARE["optimizer"]] > 80, got
+    assert timer.totals.steps == len(fast_data()) - 1
+
+
+def test_an_optimizer_step_that_raised_leaves_the_next_steps_timed(
+    shares: Callable[[], dict[str, float]],
+) -> None:
+    model = SlowForward()
+    watch_model(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def refuse(optimizer: object, args: object, kwargs: object) -> None:
+        raise ValueError("the user's hook refuses this step")
+
+    model(torch.randn(2, 4)).sum().backward()
+    handle = optimizer.register_step_post_hook(refuse)
+    with pytest.raises(ValueError, match="refuses"):
+        optimizer.step()
+    handle.remove()
+    shares()
+    train(model, fast_data(), after_step=lambda: time.sleep(NAP / 4))
+    got = shares()
+    assert_sane(got)
+
+
+def test_a_checkpointed_forward_run_again_in_the_backward_is_backward(
+    shares: Callable[[], dict[str, float]],
+) -> None:
+    """``checkpoint(model, x)`` runs the forward again during the backward: that is backward's
+    time, and no new training forward pass (the age)."""
+    model = SlowForward(nap=NAP)
+    watch_model(model)
+    timer = watched_phases()
+    assert timer is not None
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    batches = list(fast_data())
+    for reentrant in (True, False):
+        before = timer.passes
+        shares()
+        for x, y in batches:
+            out = torch.utils.checkpoint.checkpoint(model, x.requires_grad_(), use_reentrant=reentrant)
+            ((out - y) ** 2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        got = shares()
+        assert timer.passes - before == len(batches)
+        assert got[SHARE["backward"]] > 30 and got[SHARE["forward"]] < 70, (reentrant, got)
