@@ -5,6 +5,8 @@ the backward. Training must go on as without the monitor, and the shares stay wi
 
 from __future__ import annotations
 
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,11 +17,14 @@ import torch
 import torch.utils.checkpoint
 from conftest import WAIT_SECONDS
 from test_phases import NAP, SHARE, SlowData, SlowForward, fast_data, train
+from torch.optim import optimizer as torch_optimizer
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import dataloader as torch_dataloader
 
 from sampler import catalogue
-from sampler.pipeline.phases import PhaseShares
+from sampler.pipeline import phases, steps
+from sampler.pipeline.phases import PhaseShares, StepPhases
 from sampler.pipeline.steps import watch_model, watched_phases
 
 
@@ -111,8 +116,6 @@ def test_after_unwatching_no_optimizer_hook_of_a_timer_is_left_in_torch() -> Non
     timer = watched_phases()
     assert timer is not None
     watch_model(None)
-    from torch.optim import optimizer as torch_optimizer
-
     tables = (torch_optimizer._global_optimizer_pre_hooks, torch_optimizer._global_optimizer_post_hooks)
     assert not [
         hook for table in tables for hook in table.values() if getattr(hook, "__self__", None) is timer
@@ -244,3 +247,114 @@ def test_a_checkpointed_forward_run_again_in_the_backward_is_backward(
         got = shares()
         assert timer.passes - before == len(batches)
         assert got[SHARE["backward"]] > 30 and got[SHARE["forward"]] < 70, (reentrant, got)
+
+
+def test_a_signal_handler_toggling_the_watch_all_through_training(
+    shares: Callable[[], dict[str, float]],
+) -> None:
+    """SIGALRM every 0.3 ms: its handler unwatches and watches the module again, landing anywhere
+    (inside our hooks, torch's hook loops, a DataLoader's ``__next__``, watch_model itself). The
+    weights come out as unwatched, every share stays in range, and the last unwatch leaves
+    torch's ``__next__`` and no module hook behind."""
+    original = torch_dataloader._BaseDataLoaderIter.__next__
+    toggles = [0]
+    sane: list[dict[str, float]] = []
+
+    def trained(toggle: bool) -> tuple[torch.nn.Module, list[torch.Tensor]]:
+        torch.manual_seed(0)
+        model = SlowForward()
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        watch_model(model)
+
+        def on_alarm(signum: int, frame: object) -> None:
+            toggles[0] += 1
+            watch_model(None if toggles[0] % 2 else model)
+
+        if toggle:
+            signal.signal(signal.SIGALRM, on_alarm)
+            signal.setitimer(signal.ITIMER_REAL, 0.0003, 0.0003)
+        try:
+            for _ in range(150):
+                for x, y in fast_data():
+                    ((model(x) - y) ** 2).mean().backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+                got = shares()
+                if got:
+                    assert_sane(got)
+                    sane.append(got)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        watch_model(None)
+        return model, [p.detach().clone() for p in model.parameters()]
+
+    previous = signal.getsignal(signal.SIGALRM)
+    handle = register_optimizer_step_pre_hook(lambda *a: None)  # a library's, before ours
+    try:
+        _, bare = trained(toggle=False)
+        model, toggled = trained(toggle=True)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+        handle.remove()
+    assert all(torch.equal(a, b) for a, b in zip(toggled, bare, strict=True))
+    assert toggles[0] > 100 and sane
+    assert torch_dataloader._BaseDataLoaderIter.__next__ is original
+    assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+def assert_installed_as_watched(original_next: Callable[[Any], Any]) -> None:
+    """torch's ``__next__`` and optimizer hooks match whichever module is watched."""
+    timer = watched_phases()
+    tables = (torch_optimizer._global_optimizer_pre_hooks, torch_optimizer._global_optimizer_post_hooks)
+    owners = {getattr(hook, "__self__", None) for table in tables for hook in table.values()}
+    timers = {owner for owner in owners if isinstance(owner, StepPhases)}
+    installed = torch_dataloader._BaseDataLoaderIter.__next__
+    if timer is None:
+        assert installed is original_next and not timers
+    else:
+        assert installed is not original_next and timers == {timer}
+        assert timer._module._forward_pre_hooks and phases._loader_timing.phases is timer
+
+
+@pytest.mark.parametrize(
+    ("outer", "inner"), [("other", None), (None, "one"), ("other", "third"), ("one", None)]
+)
+def test_a_handlers_watch_at_any_line_of_another_watch_leaves_them_consistent(
+    outer: str | None, inner: str | None
+) -> None:
+    """A signal handler runs between any two lines: here its watch_model(``inner``) runs at each
+    line, in turn, that watch_model(``outer``) runs in the monitor's code, with ``one`` watched
+    before. After both, what is installed is the watched module's, and unwatching leaves nothing."""
+    modules = {"one": SlowForward(), "other": SlowForward(), "third": SlowForward()}
+    original_next = torch_dataloader._BaseDataLoaderIter.__next__
+    files = {phases.__file__, steps.__file__}
+
+    def watch_with_handler_at(line: int) -> int:
+        """watch_model(outer) with the handler run at its ``line``-th line; returns lines run."""
+        seen = [0]
+
+        def trace(frame: Any, event: str, arg: object) -> Any:
+            if frame.f_code.co_filename not in files:
+                return None
+            if event == "line":
+                seen[0] += 1
+                if seen[0] == line:
+                    watch_model(modules[inner] if inner else None)
+            return trace
+
+        watch_model(modules["one"])
+        sys.settrace(trace)
+        try:
+            watch_model(modules[outer] if outer else None)
+        finally:
+            sys.settrace(None)
+        return seen[0]
+
+    lines = watch_with_handler_at(0)
+    assert lines > 5
+    for line in range(1, lines + 1):
+        watch_with_handler_at(line)
+        assert_installed_as_watched(original_next), line
+        watch_model(None)
+        assert_installed_as_watched(original_next)
+        assert not any(m._forward_pre_hooks or m._forward_hooks for m in modules.values())

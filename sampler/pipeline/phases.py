@@ -315,8 +315,14 @@ class _OptimizerHooks:
         """(torch's table, our key) for the pre-hooks and the post-hooks."""
         self._owner: StepPhases | None = None
 
-    def point(self, phases: StepPhases) -> bool:
-        """Make the hooks ``phases``'s; False where this torch has no global optimizer hooks."""
+    def point(self, phases: StepPhases | None) -> bool:
+        """Make the hooks ``phases``'s (None: idle); False where this torch has no global optimizer
+        hooks."""
+        if phases is None:
+            self._owner = None
+            if self._slots:  # else never registered: nothing to idle
+                self._set(_idle, _idle)
+            return bool(self._slots)
         if not self._slots:
             optim = sys.modules.get("torch.optim.optimizer")
             pre = getattr(optim, "register_optimizer_step_pre_hook", None)
@@ -333,8 +339,7 @@ class _OptimizerHooks:
     def idle(self, phases: StepPhases) -> None:
         """Idle the hooks if ``phases`` still owns them (not once a newer watch took them)."""
         if self._owner is phases:
-            self._owner = None
-            self._set(_idle, _idle)
+            self.point(None)
 
     def _set(self, *hooks: Callable[[object, object, object], None]) -> None:
         for (table, key), hook in zip(self._slots, hooks, strict=True):
@@ -351,21 +356,12 @@ class _LoaderTiming:
     def __init__(self) -> None:
         self.phases: StepPhases | None = None
         self._original: Callable[[Any], Any] | None = None
-        self._wrapper: Callable[[Any], Any] | None = None
-
-    def attach(self, phases: StepPhases) -> None:
-        self.phases = phases
-        if self._wrapper is not None:
-            return
-        loader = sys.modules.get("torch.utils.data.dataloader")
-        base = getattr(loader, "_BaseDataLoaderIter", None)
-        if base is None:
-            return
-        original = base.__next__
+        """What ``__next__`` was at the first watch (torch's), which the wrapper calls."""
         timing = self
 
         def __next__(iterator: Any) -> Any:
-            watched = timing.phases
+            original, watched = timing._original, timing.phases
+            assert original is not None
             if watched is None or watched._in_loader or watched._thread not in (None, _ident()):
                 return original(iterator)  # not the training thread's, or a DataLoader inside one
             start = _now()
@@ -377,23 +373,56 @@ class _LoaderTiming:
                 watched.loader_ns += _now() - start
                 watched.loader_seen = True
 
-        __next__.__qualname__ = original.__qualname__
-        __next__.__doc__ = original.__doc__
-        self._original, self._wrapper = original, __next__
-        base.__next__ = __next__
+        self._wrapper = __next__
+        """Made once: a watch from a signal handler in the middle of another puts on the same one."""
+
+    def attach(self, phases: StepPhases | None) -> None:
+        """Time ``phases``'s DataLoader waits (None: none, torch's ``__next__`` back)."""
+        self.phases = phases
+        self._settle()
 
     def detach(self, phases: StepPhases) -> None:
-        if self.phases is not phases:
-            return
-        self.phases = None
+        if self.phases is phases:
+            self.attach(None)
+
+    def _settle(self) -> None:
+        """The wrapper on while a module is watched, torch's ``__next__`` back while none is. Checked
+        again after each change, so a watch_model() of a signal handler that ran in between is not
+        undone; another library's wrapper put over ours is left in place (ours does nothing under it
+        while no module is watched)."""
         loader = sys.modules.get("torch.utils.data.dataloader")
         base = getattr(loader, "_BaseDataLoaderIter", None)
-        if base is not None and base.__next__ is self._wrapper:  # else another library wrapped ours: keep it
-            base.__next__ = self._original
-            self._original = self._wrapper = None
+        if base is None:
+            return
+        wrapper = self._wrapper
+        if self._original is None:
+            current = base.__next__
+            if current is wrapper:
+                return
+            self._original = current
+            wrapper.__qualname__, wrapper.__doc__ = current.__qualname__, current.__doc__
+        while True:
+            want, unwanted = (
+                (wrapper, self._original) if self.phases is not None else (self._original, wrapper)
+            )
+            if base.__next__ is not unwanted:
+                return
+            base.__next__ = want
 
 
 _loader_timing = _LoaderTiming()
+
+
+def settle(watched: Callable[[], StepPhases | None]) -> None:
+    """Point torch's optimizer hooks and the DataLoader's timing at the ``watched()`` timer (idle,
+    and torch's ``__next__`` back, when there is none) until a pass ends with the same one watched:
+    a signal handler's watch_model() run in the middle of another's leaves what it watched whole."""
+    while True:
+        current = watched()
+        _optimizer_hooks.point(current)
+        _loader_timing.attach(current)
+        if watched() is current:
+            return
 
 
 class PhaseShares:
