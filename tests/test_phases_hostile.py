@@ -358,3 +358,28 @@ def test_a_handlers_watch_at_any_line_of_another_watch_leaves_them_consistent(
         watch_model(None)
         assert_installed_as_watched(original_next)
         assert not any(m._forward_pre_hooks or m._forward_hooks for m in modules.values())
+
+
+def test_training_in_a_thread_after_a_forward_in_another_is_still_timed_and_aged(
+    shares: Callable[[], dict[str, float]],
+) -> None:
+    """A shape check in the main thread (a module is in training mode when made), then the
+    training in a worker thread (an app's): the first thread to run a forward held the timer, so
+    the age stayed at 1 and no step was timed. The thread that steps an optimizer after its own
+    forward becomes the training thread; every training forward counts in the age."""
+    model = SlowForward()
+    watch_model(model)
+    timer = watched_phases()
+    assert timer is not None
+    model(torch.randn(1, 4))
+    shares()
+    steps: list[int] = []
+    thread = threading.Thread(target=lambda: steps.append(train(model, DataLoader(SlowData(), batch_size=1))))
+    thread.start()
+    thread.join()
+    assert steps == [len(SlowData())]
+    assert timer.passes == 1 + len(SlowData())
+    assert timer.totals.steps == len(SlowData()) - 1  # the first, begun before it was known, is not timed
+    got = shares()
+    assert_sane(got)
+    assert got[SHARE["input"]] > 80, got

@@ -104,6 +104,8 @@ class StepPhases:
         ``ZeroRedundancyOptimizer``'s) whose step runs its inner one's; one whose step raised (no
         post-hook) is taken over by the next step begun outside the optimizer phase."""
         self._in_loader = False
+        self._foreign: int | None = None
+        """The thread that last ran a training forward other than the training thread's."""
         """Inside a timed DataLoader ``__next__``: a DataLoader drawn from inside it is not timed again."""
         torch_c = getattr(sys.modules.get("torch"), "_C", None)
         self._graph_task: Callable[[], int] | None = getattr(torch_c, "_current_graph_task_id", None)
@@ -170,7 +172,7 @@ class StepPhases:
         self._forwarded = False
         if not self._timing:
             self._timing = True
-            self._cum = [0] * len(self._cum)
+            self._cum = list(self._published[1])
         else:
             self._steps += 1
             if self._inflight is not None:
@@ -181,12 +183,15 @@ class StepPhases:
     def _forward_pre(self, module: Any, inputs: object) -> None:
         if not module.training:
             return
-        if self._thread is None:
-            self._thread = _ident()
-        elif self._thread != _ident():
-            return
         if self._graph_task is not None and self._graph_task() != -1:
             return  # torch.utils.checkpoint runs the forward again inside the backward: backward's time
+        thread = self._thread
+        if thread is None:
+            self._thread = _ident()
+        elif thread != _ident():  # another thread's: its age, and its own optimizer step adopts it
+            self.passes += 1
+            self._foreign = _ident()
+            return
         self.passes += 1
         if self.by_forward and self._forwarded:
             self._to(_GAP)
@@ -201,7 +206,11 @@ class StepPhases:
             self._to(BACKWARD)
 
     def _optimizer_pre(self, optimizer: object, args: object, kwargs: object) -> None:
-        if self._thread != _ident() or self.by_forward:
+        if self._thread != _ident():
+            if self._foreign != _ident() or self._stepping is not None:
+                return
+            self._adopt()
+        if self.by_forward:
             return
         stepping = self._stepping
         if stepping is None or self._phase != OPTIMIZER or stepping is optimizer:
@@ -215,6 +224,14 @@ class StepPhases:
         self._to(_GAP)
         if self._forwarded:  # a second optimizer of the same step (a GAN's) ends no new step
             self._end_step()
+
+    def _adopt(self) -> None:
+        """The training thread is this one: it stepped an optimizer after a training forward of its
+        own (the first thread to run one only checked the output, or training moved to a thread).
+        Its step under way began unseen, so it is not timed; the totals go on from those published."""
+        self._thread, self._foreign = _ident(), None
+        self._timing, self._forwarded, self._inflight = False, True, None
+        self._phase, self._mark, self.loader_ns = BACKWARD, _now(), 0
 
     def no_optimizer_seen(self) -> bool:
         """In the monitor thread: whether ``FORWARDS_WITHOUT_STEP`` training forwards ran and no
@@ -274,10 +291,14 @@ class StepPhases:
 
 
 def _inert() -> StepPhases:
-    """A timer whose hooks return at once: no thread's ident is -1."""
+    """A timer whose hooks return at once: it reads as inside a backward pass, in no phase."""
     phases = StepPhases.__new__(StepPhases)
-    phases._thread, phases._phase = -1, _GAP
+    phases._graph_task, phases._phase = _inside_backward, _GAP
     return phases
+
+
+def _inside_backward() -> int:
+    return 0
 
 
 def cuda_events() -> Callable[[Any], Any] | None:
