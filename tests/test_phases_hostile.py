@@ -5,6 +5,7 @@ the backward. Training must go on as without the monitor, and the shares stay wi
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import threading
@@ -383,3 +384,42 @@ def test_training_in_a_thread_after_a_forward_in_another_is_still_timed_and_aged
     got = shares()
     assert_sane(got)
     assert got[SHARE["input"]] > 80, got
+
+
+def test_more_accumulated_micro_batches_than_the_no_optimizer_threshold_keep_optimizer_steps(
+    caplog: pytest.LogCaptureFixture, shares: Callable[[], dict[str, float]]
+) -> None:
+    """A large model fine-tuned with gradient accumulation (batch 1, accumulating more micro-batches
+    than ``FORWARDS_WITHOUT_STEP``) runs that many forwards before its first optimizer step; a
+    record that lands meanwhile took it for a loop without torch.optim for good: every forward
+    ended a step and the optimizer's share read 0. The first optimizer step puts it right, said."""
+    caplog.set_level(logging.WARNING, logger="sampler")
+    model = SlowForward()
+    watch_model(model)
+    timer = watched_phases()
+    assert timer is not None
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    shares()
+
+    def slow_update(optimizer: object, args: object, kwargs: object) -> None:
+        time.sleep(NAP)
+
+    handle = optimizer.register_step_post_hook(slow_update)
+    before = 0
+    try:
+        for step in range(3):
+            for micro in range(phases.FORWARDS_WITHOUT_STEP + 8):
+                model(torch.randn(1, 4)).sum().backward()
+                if micro == phases.FORWARDS_WITHOUT_STEP:
+                    shares()  # a record lands in the middle of the accumulation
+            optimizer.step()
+            optimizer.zero_grad()
+            if step == 0:
+                before = timer.totals.steps
+    finally:
+        handle.remove()
+    got = shares()
+    assert timer.totals.steps - before == 2, timer.totals
+    assert got[SHARE["optimizer"]] > 20, got
+    said = [r.getMessage() for r in caplog.records if "optimizer" in r.getMessage()]
+    assert len(said) == 2 and "timed between optimizer steps again" in said[1], said

@@ -210,8 +210,8 @@ class StepPhases:
             if self._foreign != _ident() or self._stepping is not None:
                 return
             self._adopt()
-        if self.by_forward:
-            return
+        if self.by_forward:  # the monitor took a long gradient accumulation for a loop without one
+            self.by_forward = False
         stepping = self._stepping
         if stepping is None or self._phase != OPTIMIZER or stepping is optimizer:
             self._stepping = optimizer  # else an inner optimizer's step inside the outer one's
@@ -453,6 +453,8 @@ class PhaseShares:
         self._phases: StepPhases | None = None
         self._last = _ZERO
         self._warned = False
+        self._righted = False
+        """An optimizer step came after the warning: said once too."""
 
     def derive(self, phases: StepPhases | None) -> list[tuple[str, float]]:
         """(name, value) of the step time and each phase's share over the steps that ended since
@@ -469,6 +471,13 @@ class PhaseShares:
                 "resource monitor: %d training forward passes of the watched model and no torch.optim "
                 "optimizer step: each step is timed from one forward pass to the next, the weights' "
                 "update counted as backward",
+                phases.passes,
+            )
+        if self._warned and not self._righted and not phases.by_forward:
+            self._righted = True
+            log.warning(
+                "resource monitor: an optimizer step came after %d training forward passes (gradients "
+                "accumulated that long): each step is timed between optimizer steps again",
                 phases.passes,
             )
         phases.read_device()
