@@ -423,3 +423,30 @@ def test_more_accumulated_micro_batches_than_the_no_optimizer_threshold_keep_opt
     assert got[SHARE["optimizer"]] > 20, got
     said = [r.getMessage() for r in caplog.records if "optimizer" in r.getMessage()]
     assert len(said) == 2 and "timed between optimizer steps again" in said[1], said
+
+
+@pytest.mark.parametrize("how", ["eval_mode", "forward_method", "another_module"])
+def test_steps_with_no_training_forward_of_the_watched_module_are_said_once(
+    how: str, caplog: pytest.LogCaptureFixture, shares: Callable[[], dict[str, float]]
+) -> None:
+    """Training a module in evaluation mode (frozen batch norm), calling ``model.forward(x)`` or
+    training another module than the one watched: the age stayed 0 and no phase came, unsaid."""
+    caplog.set_level(logging.WARNING, logger="sampler")
+    watched, trained = SlowForward(), SlowForward()
+    watch_model(watched)
+    shares()
+    if how != "another_module":
+        trained = watched
+    if how == "eval_mode":
+        trained.eval()
+    optimizer = torch.optim.SGD(trained.parameters(), lr=1e-3)
+    for _ in range(2):
+        for x, y in fast_data():
+            out = trained.forward(x) if how == "forward_method" else trained(x)
+            ((out - y) ** 2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        assert shares() == {}
+    said = [r.getMessage() for r in caplog.records if "no training forward pass" in r.getMessage()]
+    assert len(said) == 1 and "SlowForward" in said[0], said
+    assert ("evaluation mode" in said[0]) == (how == "eval_mode"), said

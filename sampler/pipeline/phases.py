@@ -45,6 +45,9 @@ FORWARDS_WITHOUT_STEP = 64
 """Training forwards with no optimizer step seen before steps are taken to end at each forward
 (a loop that updates its weights without ``torch.optim``), said once."""
 
+STEPS_WITHOUT_FORWARD = 3
+"""Optimizer steps with no training forward of the watched module before the monitor says so."""
+
 _now = time.perf_counter_ns
 _ident = threading.get_ident
 
@@ -71,6 +74,12 @@ class StepPhases:
     ``events(module)`` makes a CUDA event with timing enabled (``torch.cuda.Event``), or returns
     None where the module's parameters are not on a GPU (then no step is timed on the device);
     ``events`` None: no device timing (no CUDA)."""
+
+    eval_passes = 0
+    """Evaluation-mode forwards (a class default: a copy's inert timer counts its own)."""
+    unseen_steps = 0
+    """Optimizer steps before any training forward: the module trained is not this one, or not
+    through its hooks."""
 
     def __init__(self, module: Any, events: Callable[[Any], Any] | None = None) -> None:
         self.passes = 0
@@ -182,6 +191,7 @@ class StepPhases:
 
     def _forward_pre(self, module: Any, inputs: object) -> None:
         if not module.training:
+            self.eval_passes += 1
             return
         if self._graph_task is not None and self._graph_task() != -1:
             return  # torch.utils.checkpoint runs the forward again inside the backward: backward's time
@@ -208,6 +218,8 @@ class StepPhases:
     def _optimizer_pre(self, optimizer: object, args: object, kwargs: object) -> None:
         if self._thread != _ident():
             if self._foreign != _ident() or self._stepping is not None:
+                if self._thread is None:
+                    self.unseen_steps += 1
                 return
             self._adopt()
         if self.by_forward:  # the monitor took a long gradient accumulation for a loop without one
@@ -455,6 +467,7 @@ class PhaseShares:
         self._warned = False
         self._righted = False
         """An optimizer step came after the warning: said once too."""
+        self._said_unseen = False
 
     def derive(self, phases: StepPhases | None) -> list[tuple[str, float]]:
         """(name, value) of the step time and each phase's share over the steps that ended since
@@ -479,6 +492,19 @@ class PhaseShares:
                 "resource monitor: an optimizer step came after %d training forward passes (gradients "
                 "accumulated that long): each step is timed between optimizer steps again",
                 phases.passes,
+            )
+        if phases.unseen_steps >= STEPS_WITHOUT_FORWARD and not phases.passes and not self._said_unseen:
+            self._said_unseen = True
+            log.warning(
+                "resource monitor: %d optimizer steps and no training forward pass of the watched %s, "
+                "so its age stays 0 and no step is timed: %s",
+                phases.unseen_steps,
+                type(phases._module).__name__,
+                "it ran only in evaluation mode (module.eval()); its training-mode forwards are counted"
+                if phases.eval_passes
+                else "the model trained is not the one given to sampler.watch_model() (a copy, or the "
+                "module inside or around it), or it is called as model.forward(x), which runs no hooks, "
+                "instead of model(x)",
             )
         phases.read_device()
         now, last = phases.totals, self._last
