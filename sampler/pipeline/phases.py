@@ -10,8 +10,9 @@ one to the phase it ends (``catalogue.STEP_PHASES``):
   watched the module, the whole gap from the optimizer step's end to the next training forward;
 - forward: the module's training-mode forward passes (pre-hook to hook);
 - backward: a forward's end to the next forward or the optimizer step (loss, backward and,
-  in data-parallel training, the wait for the gradients' collective);
-- optimizer: the optimizer's step;
+  in data-parallel training, the wait for the gradients' collective; a checkpointed forward
+  run again inside the backward too);
+- optimizer: the optimizer's step (the outermost one's, where an optimizer wraps another);
 - other: the rest of the gap between the optimizer step and the next forward once a DataLoader
   has been seen (host work, ``loss.item()``, evaluation).
 
@@ -19,9 +20,12 @@ On a GPU the host clock between hooks includes waiting for the device, so the de
 time is read from a pair of CUDA events around one step per logged record, queried later by
 the monitor thread without synchronizing.
 
-The hooks run in the training thread (the first to run a training forward) and write only
-plain attributes; the monitor thread reads ``totals``, from a tuple replaced whole at each step's
-end, so it never sees half a step.
+The hooks time the training thread (the first to run a training forward, or a later one that
+steps an optimizer after a training forward of its own) and write only plain attributes; the
+monitor thread reads ``totals``, from a tuple replaced whole at each step's end, so it never sees
+half a step. torch's optimizer hooks are registered once and then only pointed at the watched
+timer or idled (``_OptimizerHooks``), so watching from a signal handler or another thread never
+changes a hook table a step is iterating.
 """
 
 from __future__ import annotations
@@ -113,9 +117,9 @@ class StepPhases:
         ``ZeroRedundancyOptimizer``'s) whose step runs its inner one's; one whose step raised (no
         post-hook) is taken over by the next step begun outside the optimizer phase."""
         self._in_loader = False
+        """Inside a timed DataLoader ``__next__``: a DataLoader drawn from inside it is not timed again."""
         self._foreign: int | None = None
         """The thread that last ran a training forward other than the training thread's."""
-        """Inside a timed DataLoader ``__next__``: a DataLoader drawn from inside it is not timed again."""
         torch_c = getattr(sys.modules.get("torch"), "_C", None)
         self._graph_task: Callable[[], int] | None = getattr(torch_c, "_current_graph_task_id", None)
         """-1 outside a backward pass: a forward inside one is a checkpoint's recomputation."""
