@@ -294,8 +294,7 @@ def test_a_wrapper_put_over_ours_is_left_in_place_and_ours_does_nothing() -> Non
         assert next(iter(fast_data()))[0].shape == (2, 4)
         assert seen and timer.loader_ns == 0
     finally:
-        torch_dataloader._BaseDataLoaderIter.__next__ = phases._loader_timing._original or ours  # type: ignore[method-assign]
-        phases._loader_timing._original = phases._loader_timing._wrapper = None
+        torch_dataloader._BaseDataLoaderIter.__next__ = phases._loader_timing._original  # type: ignore[method-assign]
 
 
 def test_a_forward_that_raises_leaves_the_next_steps_timed(shares: Callable[[], dict[str, float]]) -> None:

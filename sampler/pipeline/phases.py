@@ -10,8 +10,9 @@ one to the phase it ends (``catalogue.STEP_PHASES``):
   watched the module, the whole gap from the optimizer step's end to the next training forward;
 - forward: the module's training-mode forward passes (pre-hook to hook);
 - backward: a forward's end to the next forward or the optimizer step (loss, backward and,
-  in data-parallel training, the wait for the gradients' collective);
-- optimizer: the optimizer's step;
+  in data-parallel training, the wait for the gradients' collective; a checkpointed forward
+  run again inside the backward too);
+- optimizer: the optimizer's step (the outermost one's, where an optimizer wraps another);
 - other: the rest of the gap between the optimizer step and the next forward once a DataLoader
   has been seen (host work, ``loss.item()``, evaluation).
 
@@ -19,9 +20,12 @@ On a GPU the host clock between hooks includes waiting for the device, so the de
 time is read from a pair of CUDA events around one step per logged record, queried later by
 the monitor thread without synchronizing.
 
-The hooks run in the training thread (the first to run a training forward) and write only
-plain attributes; the monitor thread reads ``totals``, from a tuple replaced whole at each step's
-end, so it never sees half a step.
+The hooks time the training thread (the first to run a training forward, or a later one that
+steps an optimizer after a training forward of its own) and write only plain attributes; the
+monitor thread reads ``totals``, from a tuple replaced whole at each step's end, so it never sees
+half a step. torch's optimizer hooks are registered once and then only pointed at the watched
+timer or idled (``_OptimizerHooks``), so watching from a signal handler or another thread never
+changes a hook table a step is iterating.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ _GAP = -1
 FORWARDS_WITHOUT_STEP = 64
 """Training forwards with no optimizer step seen before steps are taken to end at each forward
 (a loop that updates its weights without ``torch.optim``), said once."""
+
+STEPS_WITHOUT_FORWARD = 3
+"""Optimizer steps with no training forward of the watched module before the monitor says so."""
 
 _now = time.perf_counter_ns
 _ident = threading.get_ident
@@ -72,6 +79,12 @@ class StepPhases:
     None where the module's parameters are not on a GPU (then no step is timed on the device);
     ``events`` None: no device timing (no CUDA)."""
 
+    eval_passes = 0
+    """Evaluation-mode forwards (a class default: a copy's inert timer counts its own)."""
+    unseen_steps = 0
+    """Optimizer steps before any training forward: the module trained is not this one, or not
+    through its hooks."""
+
     def __init__(self, module: Any, events: Callable[[Any], Any] | None = None) -> None:
         self.passes = 0
         self._published: tuple[int, tuple[int, ...]] = (0, _ZERO.ns)
@@ -99,22 +112,28 @@ class StepPhases:
         """(start, end, host ns) of the last step timed on the device, until the monitor reads it."""
         self._device = (0, 0)
         """(device ns, host ns) of the steps timed on the GPU so far: the monitor thread's."""
+        self._stepping: object | None = None
+        """The optimizer whose step is under way: the outermost, a wrapping optimizer's (Lookahead's,
+        ``ZeroRedundancyOptimizer``'s) whose step runs its inner one's; one whose step raised (no
+        post-hook) is taken over by the next step begun outside the optimizer phase."""
+        self._in_loader = False
+        """Inside a timed DataLoader ``__next__``: a DataLoader drawn from inside it is not timed again."""
+        self._foreign: int | None = None
+        """The thread that last ran a training forward other than the training thread's."""
+        torch_c = getattr(sys.modules.get("torch"), "_C", None)
+        self._graph_task: Callable[[], int] | None = getattr(torch_c, "_current_graph_task_id", None)
+        """-1 outside a backward pass: a forward inside one is a checkpoint's recomputation."""
         self._handles = [
             module.register_forward_pre_hook(self._forward_pre),
             module.register_forward_hook(self._forward_post),
         ]
-        optim = sys.modules.get("torch.optim.optimizer")
-        pre = getattr(optim, "register_optimizer_step_pre_hook", None)
-        post = getattr(optim, "register_optimizer_step_post_hook", None)
-        if pre is None or post is None:
+        if not _optimizer_hooks.point(self):
             self.by_forward = True
             log.warning(
                 "resource monitor: this torch has no global optimizer hooks (torch 2.0 or later has them): "
                 "each training step is timed from one forward pass to the next, the optimizer's step "
                 "counted as backward"
             )
-        else:
-            self._handles += [pre(self._optimizer_pre), post(self._optimizer_post)]
         _loader_timing.attach(self)
 
     def get_age(self) -> int:
@@ -133,10 +152,12 @@ class StepPhases:
         return PhaseTotals(steps, ns, *self._device)
 
     def release(self) -> None:
-        """Take every hook off (the module's and the optimizers'), and stop timing the DataLoader."""
+        """Take the module's hooks off, idle torch's optimizer hooks (``_OptimizerHooks``), and stop
+        timing the DataLoader."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        _optimizer_hooks.idle(self)
         _loader_timing.detach(self)
 
     def _to(self, phase: int) -> None:
@@ -149,6 +170,8 @@ class StepPhases:
         loader = self.loader_ns
         if loader:
             self.loader_ns = 0
+            if loader > elapsed:  # a boundary inside __next__ (the module run to make a batch)
+                loader = elapsed
             cum[INPUT] += loader
             elapsed -= loader
         current = self._phase
@@ -162,7 +185,7 @@ class StepPhases:
         self._forwarded = False
         if not self._timing:
             self._timing = True
-            self._cum = [0] * len(self._cum)
+            self._cum = list(self._published[1])
         else:
             self._steps += 1
             if self._inflight is not None:
@@ -172,10 +195,16 @@ class StepPhases:
 
     def _forward_pre(self, module: Any, inputs: object) -> None:
         if not module.training:
+            self.eval_passes += 1
             return
-        if self._thread is None:
+        if self._graph_task is not None and self._graph_task() != -1:
+            return  # torch.utils.checkpoint runs the forward again inside the backward: backward's time
+        thread = self._thread
+        if thread is None:
             self._thread = _ident()
-        elif self._thread != _ident():
+        elif thread != _ident():  # another thread's: its age, and its own optimizer step adopts it
+            self.passes += 1
+            self._foreign = _ident()
             return
         self.passes += 1
         if self.by_forward and self._forwarded:
@@ -191,15 +220,34 @@ class StepPhases:
             self._to(BACKWARD)
 
     def _optimizer_pre(self, optimizer: object, args: object, kwargs: object) -> None:
-        if self._thread == _ident() and not self.by_forward:
+        if self._thread != _ident():
+            if self._foreign != _ident() or self._stepping is not None:
+                if self._thread is None:
+                    self.unseen_steps += 1
+                return
+            self._adopt()
+        if self.by_forward:  # the monitor took a long gradient accumulation for a loop without one
+            self.by_forward = False
+        stepping = self._stepping
+        if stepping is None or self._phase != OPTIMIZER or stepping is optimizer:
+            self._stepping = optimizer  # else an inner optimizer's step inside the outer one's
             self._to(OPTIMIZER)
 
     def _optimizer_post(self, optimizer: object, args: object, kwargs: object) -> None:
-        if self._thread != _ident() or self.by_forward:
-            return
+        if self._thread != _ident() or self.by_forward or optimizer is not self._stepping:
+            return  # another thread's, or an inner optimizer's step inside the outer one's
+        self._stepping = None
         self._to(_GAP)
         if self._forwarded:  # a second optimizer of the same step (a GAN's) ends no new step
             self._end_step()
+
+    def _adopt(self) -> None:
+        """The training thread is this one: it stepped an optimizer after a training forward of its
+        own (the first thread to run one only checked the output, or training moved to a thread).
+        Its step under way began unseen, so it is not timed; the totals go on from those published."""
+        self._thread, self._foreign = _ident(), None
+        self._timing, self._forwarded, self._inflight = False, True, None
+        self._phase, self._mark, self.loader_ns = BACKWARD, _now(), 0
 
     def no_optimizer_seen(self) -> bool:
         """In the monitor thread: whether ``FORWARDS_WITHOUT_STEP`` training forwards ran and no
@@ -259,10 +307,14 @@ class StepPhases:
 
 
 def _inert() -> StepPhases:
-    """A timer whose hooks return at once: no thread's ident is -1."""
+    """A timer whose hooks return at once: it reads as inside a backward pass, in no phase."""
     phases = StepPhases.__new__(StepPhases)
-    phases._thread, phases._phase = -1, _GAP
+    phases._graph_task, phases._phase = _inside_backward, _GAP
     return phases
+
+
+def _inside_backward() -> int:
+    return 0
 
 
 def cuda_events() -> Callable[[Any], Any] | None:
@@ -283,6 +335,57 @@ def cuda_events() -> Callable[[Any], Any] | None:
     return event
 
 
+def _idle(optimizer: object, args: object, kwargs: object) -> None:
+    """torch's optimizer hook while no module is watched."""
+
+
+class _OptimizerHooks:
+    """torch's global optimizer step hooks, registered at the first watch and never removed: each
+    watch and unwatch replaces the value of our entry in torch's hook tables in place (the watched
+    timer's hook, or ``_idle``). A step iterates those tables live, so adding or removing an entry
+    while a hook runs (``watch_model`` from a signal handler, or from another thread while a hook
+    lets it run) would raise "OrderedDict mutated during iteration" out of the user's
+    ``optimizer.step()``; replacing a value changes neither a table's size nor its order."""
+
+    def __init__(self) -> None:
+        self._slots: list[tuple[dict[int, Any], int]] = []
+        """(torch's table, our key) for the pre-hooks and the post-hooks."""
+        self._owner: StepPhases | None = None
+
+    def point(self, phases: StepPhases | None) -> bool:
+        """Make the hooks ``phases``'s (None: idle); False where this torch has no global optimizer
+        hooks."""
+        if phases is None:
+            self._owner = None
+            if self._slots:  # else never registered: nothing to idle
+                self._set(_idle, _idle)
+            return bool(self._slots)
+        if not self._slots:
+            optim = sys.modules.get("torch.optim.optimizer")
+            pre = getattr(optim, "register_optimizer_step_pre_hook", None)
+            post = getattr(optim, "register_optimizer_step_post_hook", None)
+            if pre is None or post is None:
+                return False
+            for register in (pre, post):
+                handle = register(_idle)
+                self._slots.append((handle.hooks_dict_ref(), handle.id))
+        self._owner = phases
+        self._set(phases._optimizer_pre, phases._optimizer_post)
+        return True
+
+    def idle(self, phases: StepPhases) -> None:
+        """Idle the hooks if ``phases`` still owns them (not once a newer watch took them)."""
+        if self._owner is phases:
+            self.point(None)
+
+    def _set(self, *hooks: Callable[[object, object, object], None]) -> None:
+        for (table, key), hook in zip(self._slots, hooks, strict=True):
+            table[key] = hook
+
+
+_optimizer_hooks = _OptimizerHooks()
+
+
 class _LoaderTiming:
     """Times the DataLoader iterator's ``__next__`` for the watched module's ``StepPhases``, by
     wrapping torch's ``_BaseDataLoaderIter.__next__`` while a module is watched."""
@@ -290,47 +393,73 @@ class _LoaderTiming:
     def __init__(self) -> None:
         self.phases: StepPhases | None = None
         self._original: Callable[[Any], Any] | None = None
-        self._wrapper: Callable[[Any], Any] | None = None
+        """What ``__next__`` was at the first watch (torch's), which the wrapper calls."""
+        timing = self
 
-    def attach(self, phases: StepPhases) -> None:
+        def __next__(iterator: Any) -> Any:
+            original, watched = timing._original, timing.phases
+            assert original is not None
+            if watched is None or watched._in_loader or watched._thread not in (None, _ident()):
+                return original(iterator)  # not the training thread's, or a DataLoader inside one
+            start = _now()
+            try:
+                watched._in_loader = True
+                return original(iterator)
+            finally:  # the wait goes to input at the next boundary
+                watched._in_loader = False
+                watched.loader_ns += _now() - start
+                watched.loader_seen = True
+
+        self._wrapper = __next__
+        """Made once: a watch from a signal handler in the middle of another puts on the same one."""
+
+    def attach(self, phases: StepPhases | None) -> None:
+        """Time ``phases``'s DataLoader waits (None: none, torch's ``__next__`` back)."""
         self.phases = phases
-        if self._wrapper is not None:
-            return
+        self._settle()
+
+    def detach(self, phases: StepPhases) -> None:
+        if self.phases is phases:
+            self.attach(None)
+
+    def _settle(self) -> None:
+        """The wrapper on while a module is watched, torch's ``__next__`` back while none is. Checked
+        again after each change, so a watch_model() of a signal handler that ran in between is not
+        undone; another library's wrapper put over ours is left in place (ours does nothing under it
+        while no module is watched)."""
         loader = sys.modules.get("torch.utils.data.dataloader")
         base = getattr(loader, "_BaseDataLoaderIter", None)
         if base is None:
             return
-        original = base.__next__
-        timing = self
-
-        def __next__(iterator: Any) -> Any:
-            watched = timing.phases
-            if watched is None or watched._thread not in (None, _ident()):  # not the training thread's
-                return original(iterator)
-            start = _now()
-            try:
-                return original(iterator)
-            finally:  # the wait goes to input at the next boundary
-                watched.loader_ns += _now() - start
-                watched.loader_seen = True
-
-        __next__.__qualname__ = original.__qualname__
-        __next__.__doc__ = original.__doc__
-        self._original, self._wrapper = original, __next__
-        base.__next__ = __next__
-
-    def detach(self, phases: StepPhases) -> None:
-        if self.phases is not phases:
-            return
-        self.phases = None
-        loader = sys.modules.get("torch.utils.data.dataloader")
-        base = getattr(loader, "_BaseDataLoaderIter", None)
-        if base is not None and base.__next__ is self._wrapper:  # else another library wrapped ours: keep it
-            base.__next__ = self._original
-            self._original = self._wrapper = None
+        wrapper = self._wrapper
+        if self._original is None:
+            current = base.__next__
+            if current is wrapper:
+                return
+            self._original = current
+            wrapper.__qualname__, wrapper.__doc__ = current.__qualname__, current.__doc__
+        while True:
+            want, unwanted = (
+                (wrapper, self._original) if self.phases is not None else (self._original, wrapper)
+            )
+            if base.__next__ is not unwanted:
+                return
+            base.__next__ = want
 
 
 _loader_timing = _LoaderTiming()
+
+
+def settle(watched: Callable[[], StepPhases | None]) -> None:
+    """Point torch's optimizer hooks and the DataLoader's timing at the ``watched()`` timer (idle,
+    and torch's ``__next__`` back, when there is none) until a pass ends with the same one watched:
+    a signal handler's watch_model() run in the middle of another's leaves what it watched whole."""
+    while True:
+        current = watched()
+        _optimizer_hooks.point(current)
+        _loader_timing.attach(current)
+        if watched() is current:
+            return
 
 
 class PhaseShares:
@@ -340,6 +469,9 @@ class PhaseShares:
         self._phases: StepPhases | None = None
         self._last = _ZERO
         self._warned = False
+        self._righted = False
+        """An optimizer step came after the warning: said once too."""
+        self._said_unseen = False
 
     def derive(self, phases: StepPhases | None) -> list[tuple[str, float]]:
         """(name, value) of the step time and each phase's share over the steps that ended since
@@ -357,6 +489,26 @@ class PhaseShares:
                 "optimizer step: each step is timed from one forward pass to the next, the weights' "
                 "update counted as backward",
                 phases.passes,
+            )
+        if self._warned and not self._righted and not phases.by_forward:
+            self._righted = True
+            log.warning(
+                "resource monitor: an optimizer step came after %d training forward passes (gradients "
+                "accumulated that long): each step is timed between optimizer steps again",
+                phases.passes,
+            )
+        if phases.unseen_steps >= STEPS_WITHOUT_FORWARD and not phases.passes and not self._said_unseen:
+            self._said_unseen = True
+            log.warning(
+                "resource monitor: %d optimizer steps and no training forward pass of the watched %s, "
+                "so its age stays 0 and no step is timed: %s",
+                phases.unseen_steps,
+                type(phases._module).__name__,
+                "it ran only in evaluation mode (module.eval()); its training-mode forwards are counted"
+                if phases.eval_passes
+                else "the model trained is not the one given to sampler.watch_model() (a copy, or the "
+                "module inside or around it), or it is called as model.forward(x), which runs no hooks, "
+                "instead of model(x)",
             )
         phases.read_device()
         now, last = phases.totals, self._last

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from sampler import signals
 from sampler.pipeline import weightslab as wl_adapter
 from sampler.pipeline.phases import StepPhases, cuda_events
+from sampler.pipeline.phases import settle as settle_phases
 from sampler.util.quoting import bounded_repr
 
 log = logging.getLogger("sampler")
@@ -71,6 +72,7 @@ def watch_model(model: object | None) -> None:
     previous, _watched = _watched, watched  # one assignment: atomic, nothing a fork could inherit half-done
     if isinstance(previous, StepPhases):
         previous.release()
+    settle_phases(watched_phases)  # a signal handler's watch_model() may have run in between
 
 
 def watched_phases() -> StepPhases | None:
