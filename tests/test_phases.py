@@ -422,3 +422,17 @@ def test_a_live_monitor_logs_the_phases_beside_the_throughput() -> None:
 
         wait_for(training, what="two records with the input's share")
     assert all(value > 50 for value in logged())
+
+
+def test_watching_the_same_module_again_keeps_its_age_and_its_timer() -> None:
+    """A notebook's cell run twice, or a callback's setup called per epoch: the step axis goes on."""
+    model = SlowForward()
+    watch_model(model)
+    timer = watched_phases()
+    train(model, fast_data())
+    watch_model(model)
+    assert watched_phases() is timer and timer is not None
+    assert timer.passes == len(fast_data())
+    assert len(model._forward_pre_hooks) == 1 and len(model._forward_hooks) == 1
+    train(model, fast_data())
+    assert timer.passes == 2 * len(fast_data())

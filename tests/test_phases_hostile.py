@@ -73,7 +73,7 @@ def test_watch_model_inside_an_optimizer_step_leaves_the_step_alone(then: str) -
         if then == "unwatch":
             watch_model(None)
         elif then == "rewatch":
-            watch_model(timer._module)
+            watch_model(timer.module)
         else:
             model_of.append(SlowForward())
             watch_model(model_of[-1])
@@ -314,7 +314,7 @@ def assert_installed_as_watched(original_next: Callable[[Any], Any]) -> None:
         assert installed is original_next and not timers
     else:
         assert installed is not original_next and timers == {timer}
-        assert timer._module._forward_pre_hooks and phases._loader_timing.phases is timer
+        assert timer.module._forward_pre_hooks and phases._loader_timing.phases is timer
 
 
 @pytest.mark.parametrize(
@@ -352,7 +352,7 @@ def test_a_handlers_watch_at_any_line_of_another_watch_leaves_them_consistent(
         return seen[0]
 
     lines = watch_with_handler_at(0)
-    assert lines > 5
+    assert lines > (2 if outer == "one" else 5)  # watching "one" again returns at once
     for line in range(1, lines + 1):
         watch_with_handler_at(line)
         assert_installed_as_watched(original_next), line

@@ -91,7 +91,8 @@ class StepPhases:
         """(steps, ns per phase) at the last step's end: one tuple, replaced whole."""
         self.by_forward = False
         """No optimizer hook is available or fires: a step ends at each training forward."""
-        self._module = module
+        self.module = module
+        """The watched module."""
         self._thread: int | None = None
         self._mark = _now()
         self._phase = _GAP
@@ -260,7 +261,7 @@ class StepPhases:
     def _device_start(self) -> None:
         assert self._events is not None
         try:
-            start = self._events(self._module)
+            start = self._events(self.module)
             if start is None:
                 self._events = None
                 return
@@ -274,7 +275,7 @@ class StepPhases:
         start, self._inflight = self._inflight, None
         assert self._events is not None
         try:
-            end = self._events(self._module)
+            end = self._events(self.module)
             end.record()
         except Exception as exc:
             self._device_failed(exc)
@@ -503,7 +504,7 @@ class PhaseShares:
                 "resource monitor: %d optimizer steps and no training forward pass of the watched %s, "
                 "so its age stays 0 and no step is timed: %s",
                 phases.unseen_steps,
-                type(phases._module).__name__,
+                type(phases.module).__name__,
                 "it ran only in evaluation mode (module.eval()); its training-mode forwards are counted"
                 if phases.eval_passes
                 else "the model trained is not the one given to sampler.watch_model() (a copy, or the "

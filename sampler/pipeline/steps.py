@@ -54,10 +54,14 @@ def watch_model(model: object | None) -> None:
 
     An object with ``get_age()`` is asked for it; a ``torch.nn.Module`` without
     one counts its training-mode forward passes (the monitor never calls a
-    module), and its steps' phases are timed (``phases``); a callable that takes
-    no arguments is called; anything else is a ``TypeError``.
+    module), and its steps' phases are timed (``phases``; watching it again changes
+    nothing); a callable that takes no arguments is called; anything else is a
+    ``TypeError``.
     """
     global _watched
+    current = _watched
+    if isinstance(current, StepPhases) and current.module is model:
+        return  # watched already: its age and its steps' phases go on, not from 0
     if model is None or callable(getattr(model, "get_age", None)):
         watched = model
     elif _is_torch_module(model):
