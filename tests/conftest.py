@@ -8,6 +8,7 @@ import errno
 import fcntl
 import io
 import os
+import random
 import secrets
 import signal
 import socket
@@ -273,13 +274,14 @@ def start_ranks(script: str, ranks: int, run_id: str) -> list[subprocess.Popen[s
 
 
 def free_ports(count: int = 1) -> int:
-    """The first of ``count`` consecutive ports free on 127.0.0.1 right now."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first = probe.getsockname()[1]
-        if first + count > 65535:
-            continue
+    """The first of ``count`` consecutive ports free on 127.0.0.1 right now, below the
+    kernel's ephemeral range: a port in that range can be taken at any moment by any
+    outgoing connection (a Prometheus server's scrape of another test's endpoint), and a
+    test that restarts a child on its port would then find it in use."""
+    ephemeral_low = _ephemeral_ports()[0]
+    pick = random.Random(f"{os.getpid()}-{time.monotonic_ns()}")
+    for _ in range(200):
+        first = pick.randrange(10000, max(10001, ephemeral_low - count))
         held: list[socket.socket] = []
         try:
             for port in range(first, first + count):
@@ -293,6 +295,16 @@ def free_ports(count: int = 1) -> int:
             for sock in held:
                 sock.close()
     raise AssertionError("no free ports")
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (Linux's default if unreadable)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(part) for part in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def scrape(port: int) -> str:
