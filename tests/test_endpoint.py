@@ -22,6 +22,7 @@ from conftest import FAST, Recorder, backend_script, free_ports, gone, scrape, w
 
 import sampler
 from sampler.catalogue import STEP_PHASES
+from sampler.child import main as child_main
 from sampler.ipc.channel import PrometheusTarget
 from sampler.ipc.status import ENDPOINT_BAD_ADDRESS, ENDPOINT_NO_CLIENT, ENDPOINT_UNAVAILABLE, ChildStatus
 from sampler.prometheus import discovery, metrics
@@ -302,6 +303,47 @@ def test_a_port_in_use_is_one_warning_and_monitoring_goes_on(
     assert f"port {port}" in warnings[0] and "already in use" in warnings[0]
     assert stats["prometheus_endpoint"] is None and "already in use" in stats["prometheus_error"]
     assert list(tmp_path.iterdir()) == []  # no discovery entry for an endpoint that does not serve
+
+
+def test_a_port_freed_later_is_bound_then_listed_and_said(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """A port held for a while (an outgoing connection, a job still shutting down) costs
+    the rank its endpoint only until the child tries it again."""
+    port = free_ports()
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", port))
+    squatter.listen()
+    with (
+        caplog.at_level(logging.WARNING, logger="sampler"),
+        monitor(prometheus_port=port, prometheus_sd_dir=str(tmp_path), categories=["cpu"]) as mon,
+    ):
+        try:
+            wait_for(lambda: mon.stats()["prometheus_error"], what="the port in use to be said")
+            assert list(tmp_path.iterdir()) == []
+        finally:
+            squatter.close()
+        url = f"http://127.0.0.1:{port}/metrics"
+        wait_for(
+            lambda: mon.stats()["prometheus_endpoint"] == url,
+            timeout=child_main.REBIND_SECONDS + 30,
+            what="the endpoint once its port was free",
+        )
+        assert mon.stats()["prometheus_error"] is None
+        assert len(list(tmp_path.glob("*.json"))) == 1  # listed before stats() showed it
+        assert "wl_resource_cpu_utilization_ratio" in wait_for(lambda: scrape_or_none(port), what="a scrape")
+        child = mon.child_pid
+    warnings = [r.getMessage() for r in caplog.records if "Prometheus" in r.getMessage()]
+    assert len(warnings) == 2 and "already in use" in warnings[0], warnings
+    assert f"serves at 127.0.0.1:{port} now" in warnings[1]
+    assert mon.stats()["restarts"] == 0 and child is not None  # the same child bound it
+
+
+def scrape_or_none(port: int) -> str | None:
+    try:
+        return scrape(port)
+    except OSError:
+        return None
 
 
 def test_the_discovery_entry_lives_while_the_monitor_serves(tmp_path: Path) -> None:

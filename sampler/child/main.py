@@ -18,6 +18,7 @@ a slow backend never stalls sampling.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import select
@@ -60,6 +61,8 @@ from sampler.prometheus.endpoint import Endpoint, RecordCollector, open_endpoint
 
 log = logging.getLogger("sampler")
 
+REBIND_SECONDS = 5.0
+"""How often a child whose port was in use tries it again, at its next record."""
 _EXIT_GRACE_SECONDS = 0.4
 """How long the watchdog lets the main thread finish cleanly before forcing exit."""
 
@@ -103,6 +106,8 @@ class Child:
         self.gpu: GpuCollector | None = None
         """The GPU collector, whose devices' health the status block carries to the backend."""
         self.endpoint: Endpoint | None = None
+        self._bind_again_ns: int | None = None
+        """When to try again for a port that was in use (``time.monotonic_ns``); None: never."""
 
     def watch(self, backend: BackendWatch) -> None:
         """Until STOP, EOF or the backend's death, then make sure the child ends;
@@ -185,8 +190,16 @@ class Child:
         assert p.prometheus is not None
         uuids = {} if self.gpu is None else self.gpu.uuids
         self.exposed = RecordCollector(fields, p.prometheus, self.status, p.categories, uuids)
-        self.endpoint, state = open_endpoint(p.prometheus, self.exposed)
+        self._bind(time.monotonic_ns())
+
+    def _bind(self, now_ns: int) -> None:
+        """Open the endpoint; a port in use is tried again every ``REBIND_SECONDS``
+        (an outgoing connection or a dead job's socket holds it for a while), every
+        other failure is final."""
+        assert self.params.prometheus is not None and self.exposed is not None
+        self.endpoint, state = open_endpoint(self.params.prometheus, self.exposed)
         self.status.set_endpoint(state)
+        self._bind_again_ns = now_ns + int(REBIND_SECONDS * 1e9) if state == -errno.EADDRINUSE else None
 
     def _read_tracked(self, peaks: PeakTracker) -> None:
         """One inner reading of every tracked signal, folded into the current window."""
@@ -252,6 +265,8 @@ class Child:
             ring.write(values, timestamp_ns)
             if self.exposed is not None:
                 self.exposed.update(values, time.time())
+            if self._bind_again_ns is not None and timestamp_ns >= self._bind_again_ns:
+                self._bind(timestamp_ns)
             self.status.count_sample(cpu_ns + time.process_time_ns() - before)
             cpu_ns = 0
             try:

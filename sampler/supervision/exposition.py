@@ -80,21 +80,32 @@ class Exposition:
         self.stats = stats
         self._warned: str | None = None
         self._listed = False
+        self._state = ENDPOINT_NONE
+        self._down = False
+        """Whether users were told the endpoint does not serve."""
 
     def seen(self, state: int) -> None:
-        """A child handed over its ring; ``state`` is its endpoint word."""
+        """``state`` is the endpoint word of the child that handed over its ring: read
+        at the handover, and at each record after it (a port in use is tried again)."""
+        if state == self._state:
+            return
+        self._state = state
         if state == ENDPOINT_NONE:
             return
         if state > 0:
             self.stats.prometheus_error = None
             self._list()  # first: whoever sees the endpoint in stats() finds its entry listed
             self.stats.prometheus_endpoint = f"http://{self.address}/metrics"
+            if self._down:
+                self._down = False
+                self._warned = None  # should it fail again, that is said again
+                log.warning("resource monitor: the Prometheus endpoint serves at %s now", self.address)
             return
         problem = describe_failure(state, self.target)
         self.stats.prometheus_endpoint, self.stats.prometheus_error = None, problem
         self._unlist()
         if problem != self._warned:
-            self._warned = problem
+            self._warned, self._down = problem, True
             log.warning(
                 "resource monitor: no Prometheus endpoint: %s; monitoring goes on without it "
                 "(stats()['prometheus_error'])",

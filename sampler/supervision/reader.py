@@ -270,6 +270,8 @@ class ChildReader:
         if self.base_starved + starved != stats.readings_starved:
             self._note_starved(starved)
         self._note_gpus()
+        if self.exposition is not None:  # a child whose port was in use may have bound it since
+            self.exposition.seen(status.endpoint())
         if self.records % CPU_STAT_EVERY == 0:
             stats.child_cpu_seconds_per_sample = status.read().cpu_seconds_per_sample
         self.records += count
