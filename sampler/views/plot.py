@@ -300,7 +300,8 @@ def draw_parts(ax: Axes, panel: Panel, lines: list[Line], multi: bool) -> None:
         areas = ax.stackplot(xs, *ys, labels=panel.parts, colors=[colour[p] for p in panel.parts], alpha=0.8)
         for area, part in zip(areas, panel.parts, strict=True):
             area.set_gid(f"run{lines[0][0].id}/{part}")
-        ax.set_ylim(0, 100)
+        ax.set_ylim(0, 125)  # the key sits in the band above 100 %, not over the areas
+        ax.set_yticks(range(0, 101, 20))
     else:
         runs = list(dict.fromkeys(line[0].id for line in lines))
         for run, part, _, part_xs, part_ys in lines:
