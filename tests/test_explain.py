@@ -705,3 +705,56 @@ def test_a_loop_whose_cpu_stayed_under_the_phases_share_waited_there() -> None:
     assert reason.cause == "loop_idle" and "its CPU 10% (typically 24%)" in reason.text
     # Its CPU at the share of the time it spent there: it ran in it.
     assert reasons_for(**sleeping, **step, **{OWN_CPU: during(70, 24)}) == ["host_work"]
+
+
+# ------------------------------------------------------------- hostile runs (a second adversarial pass)
+
+
+def write_run(
+    path: Path, seconds: list[float], steps: list[int], world: int = 1, **columns: list[float]
+) -> None:
+    """A run store of one run whose records' windows last and advance as given (the first record
+    opens the first window), each record with ``columns``' values (NaN: none logged)."""
+    where = Placement("node", 0, 0, world, world, "job" if world > 1 else "")
+    interval = min(seconds) if seconds else 0.25
+    began = time.time() - sum(seconds) - 10
+    writer = RunWriter(str(path), RunInfo(100, ["train"], {"interval_seconds": interval}, began, where))
+    base, step, mono = time.monotonic_ns() - round((sum(seconds) + 5) * 1e9), 0, 0.0
+    writer.record({name: column[0] for name, column in columns.items()}, 0, base, None)
+    for i, (window, advance) in enumerate(zip(seconds, steps, strict=True)):
+        step, mono = step + advance, mono + window
+        values = {name: column[i + 1] for name, column in columns.items() if column[i + 1] == column[i + 1]}
+        writer.record(values, step, base + round(mono * 1e9), None)
+    writer.close({})
+
+
+def test_a_run_with_many_stretches_reads_each_signals_baseline_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hundreds of stretches took minutes when every stretch took every signal's median over the
+    whole run's regular records again: each is taken once, whatever the number of stretches."""
+    count, period = 2000, 40
+    seconds = [0.25] * count
+    steps = [25 if i % period >= period - 6 else 125 for i in range(count)]  # 6 slow windows in 40
+    columns = {
+        OWN_CPU: [95.0] * (count + 1),
+        TREE_CPU: [130.0] * (count + 1),
+        "resource/pressure/cpu_some_percent": [float(i % 7) for i in range(count + 1)],
+    }
+    path = tmp_path / "runs.sqlite"
+    write_run(path, seconds, steps, **columns)
+    long_reads = []
+    median = evidence._median
+
+    def counted(values: Any) -> float | None:
+        if len(values) > period:  # more records than a stretch holds: the baseline's
+            long_reads.append(len(values))
+        return median(values)
+
+    monkeypatch.setattr(evidence, "_median", counted)
+    with StoreReader(str(path)) as reader:
+        found = explain(reader, reader.run())
+    slow = [item for item in found.stretches if item.stretch.kind == stretches.SLOW]
+    assert len(slow) == count // period
+    # Each column read, and the workers' CPU derived from two of them: four baseline medians.
+    assert len(long_reads) <= len(columns) + 1, len(long_reads)

@@ -63,8 +63,11 @@ def explain(reader: StoreReader, run: Run, slow_fraction: float = stretches.SLOW
     records = timeline.load(reader, run)
     findings = stretches.find(records, slow_fraction)
     launched = run.world_size > 1
+    baseline = evidence.Baseline(records, findings.regular)  # read once, shared by every stretch
     explained = [
-        Explained(s, evidence.reasons(records, findings, s, launched) if s.kind == stretches.SLOW else [])
+        Explained(
+            s, evidence.reasons(records, findings, s, launched, baseline) if s.kind == stretches.SLOW else []
+        )
         for s in findings.stretches
     ]
     return Explanation(run, len(records), findings.typical, explained)
