@@ -561,7 +561,9 @@ def test_the_phase_whose_time_grew_names_what_the_loop_was_doing() -> None:
         **waiting, **{STEP_SECONDS: during(0.2, 0.05), OWN_CPU: during(30, 95), TREE_CPU: during(60, 120)}
     )
     assert reason.cause == "input_bound"
-    assert reason.text.startswith("input-bound: the loop waited for its next batch 70% of each step (")
+    assert reason.text.startswith(
+        "input-bound: the loop waited for its next batch 70% of each of 125 steps ("
+    )
     assert "140 ms a step against 2.5 ms" in reason.text
     assert (
         "its DataLoader workers used 30% CPU (typically 25%): they were not busier, so they were held up"
@@ -578,7 +580,7 @@ def test_the_phase_whose_time_grew_names_what_the_loop_was_doing() -> None:
     assert reasons_for(**waiting, **step, **alone) == ["loop_idle"]
     assert reasons_for(**waiting, **step, **{OWN_CPU: during(30, 95)}) == ["loop_idle"]
     (reason,) = reasons_with(**waiting, **step, **{OWN_CPU: during(97, 95)})
-    assert reason.cause == "input_bound" and reason.text.endswith("loaded in the loop itself")
+    assert reason.cause == "input_bound" and reason.text.endswith("it makes its batches itself")
     # A sleep in the loop: the time went outside the phases, the process idle.
     sleeping = phases(input=(1, 5), forward=(10, 40), backward=(10, 45), optimizer=(2, 8), other=(77, 2))
     cpu = {STEP_SECONDS: during(0.2, 0.05), OWN_CPU: during(25, 95)}
@@ -590,7 +592,7 @@ def test_the_phase_whose_time_grew_names_what_the_loop_was_doing() -> None:
     busy = {STEP_SECONDS: during(0.2, 0.1), OWN_CPU: during(99, 97)}
     (reason,) = reasons_with(**computing, **busy)
     assert reason.cause == "compute_bound"
-    assert reason.text.startswith("compute-bound: forward took 70% of each step")
+    assert reason.text.startswith("compute-bound: the forward pass took 70% of each of 125 steps")
     # The same forward with the process's CPU idle waited there (for a device, or a lock).
     assert reasons_for(**computing, **{**busy, OWN_CPU: during(20, 97)}) == ["phase_wait"]
     # A phase that grew too little to hold the step's growth names nothing, and the CPU rule speaks.
@@ -608,9 +610,12 @@ def test_a_rank_that_waited_in_backward_with_its_cpu_idle_waited_in_the_collecti
     found = stretches.find(records)
     (stretch,) = found.stretches
     (alone,) = evidence.reasons(records, found, stretch)
-    assert alone.cause == "phase_wait" and "the loop waited in backward 80% of each step" in alone.text
+    assert (
+        alone.cause == "phase_wait"
+        and "the loop waited in the backward pass 80% of each of 125 steps" in alone.text
+    )
     (rank,) = evidence.reasons(records, found, stretch, launched=True)
-    assert rank.cause == "collective_wait" and "80% of each step (typically 45%)" in rank.text
+    assert rank.cause == "collective_wait" and "80% of each of 125 steps (typically 45%)" in rank.text
     assert "in the gradients' collective" in rank.text
     # The same backward with the CPU busy is compute.
     busy = {**columns, OWN_CPU: during(98, 95)}
@@ -758,3 +763,59 @@ def test_a_run_with_many_stretches_reads_each_signals_baseline_once(
     assert len(slow) == count // period
     # Each column read, and the workers' CPU derived from two of them: four baseline medians.
     assert len(long_reads) <= len(columns) + 1, len(long_reads)
+
+
+CORES = "resource/process/cpu_cores_allowed"
+
+
+def test_cpu_figures_never_exceed_the_cpus_the_process_may_use() -> None:
+    """Sampled apart, the tree's CPU read 190 % on one allowed CPU: explain said "used 1.9 of 1
+    CPUs"."""
+    (reason,) = reasons_with(**{TREE_CPU: during(190, 60), CORES: during(1, 1)})
+    assert reason.cause == "workers_saturated"
+    assert "kept 1.0 of the 1 CPU it may use busy (typically 0.6)" in reason.text, reason.text
+    (reason,) = reasons_with(
+        **{TREE_CPU: during(80, 20), "resource/container/cpu_quota_cores": during(0.5, 0.5)}
+    )
+    assert "kept 0.5 of the 0.5 CPUs it may use busy (typically 0.2)" in reason.text, reason.text
+
+
+def test_the_gil_is_not_named_where_the_process_may_use_one_cpu() -> None:
+    """At one full core on one allowed CPU, the GIL and the CPU limit read the same."""
+    gil = {OWN_CPU: during(100, 40)}
+    assert reasons_for(**gil, **{CORES: during(4, 4)}) == ["gil_bound"]
+    assert reasons_for(**gil, **{CORES: during(1, 1)}) == []
+
+
+def test_workers_cpu_is_never_negative_and_host_work_cites_the_loops_cpu() -> None:
+    # The tree read below the process alone (sampled apart): its workers used no CPU, not -10 %.
+    (idle,) = reasons_with(**{OWN_CPU: during(25, 95), TREE_CPU: during(15, 100)})
+    assert idle.cause == "process_idle"
+    assert "its DataLoader workers used 0% CPU (typically 5%)" in idle.text, idle.text
+    # Host work rests on the loop staying busy: its CPU is the evidence, and is said.
+    sleeping = phases(input=(1, 5), forward=(10, 40), backward=(10, 45), optimizer=(2, 8), other=(77, 2))
+    (host,) = reasons_with(**sleeping, **{STEP_SECONDS: during(0.2, 0.05), OWN_CPU: during(96, 95)})
+    assert host.cause == "host_work" and "its CPU 96% (typically 95%)" in host.text, host.text
+    assert OWN_CPU in [e.signal for e in host.evidence]
+
+
+def test_a_slow_optimizer_step_is_named_in_words_with_the_steps_it_covered() -> None:
+    stepping = phases(input=(2, 5), forward=(15, 40), backward=(20, 45), optimizer=(60, 8), other=(3, 2))
+    (reason,) = reasons_with(**stepping, **{STEP_SECONDS: during(0.2, 0.05), OWN_CPU: during(99, 97)})
+    assert reason.cause == "compute_bound"
+    assert reason.text.startswith("compute-bound: the optimizer's step took 60% of each of 125 steps"), (
+        reason.text
+    )
+
+
+def test_no_sentence_names_the_training_loop_twice() -> None:
+    waiting = phases(input=(70, 5), forward=(12, 40), backward=(12, 45), optimizer=(4, 8), other=(2, 2))
+    step = {STEP_SECONDS: during(0.2, 0.05)}
+    texts = [
+        reason.text
+        for cpu in (during(30, 95), during(97, 95))  # idle, then loading in the loop
+        for reason in reasons_with(**waiting, **step, **{OWN_CPU: cpu})
+    ]
+    assert len(texts) == 2
+    for text in texts:
+        assert text.count("loop") == 1, text

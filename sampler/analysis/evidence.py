@@ -94,6 +94,8 @@ class Baseline:
         self.timeline, self.records = timeline, records
         self.weights = np.nan_to_num(np.clip(timeline.window_seconds(), 0, None))
         """Each record's window, s (0 for the first)."""
+        self.steps = np.nan_to_num(np.clip(timeline.window_steps(), 0, None))
+        """The steps each record's window made (0 for the first)."""
         self._medians: dict[str, float | None] = {}
         self._derived: dict[str, Floats | None] = {}
         self._shares: dict[str, float] = {}
@@ -163,6 +165,10 @@ class _Frame:
                 return found
         return None
 
+    def steps(self) -> int:
+        """The steps the judged records' windows made."""
+        return round(self.base.steps[self.inside].sum())
+
     def median(self, name: str) -> float | None:
         """``name``'s median over the judged records alone."""
         column = self.timeline.column(name)
@@ -228,6 +234,11 @@ def _cores_allowed(frame: _Frame) -> float | None:
     return min(limits) if limits else None
 
 
+def _cpus(cores: float) -> str:
+    """``cores`` CPUs in words: ``1 CPU``, ``0.5 CPUs``, ``8 CPUs``."""
+    return f"{cores:g} CPU" + ("" if cores == 1 else "s")
+
+
 def _workers_saturated(frame: _Frame) -> list[Reason]:
     tree = frame.compare(catalogue.name_of(catalogue.TREE_CPU))
     cores = _cores_allowed(frame)
@@ -236,9 +247,11 @@ def _workers_saturated(frame: _Frame) -> list[Reason]:
     used, typical = tree.stretch / 100, tree.typical / 100
     if used < 0.9 * cores or used < 1.2 * typical:
         return []
+    # Sampled apart, the tree's CPU can read above what it may use: no tree uses more than that.
+    used, typical = min(used, cores), min(typical, cores)
     text = (
-        f"the process tree kept {used:.1f} of its {cores:.0f} CPUs busy (typically {typical:.1f}): "
-        "the backend and its workers are saturated"
+        f"the process tree kept {used:.1f} of the {_cpus(cores)} it may use busy (typically "
+        f"{typical:.1f}): the backend and its workers are saturated"
     )
     return [Reason("workers_saturated", text, (tree.evidence,), 1 + (used / cores - 0.9) * 10)]
 
@@ -251,6 +264,9 @@ def _one_core(backend: _Compare) -> bool:
 def _gil_bound(frame: _Frame) -> list[Reason]:
     backend = frame.compare(catalogue.name_of(catalogue.PROCESS_CPU))
     if backend is None or not _one_core(backend):
+        return []
+    cores = _cores_allowed(frame)
+    if cores is not None and cores < 2:  # one core is all it may use: no telling the GIL from that
         return []
     text = (
         f"the backend itself ran at one full core ({backend.stretch:.0f}%, typically "
@@ -446,9 +462,10 @@ def _idle(frame: _Frame) -> _Compare | None:
 
 
 def _workers_cpu(timeline: Timeline) -> Floats | None:
-    """The CPU of the backend's descendants: the tree's less the backend's own, %."""
+    """The CPU of the backend's descendants: the tree's less the backend's own, %; never below 0
+    (the two are sampled apart: the tree's can read below the backend's alone)."""
     tree, own = timeline.column(_TREE_CPU), timeline.column(_OWN_CPU)
-    return None if tree is None or own is None else tree - own
+    return None if tree is None or own is None else np.maximum(tree - own, 0)
 
 
 def _workers(frame: _Frame) -> tuple[_Compare, _Compare] | None:
@@ -508,6 +525,14 @@ def _grown_phase(frame: _Frame) -> tuple[str, str, _Compare, _Compare, _Compare]
     return (phase, label, share, seconds, step) if share.stretch - share.typical >= PHASE_POINTS else None
 
 
+_PHASE_WORDS = {
+    "forward": "the forward pass",
+    "backward": "the backward pass",
+    "optimizer": "the optimizer's step",
+}
+"""A step's phase as a sentence names it (``catalogue.STEP_PHASES``' labels are a chart's)."""
+
+
 def _loop(frame: _Frame) -> list[Reason]:
     """What the training loop was doing: the phase its steps' time went to where they were timed,
     else its own CPU fallen idle, with its DataLoader workers' CPU beside it."""
@@ -521,12 +546,13 @@ def _loop(frame: _Frame) -> list[Reason]:
             idle = own
         evidence = [share.evidence, step.evidence]
         took = (
-            f"{share.stretch:.0f}% of each step (typically {share.typical:.0f}%), "
+            f"{share.stretch:.0f}% of each of {frame.steps():,} steps (typically {share.typical:.0f}%), "
             f"{seconds.stretch * 1000:.3g} ms a step against {seconds.typical * 1000:.3g} ms"
         )
         cpu = "" if own is None else f"its CPU {own.stretch:.0f}% (typically {own.typical:.0f}%)"
         if own is not None:
             evidence.append(own.evidence)
+        what = _PHASE_WORDS.get(phase, label)
         if phase == "input" and workers is not None:
             cause, text = "input_bound", f"input-bound: the loop waited for its next batch {took}"
             text += "; " + _workers_text(workers[0])
@@ -539,24 +565,29 @@ def _loop(frame: _Frame) -> list[Reason]:
             cause = "loop_idle"
             text = (
                 f"the loop slept or waited before its forward pass {took}, {cpu}, with no DataLoader "
-                "workers: a sleep, or data loaded in the loop that waited (for storage, the network)"
+                "workers: a sleep, or its own data loading waiting (for storage, the network)"
             )
         elif phase == "input":
             cause = "input_bound"
-            text = f"input-bound: the loop waited for its next batch {took}, {cpu}: loaded in the loop itself"
+            text = (
+                f"input-bound: the loop waited for its next batch {took}, {cpu}: with no DataLoader "
+                "workers, it makes its batches itself"
+            )
         elif phase == "other":
             if idle is not None:
                 cause, text = "loop_idle", f"the loop slept or waited outside its phases {took}, {cpu}"
             else:
-                cause, text = "host_work", f"host work outside the step's phases took {took}"
+                cause = "host_work"
+                text = f"host work outside the step's phases (logging, evaluation, syncing) took {took}"
+                text += f", {cpu}: the loop was busy there" if cpu else ""
         elif idle is not None:  # in forward, backward or the optimizer, its CPU idle
             if phase == "backward" and frame.launched:
                 cause, where = "collective_wait", "in the gradients' collective, for a slower rank"
             else:
                 cause, where = "phase_wait", "there (for a device, or a lock)"
-            text = f"the loop waited in {label} {took}, {cpu}: it waited {where}"
+            text = f"the loop waited in {what} {took}, {cpu}: it waited {where}"
         else:
-            cause, text = "compute_bound", f"compute-bound: {label} took {took}" + (f", {cpu}" if cpu else "")
+            cause, text = "compute_bound", f"compute-bound: {what} took {took}" + (f", {cpu}" if cpu else "")
         return [Reason(cause, text, tuple(evidence), (share.stretch - share.typical) / PHASE_POINTS)]
     if idle is None:
         return []
