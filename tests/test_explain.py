@@ -819,3 +819,27 @@ def test_no_sentence_names_the_training_loop_twice() -> None:
     assert len(texts) == 2
     for text in texts:
         assert text.count("loop") == 1, text
+
+
+@pytest.mark.parametrize("warm_up", ["stood_still", "slow"])
+def test_a_pause_or_a_slow_start_at_the_runs_beginning_is_its_start_up(tmp_path: Path, warm_up: str) -> None:
+    """Imports, the model's build and the first batch before the steady pace read as the loop
+    idle (or an evaluation): they are the run's start-up, with no cause."""
+    seconds, steps = [0.25] * 30, [125] * 30
+    if warm_up == "stood_still":
+        seconds[0], steps[0] = 3.0, 2  # the first batch, 3 s after the monitor's first record
+    else:
+        steps[:5] = [10] * 5
+    cpu = [5.0 if i <= 5 else 95.0 for i in range(31)]  # idle while it waited for its first batch
+    path = tmp_path / "runs.sqlite"
+    write_run(path, seconds, steps, **{OWN_CPU: cpu})
+    with StoreReader(str(path)) as reader:
+        (item,) = explain(reader, reader.run()).stretches
+    assert item.stretch.kind == stretches.STARTUP and item.reasons == []
+    status, printed = run_command("explain", str(path), handler=explain_command.main)
+    assert status == 0 and "the run's start-up" in printed and "not a slowdown" in printed, printed
+    assert "idle" not in printed and "evaluation" not in printed, printed
+    status, printed = run_command(
+        "plot", str(path), "--explain", "-o", str(tmp_path / "p.png"), handler=plot_command.main
+    )
+    assert status == 0, printed

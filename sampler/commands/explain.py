@@ -146,6 +146,12 @@ def render(explanation: Explanation) -> str:
             f"steps {s.start_step:,}-{s.end_step:,} "
             f"({_clock(s.start_wall)}-{_clock(s.end_wall)}, {_duration(s.seconds)})"
         )
+        if s.kind == stretches.STARTUP:
+            lines.append(
+                f"{when}: the run's start-up (imports, building the model, the first batches, "
+                "compilation) before its steady pace, not a slowdown."
+            )
+            continue
         if s.kind == stretches.PAUSE:
             lines.append(
                 f"{when}: the step stood still for {_duration(s.still_seconds)} "
