@@ -167,7 +167,7 @@ class _Frame:
 
     def steps(self) -> int:
         """The steps the judged records' windows made."""
-        return round(self.base.steps[self.inside].sum())
+        return round(float(self.base.steps[self.inside].sum()))
 
     def median(self, name: str) -> float | None:
         """``name``'s median over the judged records alone."""
