@@ -605,6 +605,51 @@ def _loop(frame: _Frame) -> list[Reason]:
     return [Reason("process_idle", text, (idle.evidence,), strength)]
 
 
+INPUT_PAUSE_SHARE = 50.0
+"""A pause whose window went this share and more to waiting for input (and ``PHASE_POINTS``
+more than typically) was the loop waiting for its input, not an evaluation or a checkpoint."""
+
+
+def pause_reasons(pauses: list[Stretch], baseline: Baseline) -> list[list[Reason]]:
+    """Per pause, what it was where the step's phases tell: the loop waited for its input through
+    it. Such pauses every so many steps, with DataLoader workers in the tree, are the workers
+    started again at each epoch (``persistent_workers=False``), each epoch's first batch waiting
+    for their start."""
+    found: list[tuple[Stretch, _Compare, bool] | None] = []
+    for pause in pauses:
+        frame = _Frame(baseline, np.array([pause.last]), False)
+        share = frame.compare(_PHASES[0][0])
+        if share is None or share.stretch < INPUT_PAUSE_SHARE or share.stretch - share.typical < PHASE_POINTS:
+            found.append(None)
+        else:
+            found.append((pause, share, _workers(frame) is not None))
+    count = sum(item is not None for item in found)
+    # Epochs of one length: the pauses came every so many steps (the records' steps within 10 %).
+    gaps = np.diff([item[0].start_step for item in found if item is not None])
+    every = float(np.median(gaps)) if len(gaps) else 0.0
+    epochs = every > 0 and bool(np.all(np.abs(gaps - every) <= 0.1 * every))
+    reasons: list[list[Reason]] = []
+    for item in found:
+        if item is None:
+            reasons.append([])
+            continue
+        pause, share, workers = item
+        text = (
+            f"the loop waited {pause.still_seconds:.1f} s for its input ({share.stretch:.0f}% of the "
+            f"window, typically {share.typical:.0f}%), not an evaluation or a checkpoint"
+        )
+        if workers and epochs:
+            text += (
+                f": the DataLoader's workers started again at each epoch (every {every:,.0f} steps,"
+                f" {count} times); persistent_workers=True keeps them"
+            )
+        elif workers:
+            text += ": its DataLoader's workers were starting, or slow to make its first batch"
+        strength = (share.stretch - share.typical) / PHASE_POINTS
+        reasons.append([Reason("input_pause", text, (share.evidence,), strength)])
+    return reasons
+
+
 RULES: tuple[Rule, ...] = (
     _loop,
     _cpu_starved,
