@@ -721,7 +721,7 @@ def write_run(
     """A run store of one run whose records' windows last and advance as given (the first record
     opens the first window), each record with ``columns``' values (NaN: none logged)."""
     where = Placement("node", 0, 0, world, world, "job" if world > 1 else "")
-    interval = min(seconds) if seconds else 0.25
+    interval = min([window for window in seconds if window > 0], default=0.25)
     began = time.time() - sum(seconds) - 10
     writer = RunWriter(str(path), RunInfo(100, ["train"], {"interval_seconds": interval}, began, where))
     base, step, mono = time.monotonic_ns() - round((sum(seconds) + 5) * 1e9), 0, 0.0
@@ -821,16 +821,19 @@ def test_no_sentence_names_the_training_loop_twice() -> None:
         assert text.count("loop") == 1, text
 
 
-@pytest.mark.parametrize("warm_up", ["stood_still", "slow"])
+@pytest.mark.parametrize("warm_up", ["stood_still", "slow", "stood_still_then_slow"])
 def test_a_pause_or_a_slow_start_at_the_runs_beginning_is_its_start_up(tmp_path: Path, warm_up: str) -> None:
     """Imports, the model's build and the first batch before the steady pace read as the loop
     idle (or an evaluation): they are the run's start-up, with no cause."""
     seconds, steps = [0.25] * 30, [125] * 30
     if warm_up == "stood_still":
         seconds[0], steps[0] = 3.0, 2  # the first batch, 3 s after the monitor's first record
-    else:
+    elif warm_up == "slow":
         steps[:5] = [10] * 5
-    cpu = [5.0 if i <= 5 else 95.0 for i in range(31)]  # idle while it waited for its first batch
+    else:  # the first batch, then slow steps while the rest warms up: one start-up
+        seconds[0], steps[0] = 3.0, 2
+        steps[1:6] = [10] * 5
+    cpu = [5.0 if i <= 6 else 95.0 for i in range(31)]  # idle while it waited for its first batch
     path = tmp_path / "runs.sqlite"
     write_run(path, seconds, steps, **{OWN_CPU: cpu})
     with StoreReader(str(path)) as reader:

@@ -21,7 +21,7 @@ without the rules' causes (its idle CPU and its wait for the first batch are the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -121,7 +121,11 @@ def find(timeline: Timeline, slow_fraction: float = SLOW_FRACTION) -> Findings:
             regular[first : last + 1] = False  # a regular window bridged into it is the stretch's
     stretches.sort(key=lambda s: s.first)
     if stretches and stretches[0].first == 1:
-        stretches[0] = replace(stretches[0], kind=STARTUP)
+        # A warm-up that stood still, then went on slowly, is one start-up, not a start-up and a slowdown.
+        last = 0
+        while last + 1 < len(stretches) and stretches[last + 1].first == stretches[last].last + 1:
+            last += 1
+        stretches[: last + 1] = [_stretch(timeline, STARTUP, 1, stretches[last].last, 0.0)]
     return Findings(typical, stretches, regular)
 
 
