@@ -846,3 +846,12 @@ def test_a_pause_or_a_slow_start_at_the_runs_beginning_is_its_start_up(tmp_path:
         "plot", str(path), "--explain", "-o", str(tmp_path / "p.png"), handler=plot_command.main
     )
     assert status == 0, printed
+
+
+def test_phase_shares_outside_0_to_100_are_read_as_their_bounds() -> None:
+    """A store written by other hands held an input share of 250 %: explain said "250% of each step"."""
+    odd = phases(input=(250, 5), forward=(-40, 40), backward=(8, 45), optimizer=(4, 8), other=(2, 2))
+    (reason,) = reasons_with(**odd, **{STEP_SECONDS: during(0.2, 0.05), OWN_CPU: during(30, 95)})
+    assert reason.cause == "loop_idle" and "100% of each of 125 steps (typically 5%)" in reason.text, (
+        reason.text
+    )

@@ -490,12 +490,23 @@ def _busy(workers: _Compare) -> bool:
     return workers.stretch - workers.typical >= WORKERS_POINTS and workers.stretch >= 1.5 * workers.typical
 
 
+def _phase_share(name: str) -> Callable[[Timeline], Floats | None]:
+    """What makes a phase's share of the step (``name``) within 0-100 % (a store written by
+    other hands can hold any number: 250 % of a step is no share)."""
+
+    def share(timeline: Timeline) -> Floats | None:
+        column = timeline.column(name)
+        return None if column is None else np.clip(column, 0, 100)
+
+    return share
+
+
 def _phase_seconds(name: str) -> Callable[[Timeline], Floats | None]:
     """What makes the seconds per step a phase (its share ``name``) took."""
 
     def seconds(timeline: Timeline) -> Floats | None:
-        share, step = timeline.column(name), timeline.column(_STEP)
-        return None if share is None or step is None else share * step / 100
+        share, step = _phase_share(name)(timeline), timeline.column(_STEP)
+        return None if share is None or step is None else share * np.clip(step, 0, None) / 100
 
     return seconds
 
@@ -509,9 +520,8 @@ def _grown_phase(frame: _Frame) -> tuple[str, str, _Compare, _Compare, _Compare]
         return None
     best: tuple[float, str, str, _Compare, _Compare] | None = None
     for name, phase, label in _PHASES:
-        column = frame.timeline.column(name)
-        share = frame.compare(name)
-        seconds = None if column is None else frame.compare(name, _phase_seconds(name))
+        share = frame.compare(name, _phase_share(name))
+        seconds = frame.compare(name, _phase_seconds(name))
         if share is None or seconds is None:
             continue
         grew = seconds.stretch - seconds.typical
@@ -618,7 +628,7 @@ def pause_reasons(pauses: list[Stretch], baseline: Baseline) -> list[list[Reason
     found: list[tuple[Stretch, _Compare, bool] | None] = []
     for pause in pauses:
         frame = _Frame(baseline, np.array([pause.last]), False)
-        share = frame.compare(_PHASES[0][0])
+        share = frame.compare(_PHASES[0][0], _phase_share(_PHASES[0][0]))
         if share is None or share.stretch < INPUT_PAUSE_SHARE or share.stretch - share.typical < PHASE_POINTS:
             found.append(None)
         else:
