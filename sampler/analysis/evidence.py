@@ -585,7 +585,11 @@ def _loop(frame: _Frame) -> list[Reason]:
             )
         elif phase == "other":
             if idle is not None:
-                cause, text = "loop_idle", f"the loop slept or waited outside its phases {took}, {cpu}"
+                cause = "loop_idle"
+                text = (
+                    f"the loop slept or waited between its steps' phases {took}, {cpu}: a sleep, or a "
+                    "wait outside the model and the DataLoader (a lock, a file, another process)"
+                )
             else:
                 cause = "host_work"
                 text = f"host work outside the step's phases (logging, evaluation, syncing) took {took}"
