@@ -1,5 +1,7 @@
 """What the analysis views cost on long runs: wall time and peak memory of ``explain`` on one
-rank's 27 hours, and of ``explain --launch`` and ``plot --launch`` on an 8-rank launch of 24 hours.
+rank's 27 hours (with a slow stretch every 2 hours, and again with one every ``--every`` seconds:
+hundreds of stretches), and of ``explain --launch`` and ``plot --launch`` on an 8-rank launch of
+24 hours.
 
     python -m bench.analysis_memory [--hours 27] [--launch-hours 24] [--ranks 8] [--json FILE]
 
@@ -7,11 +9,12 @@ The stores are synthesized in the layout of schema version 6 with bulk SQL (a re
 per run): one record a second, each with a reading of every signal of the default categories
 but gpu (the catalogue's, with their ``_peak`` and ``_mean``), of realistic size and resolution
 (percentages to 0.001, MiB to the KiB, counters that only grow), and 10 steps a second but for a
-200 s stretch every 2 hours at a fifth of that, so that ``explain`` has stretches to explain.
+200 s stretch every 2 hours (or every ``--every`` s, the last 60 s of each) at a fifth of that,
+so that ``explain`` has stretches to explain.
 Each command then runs in a fresh interpreter (``python -m sampler ...``); its wall time, its CPU
 time (what the wall time would be on a machine to itself) and its peak resident memory
-(``wait4``'s ``ru_maxrss``) are printed beside the goals: explain within 2 s and 200 MB, each
-launch view within 400 MB.
+(``wait4``'s ``ru_maxrss``) are printed beside the goals: explain within 2 s and 200 MB (within 5 s with
+hundreds of stretches), each launch view within 400 MB.
 """
 
 from __future__ import annotations
@@ -34,7 +37,12 @@ from sampler.store import schema  # noqa: E402
 from sampler.store.writer import resolution  # noqa: E402
 
 MB = 1e6
-GOALS = {"explain": (2.0, 200.0), "explain --launch": (None, 400.0), "plot --launch": (None, 400.0)}
+GOALS = {
+    "explain": (2.0, 200.0),
+    "explain, many stretches": (5.0, 200.0),
+    "explain --launch": (None, 400.0),
+    "plot --launch": (None, 400.0),
+}
 """Command -> (seconds, MB) at most; None: no goal."""
 SQL_BY_UNIT = {
     "%": "abs(random()) % 100001",
@@ -63,13 +71,17 @@ def signals() -> list[tuple[str, str]]:
     return found
 
 
-def step_sql() -> str:
-    """SQL of the step at record ``x``: 10 a second, 2 a second in the last 200 s of each 2 hours."""
-    return "10 * x - 8 * ((x / 7200) * 200 + max(0, x % 7200 - 7000))"
+def step_sql(every: int = 7200, slow: int = 200) -> str:
+    """SQL of the step at record ``x``: 10 a second, 2 a second in the last ``slow`` s of each
+    ``every`` s."""
+    return f"10 * x - 8 * ((x / {every}) * {slow} + max(0, x % {every} - {every - slow}))"
 
 
-def synthesize(path: Path, hours: float, ranks: int, launch_id: str | None) -> None:
-    """A store of ``ranks`` runs (one launch when ``launch_id``), each ``hours`` of records at 1 s."""
+def synthesize(
+    path: Path, hours: float, ranks: int, launch_id: str | None, every: int = 7200, slow: int = 200
+) -> None:
+    """A store of ``ranks`` runs (one launch when ``launch_id``), each ``hours`` of records at 1 s,
+    slowed for ``slow`` s of each ``every`` s."""
     db = schema.connect(str(path))
     named = signals()
     db.execute("BEGIN IMMEDIATE")
@@ -104,7 +116,7 @@ def synthesize(path: Path, hours: float, ranks: int, launch_id: str | None) -> N
         db.execute(
             f"WITH RECURSIVE n(x) AS (SELECT 0 UNION ALL SELECT x + 1 FROM n WHERE x < ?)"
             f" INSERT INTO records (run_id, seq, step, wall_ms{columns})"
-            f" SELECT ?, x, {step_sql()}, ? + x * 1000 + abs(random()) % 10{values} FROM n",
+            f" SELECT ?, x, {step_sql(every, slow)}, ? + x * 1000 + abs(random()) % 10{values} FROM n",
             (count - 1, run_id, round(started * 1000)),
         )
         db.execute("COMMIT")
@@ -138,24 +150,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hours", type=float, default=27.0, help="the single run's records (h at 1 s)")
     parser.add_argument("--launch-hours", type=float, default=24.0, help="each rank's records (h at 1 s)")
     parser.add_argument("--ranks", type=int, default=8, help="ranks of the launch")
+    parser.add_argument(
+        "--every", type=int, default=200, help="the many-stretch run's slow minute comes every this many s"
+    )
     parser.add_argument("--json", help="also write the numbers here")
     args = parser.parse_args(argv)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         where = Path(tmp)
         single, launch = where / "single.sqlite", where / "launch.sqlite"
+        many = where / "many.sqlite"
         began = time.perf_counter()
         synthesize(single, args.hours, 1, None)
+        synthesize(many, args.hours, 1, None, args.every, 60)
         synthesize(launch, args.launch_hours, args.ranks, "bench-launch")
         made = time.perf_counter() - began
         sizes = single.stat().st_size / MB, launch.stat().st_size / MB
         print(
-            f"synthesized in {made:.1f} s: one rank, {args.hours:g} h at 1 s ({sizes[0]:.0f} MB);"
+            f"synthesized in {made:.1f} s: one rank, {args.hours:g} h at 1 s ({sizes[0]:.0f} MB),"
+            f" and again slowed every {args.every} s;"
             f" {args.ranks} ranks of {args.launch_hours:g} h ({sizes[1]:.0f} MB);"
             f" {len(signals())} signals a record\n"
         )
         commands = {
             "explain": ["explain", str(single)],
+            "explain, many stretches": ["explain", str(many)],
             "explain --launch": ["explain", str(launch), "--launch", "bench-launch"],
             "plot --launch": [
                 "plot",

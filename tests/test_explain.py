@@ -561,7 +561,9 @@ def test_the_phase_whose_time_grew_names_what_the_loop_was_doing() -> None:
         **waiting, **{STEP_SECONDS: during(0.2, 0.05), OWN_CPU: during(30, 95), TREE_CPU: during(60, 120)}
     )
     assert reason.cause == "input_bound"
-    assert reason.text.startswith("input-bound: the loop waited for its next batch 70% of each step (")
+    assert reason.text.startswith(
+        "input-bound: the loop waited for its next batch 70% of each of 125 steps ("
+    )
     assert "140 ms a step against 2.5 ms" in reason.text
     assert (
         "its DataLoader workers used 30% CPU (typically 25%): they were not busier, so they were held up"
@@ -578,7 +580,7 @@ def test_the_phase_whose_time_grew_names_what_the_loop_was_doing() -> None:
     assert reasons_for(**waiting, **step, **alone) == ["loop_idle"]
     assert reasons_for(**waiting, **step, **{OWN_CPU: during(30, 95)}) == ["loop_idle"]
     (reason,) = reasons_with(**waiting, **step, **{OWN_CPU: during(97, 95)})
-    assert reason.cause == "input_bound" and reason.text.endswith("loaded in the loop itself")
+    assert reason.cause == "input_bound" and reason.text.endswith("it makes its batches itself")
     # A sleep in the loop: the time went outside the phases, the process idle.
     sleeping = phases(input=(1, 5), forward=(10, 40), backward=(10, 45), optimizer=(2, 8), other=(77, 2))
     cpu = {STEP_SECONDS: during(0.2, 0.05), OWN_CPU: during(25, 95)}
@@ -590,7 +592,7 @@ def test_the_phase_whose_time_grew_names_what_the_loop_was_doing() -> None:
     busy = {STEP_SECONDS: during(0.2, 0.1), OWN_CPU: during(99, 97)}
     (reason,) = reasons_with(**computing, **busy)
     assert reason.cause == "compute_bound"
-    assert reason.text.startswith("compute-bound: forward took 70% of each step")
+    assert reason.text.startswith("compute-bound: the forward pass took 70% of each of 125 steps")
     # The same forward with the process's CPU idle waited there (for a device, or a lock).
     assert reasons_for(**computing, **{**busy, OWN_CPU: during(20, 97)}) == ["phase_wait"]
     # A phase that grew too little to hold the step's growth names nothing, and the CPU rule speaks.
@@ -608,9 +610,12 @@ def test_a_rank_that_waited_in_backward_with_its_cpu_idle_waited_in_the_collecti
     found = stretches.find(records)
     (stretch,) = found.stretches
     (alone,) = evidence.reasons(records, found, stretch)
-    assert alone.cause == "phase_wait" and "the loop waited in backward 80% of each step" in alone.text
+    assert (
+        alone.cause == "phase_wait"
+        and "the loop waited in the backward pass 80% of each of 125 steps" in alone.text
+    )
     (rank,) = evidence.reasons(records, found, stretch, launched=True)
-    assert rank.cause == "collective_wait" and "80% of each step (typically 45%)" in rank.text
+    assert rank.cause == "collective_wait" and "80% of each of 125 steps (typically 45%)" in rank.text
     assert "in the gradients' collective" in rank.text
     # The same backward with the CPU busy is compute.
     busy = {**columns, OWN_CPU: during(98, 95)}
@@ -705,3 +710,148 @@ def test_a_loop_whose_cpu_stayed_under_the_phases_share_waited_there() -> None:
     assert reason.cause == "loop_idle" and "its CPU 10% (typically 24%)" in reason.text
     # Its CPU at the share of the time it spent there: it ran in it.
     assert reasons_for(**sleeping, **step, **{OWN_CPU: during(70, 24)}) == ["host_work"]
+
+
+# ------------------------------------------------------------- hostile runs (a second adversarial pass)
+
+
+def write_run(
+    path: Path, seconds: list[float], steps: list[int], world: int = 1, **columns: list[float]
+) -> None:
+    """A run store of one run whose records' windows last and advance as given (the first record
+    opens the first window), each record with ``columns``' values (NaN: none logged)."""
+    where = Placement("node", 0, 0, world, world, "job" if world > 1 else "")
+    interval = min([window for window in seconds if window > 0], default=0.25)
+    began = time.time() - sum(seconds) - 10
+    writer = RunWriter(str(path), RunInfo(100, ["train"], {"interval_seconds": interval}, began, where))
+    base, step, mono = time.monotonic_ns() - round((sum(seconds) + 5) * 1e9), 0, 0.0
+    writer.record({name: column[0] for name, column in columns.items()}, 0, base, None)
+    for i, (window, advance) in enumerate(zip(seconds, steps, strict=True)):
+        step, mono = step + advance, mono + window
+        values = {name: column[i + 1] for name, column in columns.items() if column[i + 1] == column[i + 1]}
+        writer.record(values, step, base + round(mono * 1e9), None)
+    writer.close({})
+
+
+def test_a_run_with_many_stretches_reads_each_signals_baseline_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hundreds of stretches took minutes when every stretch took every signal's median over the
+    whole run's regular records again: each is taken once, whatever the number of stretches."""
+    count, period = 2000, 40
+    seconds = [0.25] * count
+    steps = [25 if i % period >= period - 6 else 125 for i in range(count)]  # 6 slow windows in 40
+    columns = {
+        OWN_CPU: [95.0] * (count + 1),
+        TREE_CPU: [130.0] * (count + 1),
+        "resource/pressure/cpu_some_percent": [float(i % 7) for i in range(count + 1)],
+    }
+    path = tmp_path / "runs.sqlite"
+    write_run(path, seconds, steps, **columns)
+    long_reads = []
+    median = evidence._median
+
+    def counted(values: Any) -> float | None:
+        if len(values) > period:  # more records than a stretch holds: the baseline's
+            long_reads.append(len(values))
+        return median(values)
+
+    monkeypatch.setattr(evidence, "_median", counted)
+    with StoreReader(str(path)) as reader:
+        found = explain(reader, reader.run())
+    slow = [item for item in found.stretches if item.stretch.kind == stretches.SLOW]
+    assert len(slow) == count // period
+    # Each column read, and the workers' CPU derived from two of them: four baseline medians.
+    assert len(long_reads) <= len(columns) + 1, len(long_reads)
+
+
+CORES = "resource/process/cpu_cores_allowed"
+
+
+def test_cpu_figures_never_exceed_the_cpus_the_process_may_use() -> None:
+    """Sampled apart, the tree's CPU read 190 % on one allowed CPU: explain said "used 1.9 of 1
+    CPUs"."""
+    (reason,) = reasons_with(**{TREE_CPU: during(190, 60), CORES: during(1, 1)})
+    assert reason.cause == "workers_saturated"
+    assert "kept 1.0 of the 1 CPU it may use busy (typically 0.6)" in reason.text, reason.text
+    (reason,) = reasons_with(
+        **{TREE_CPU: during(80, 20), "resource/container/cpu_quota_cores": during(0.5, 0.5)}
+    )
+    assert "kept 0.5 of the 0.5 CPUs it may use busy (typically 0.2)" in reason.text, reason.text
+
+
+def test_the_gil_is_not_named_where_the_process_may_use_one_cpu() -> None:
+    """At one full core on one allowed CPU, the GIL and the CPU limit read the same."""
+    gil = {OWN_CPU: during(100, 40)}
+    assert reasons_for(**gil, **{CORES: during(4, 4)}) == ["gil_bound"]
+    assert reasons_for(**gil, **{CORES: during(1, 1)}) == []
+
+
+def test_workers_cpu_is_never_negative_and_host_work_cites_the_loops_cpu() -> None:
+    # The tree read below the process alone (sampled apart): its workers used no CPU, not -10 %.
+    (idle,) = reasons_with(**{OWN_CPU: during(25, 95), TREE_CPU: during(15, 100)})
+    assert idle.cause == "process_idle"
+    assert "its DataLoader workers used 0% CPU (typically 5%)" in idle.text, idle.text
+    # Host work rests on the loop staying busy: its CPU is the evidence, and is said.
+    sleeping = phases(input=(1, 5), forward=(10, 40), backward=(10, 45), optimizer=(2, 8), other=(77, 2))
+    (host,) = reasons_with(**sleeping, **{STEP_SECONDS: during(0.2, 0.05), OWN_CPU: during(96, 95)})
+    assert host.cause == "host_work" and "its CPU 96% (typically 95%)" in host.text, host.text
+    assert OWN_CPU in [e.signal for e in host.evidence]
+
+
+def test_a_slow_optimizer_step_is_named_in_words_with_the_steps_it_covered() -> None:
+    stepping = phases(input=(2, 5), forward=(15, 40), backward=(20, 45), optimizer=(60, 8), other=(3, 2))
+    (reason,) = reasons_with(**stepping, **{STEP_SECONDS: during(0.2, 0.05), OWN_CPU: during(99, 97)})
+    assert reason.cause == "compute_bound"
+    assert reason.text.startswith("compute-bound: the optimizer's step took 60% of each of 125 steps"), (
+        reason.text
+    )
+
+
+def test_no_sentence_names_the_training_loop_twice() -> None:
+    waiting = phases(input=(70, 5), forward=(12, 40), backward=(12, 45), optimizer=(4, 8), other=(2, 2))
+    step = {STEP_SECONDS: during(0.2, 0.05)}
+    texts = [
+        reason.text
+        for cpu in (during(30, 95), during(97, 95))  # idle, then loading in the loop
+        for reason in reasons_with(**waiting, **step, **{OWN_CPU: cpu})
+    ]
+    assert len(texts) == 2
+    for text in texts:
+        assert text.count("loop") == 1, text
+
+
+@pytest.mark.parametrize("warm_up", ["stood_still", "slow", "stood_still_then_slow"])
+def test_a_pause_or_a_slow_start_at_the_runs_beginning_is_its_start_up(tmp_path: Path, warm_up: str) -> None:
+    """Imports, the model's build and the first batch before the steady pace read as the loop
+    idle (or an evaluation): they are the run's start-up, with no cause."""
+    seconds, steps = [0.25] * 30, [125] * 30
+    if warm_up == "stood_still":
+        seconds[0], steps[0] = 3.0, 2  # the first batch, 3 s after the monitor's first record
+    elif warm_up == "slow":
+        steps[:5] = [10] * 5
+    else:  # the first batch, then slow steps while the rest warms up: one start-up
+        seconds[0], steps[0] = 3.0, 2
+        steps[1:6] = [10] * 5
+    cpu = [5.0 if i <= 6 else 95.0 for i in range(31)]  # idle while it waited for its first batch
+    path = tmp_path / "runs.sqlite"
+    write_run(path, seconds, steps, **{OWN_CPU: cpu})
+    with StoreReader(str(path)) as reader:
+        (item,) = explain(reader, reader.run()).stretches
+    assert item.stretch.kind == stretches.STARTUP and item.reasons == []
+    status, printed = run_command("explain", str(path), handler=explain_command.main)
+    assert status == 0 and "the run's start-up" in printed and "not a slowdown" in printed, printed
+    assert "idle" not in printed and "evaluation" not in printed, printed
+    status, printed = run_command(
+        "plot", str(path), "--explain", "-o", str(tmp_path / "p.png"), handler=plot_command.main
+    )
+    assert status == 0, printed
+
+
+def test_phase_shares_outside_0_to_100_are_read_as_their_bounds() -> None:
+    """A store written by other hands held an input share of 250 %: explain said "250% of each step"."""
+    odd = phases(input=(250, 5), forward=(-40, 40), backward=(8, 45), optimizer=(4, 8), other=(2, 2))
+    (reason,) = reasons_with(**odd, **{STEP_SECONDS: during(0.2, 0.05), OWN_CPU: during(30, 95)})
+    assert reason.cause == "loop_idle" and "100% of each of 125 steps (typically 5%)" in reason.text, (
+        reason.text
+    )

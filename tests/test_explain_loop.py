@@ -206,3 +206,73 @@ def test_a_loop_that_slept_then_waited_for_its_input_is_named_both_ways_with_the
         )
     assert {"input_bound", "process_idle"} <= set(shares), printed
     assert min(shares["input_bound"], shares["process_idle"]) < 1, printed  # one held for part of it
+
+
+EPOCHS = """
+import time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+STORE, PERSISTENT = {store!r}, {persistent!r}
+torch.set_num_threads(1)
+
+class Batches(Dataset):
+    def __len__(self):
+        return 300
+    def __getitem__(self, i):
+        return torch.randn(16, 64), torch.randn(16, 1)
+
+def slow_start(worker_id):  # a worker's own start-up: imports, opening its files, an index
+    time.sleep(1.5)
+
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+sampler.watch_model(model)
+monitor = sampler.ResourceMonitor(
+    store=STORE, interval_seconds=0.1, _min_interval_seconds=0.05,
+    categories=["cpu", "memory", "process", "process_tree", "pressure"],
+).start()
+loader = DataLoader(
+    Batches(), batch_size=None, num_workers=2, worker_init_fn=slow_start,
+    persistent_workers=PERSISTENT, prefetch_factor=4,
+)
+for epoch in range(4):
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+monitor.stop()
+"""
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["workers-each-epoch", "persistent-workers"])
+@pytest.mark.usefixtures("whole_machine")
+def test_dataloader_workers_started_again_at_each_epoch_are_named(tmp_path: Path, persistent: bool) -> None:
+    """Four short epochs whose two DataLoader workers take 1.5 s to start: without
+    ``persistent_workers`` each epoch after the first begins with the loop waiting for them, which
+    read as "an evaluation or a checkpoint"; with it, only the run's start-up waits."""
+    store, script = tmp_path / "runs.sqlite", tmp_path / "train.py"
+    script.write_text(backend_script(EPOCHS.format(store=str(store), persistent=persistent)))
+    backend = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = backend.communicate(timeout=120)
+    finally:
+        backend.kill()
+        backend.wait()
+    assert backend.returncode == 0, err
+    with StoreReader(str(store)) as reader:
+        explanation = explain(reader, reader.run())
+    status, printed = run_command("explain", str(store), handler=explain_command.main)
+    assert status == 0
+    print(printed)
+    named = [
+        reason for item in explanation.stretches for reason in item.reasons if reason.cause == "input_pause"
+    ]
+    if persistent:  # the workers' one start is the run's start-up (or, logged late, one input pause)
+        assert len(named) <= 1 and "started again at each epoch" not in printed, printed
+        return
+    assert len(named) >= 2, printed  # three epochs began again; one may merge into a slow stretch
+    assert "the DataLoader's workers started again at each epoch" in printed, printed
+    assert "persistent_workers=True keeps them" in printed and "not an evaluation or a checkpoint" in printed
+    assert "(an evaluation or a checkpoint, not a slowdown)" not in printed, printed

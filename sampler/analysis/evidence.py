@@ -22,6 +22,7 @@ tree's less the backend's) rising then says it waited for its input.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -75,42 +76,82 @@ class _Compare:
 
 
 def _median(values: Floats) -> float | None:
-    values = values[np.isfinite(values)]
-    return float(np.median(values)) if len(values) else None
+    """The median of the finite ``values``; None without any. Sorting is cheaper than
+    ``np.median`` on the few records a stretch's part holds, and the rules ask thousands of times."""
+    values = np.sort(values[np.isfinite(values)])
+    count = len(values)
+    if not count:
+        return None
+    return float((values[(count - 1) // 2] + values[count // 2]) / 2)
+
+
+class Baseline:
+    """The records stretches are judged against, with what every stretch reads of them computed
+    once: each signal's median, the columns derived from others, each record's window. A run with
+    hundreds of stretches reads its baseline once, not once a stretch (which took minutes)."""
+
+    def __init__(self, timeline: Timeline, records: Mask) -> None:
+        self.timeline, self.records = timeline, records
+        self.weights = np.nan_to_num(np.clip(timeline.window_seconds(), 0, None))
+        """Each record's window, s (0 for the first)."""
+        self.steps = np.nan_to_num(np.clip(timeline.window_steps(), 0, None))
+        """The steps each record's window made (0 for the first)."""
+        self._medians: dict[str, float | None] = {}
+        self._derived: dict[str, Floats | None] = {}
+        self._shares: dict[str, float] = {}
+
+    @functools.cached_property
+    def gpus(self) -> list[str]:
+        """The devices the run recorded, in order."""
+        return _gpus(self.timeline)
+
+    def median(self, key: str, column: Floats) -> float | None:
+        """The median of ``column`` (known as ``key``) over the baseline."""
+        if key not in self._medians:
+            self._medians[key] = _median(column[self.records])
+        return self._medians[key]
+
+    def derived(self, key: str, make: Callable[[Timeline], Floats | None]) -> Floats | None:
+        """The column ``make`` derives from the timeline's, made once."""
+        if key not in self._derived:
+            self._derived[key] = make(self.timeline)
+        return self._derived[key]
+
+    def share(self, name: str, column: Floats) -> float:
+        """The share of the baseline's records where ``column`` (``name``) was set."""
+        if name not in self._shares:
+            self._shares[name] = _share(column, self.records)
+        return self._shares[name]
+
+
+Indices = npt.NDArray[np.intp]
 
 
 class _Frame:
-    """The records a rule judges (``inside``) against the ``baseline`` records. The baseline's
-    medians are computed once per signal and shared (``typical``) by the frames of a stretch's
-    parts, so asking a rule of each part costs one pass over the part's records."""
+    """The records a rule judges (``inside``: their indices, in order) against the ``base``
+    records; asking a rule of a stretch's part costs a pass over the part's records alone."""
 
-    def __init__(
-        self,
-        timeline: Timeline,
-        inside: Mask,
-        baseline: Mask,
-        launched: bool,
-        typical: dict[str, float | None] | None = None,
-    ) -> None:
-        self.timeline, self.inside, self.baseline, self.launched = timeline, inside, baseline, launched
-        self._typical: dict[str, float | None] = {} if typical is None else typical
+    def __init__(self, base: Baseline, inside: Indices, launched: bool) -> None:
+        self.base, self.inside, self.launched = base, inside, launched
+        self.timeline = base.timeline
 
-    def part(self, inside: Mask) -> _Frame:
+    def part(self, inside: Indices) -> _Frame:
         """The same judged against the same baseline, over the records ``inside`` only."""
-        return _Frame(self.timeline, inside, self.baseline, self.launched, self._typical)
+        return _Frame(self.base, inside, self.launched)
 
-    def compare(self, name: str, column: Floats | None = None) -> _Compare | None:
-        """``name``'s medians (or ``column``'s, cited as ``name``); None where either side has none."""
-        if column is None:
-            column = self.timeline.column(name)
-            key = name
+    def compare(
+        self, name: str, derive: Callable[[Timeline], Floats | None] | None = None
+    ) -> _Compare | None:
+        """``name``'s medians (or those of the column ``derive`` makes, cited as ``name``); None
+        where either side has none."""
+        if derive is None:
+            column, key = self.timeline.column(name), name
         else:
-            key = "derived " + name
+            key = f"derived {name} {derive.__qualname__}"
+            column = self.base.derived(key, derive)
         if column is None:
             return None
-        if key not in self._typical:
-            self._typical[key] = _median(column[self.baseline])
-        typical = self._typical[key]
+        typical = self.base.median(key, column)
         here = _median(column[self.inside])
         if typical is None or here is None:
             return None
@@ -123,6 +164,10 @@ class _Frame:
             if found is not None:
                 return found
         return None
+
+    def steps(self) -> int:
+        """The steps the judged records' windows made."""
+        return round(float(self.base.steps[self.inside].sum()))
 
     def median(self, name: str) -> float | None:
         """``name``'s median over the judged records alone."""
@@ -189,6 +234,11 @@ def _cores_allowed(frame: _Frame) -> float | None:
     return min(limits) if limits else None
 
 
+def _cpus(cores: float) -> str:
+    """``cores`` CPUs in words: ``1 CPU``, ``0.5 CPUs``, ``8 CPUs``."""
+    return f"{cores:g} CPU" + ("" if cores == 1 else "s")
+
+
 def _workers_saturated(frame: _Frame) -> list[Reason]:
     tree = frame.compare(catalogue.name_of(catalogue.TREE_CPU))
     cores = _cores_allowed(frame)
@@ -197,9 +247,11 @@ def _workers_saturated(frame: _Frame) -> list[Reason]:
     used, typical = tree.stretch / 100, tree.typical / 100
     if used < 0.9 * cores or used < 1.2 * typical:
         return []
+    # Sampled apart, the tree's CPU can read above what it may use: no tree uses more than that.
+    used, typical = min(used, cores), min(typical, cores)
     text = (
-        f"the process tree kept {used:.1f} of its {cores:.0f} CPUs busy (typically {typical:.1f}): "
-        "the backend and its workers are saturated"
+        f"the process tree kept {used:.1f} of the {_cpus(cores)} it may use busy (typically "
+        f"{typical:.1f}): the backend and its workers are saturated"
     )
     return [Reason("workers_saturated", text, (tree.evidence,), 1 + (used / cores - 0.9) * 10)]
 
@@ -212,6 +264,9 @@ def _one_core(backend: _Compare) -> bool:
 def _gil_bound(frame: _Frame) -> list[Reason]:
     backend = frame.compare(catalogue.name_of(catalogue.PROCESS_CPU))
     if backend is None or not _one_core(backend):
+        return []
+    cores = _cores_allowed(frame)
+    if cores is not None and cores < 2:  # one core is all it may use: no telling the GIL from that
         return []
     text = (
         f"the backend itself ran at one full core ({backend.stretch:.0f}%, typically "
@@ -283,7 +338,7 @@ def _gpu_throttled_time(frame: _Frame) -> list[Reason]:
     """The driver's own count of the time each reason held the clocks down: a burst
     between samples counts, which the sampled bitmask misses."""
     reasons = []
-    for device in _gpus(frame.timeline):
+    for device in frame.base.gpus:
         for part, _, cause in catalogue.THROTTLE_REASONS:
             held = frame.compare(_throttle_share(device, part))
             if held is None or held.stretch - held.typical < THROTTLED_SHARE:
@@ -305,7 +360,7 @@ def _throttle_share(device: str, part: str) -> str:
 def _gpu_throttled(frame: _Frame) -> list[Reason]:
     """The sampled bitmask's flags, for a device whose driver counts no throttle time."""
     reasons = []
-    for device in _gpus(frame.timeline):
+    for device in frame.base.gpus:
         if any(
             frame.timeline.column(_throttle_share(device, part)) is not None
             for part, _, _ in catalogue.THROTTLE_REASONS
@@ -316,7 +371,7 @@ def _gpu_throttled(frame: _Frame) -> list[Reason]:
             column = frame.timeline.column(name)
             if column is None:
                 continue
-            share, typical = _share(column, frame.inside), _share(column, frame.baseline)
+            share, typical = _share(column, frame.inside), frame.base.share(name, column)
             if share >= 0.5 and share - typical >= 0.3:
                 text = (
                     f"GPU {device} was {why}-throttled in {share:.0%} of the stretch's samples "
@@ -328,8 +383,8 @@ def _gpu_throttled(frame: _Frame) -> list[Reason]:
     return reasons
 
 
-def _share(column: Floats, mask: Mask) -> float:
-    values = column[mask]
+def _share(column: Floats, records: Mask | Indices) -> float:
+    values = column[records]
     values = values[np.isfinite(values)]
     return float(np.mean(values > 0)) if len(values) else 0.0
 
@@ -338,7 +393,7 @@ def _gpu_idle(frame: _Frame) -> list[Reason]:
     """A GPU that waited for work: its SMs' activity (GPM) where recorded, which reads low
     while a kernel waits in a collective, else NVML's utilization, which reads 100% then."""
     reasons = []
-    for device in _gpus(frame.timeline):
+    for device in frame.base.gpus:
         names = (
             catalogue.name_of(catalogue.GPU_SM_ACTIVITY, device),
             catalogue.name_of(catalogue.GPU_UTILIZATION, device),
@@ -406,6 +461,13 @@ def _idle(frame: _Frame) -> _Compare | None:
     return own
 
 
+def _workers_cpu(timeline: Timeline) -> Floats | None:
+    """The CPU of the backend's descendants: the tree's less the backend's own, %; never below 0
+    (the two are sampled apart: the tree's can read below the backend's alone)."""
+    tree, own = timeline.column(_TREE_CPU), timeline.column(_OWN_CPU)
+    return None if tree is None or own is None else np.maximum(tree - own, 0)
+
+
 def _workers(frame: _Frame) -> tuple[_Compare, _Compare] | None:
     """The CPU of the backend's descendants (its DataLoader workers: the tree's less the backend's
     own), and the tree's, where the tree had descendants (more than one process where counted)."""
@@ -413,7 +475,7 @@ def _workers(frame: _Frame) -> tuple[_Compare, _Compare] | None:
     count = frame.median(_TREE_COUNT)
     if tree is None or own is None or (count is not None and count < 2):
         return None
-    workers, whole = frame.compare(_TREE_CPU, tree - own), frame.compare(_TREE_CPU)
+    workers, whole = frame.compare(_TREE_CPU, _workers_cpu), frame.compare(_TREE_CPU)
     if workers is None or whole is None or (count is None and max(workers.stretch, workers.typical) < 1):
         return None  # counted, workers that used no CPU are still there: held up (storage, a sleep)
     return workers, whole
@@ -428,19 +490,38 @@ def _busy(workers: _Compare) -> bool:
     return workers.stretch - workers.typical >= WORKERS_POINTS and workers.stretch >= 1.5 * workers.typical
 
 
+def _phase_share(name: str) -> Callable[[Timeline], Floats | None]:
+    """What makes a phase's share of the step (``name``) within 0-100 % (a store written by
+    other hands can hold any number: 250 % of a step is no share)."""
+
+    def share(timeline: Timeline) -> Floats | None:
+        column = timeline.column(name)
+        return None if column is None else np.clip(column, 0, 100)
+
+    return share
+
+
+def _phase_seconds(name: str) -> Callable[[Timeline], Floats | None]:
+    """What makes the seconds per step a phase (its share ``name``) took."""
+
+    def seconds(timeline: Timeline) -> Floats | None:
+        share, step = _phase_share(name)(timeline), timeline.column(_STEP)
+        return None if share is None or step is None else share * np.clip(step, 0, None) / 100
+
+    return seconds
+
+
 def _grown_phase(frame: _Frame) -> tuple[str, str, _Compare, _Compare, _Compare] | None:
     """(phase, label, its share of the step, its seconds per step, the step time) of the phase
     whose seconds per step grew most, where it holds the step's growth (``PHASE_POINTS``); None
     without phase timings."""
     step = frame.compare(_STEP)
-    steps = frame.timeline.column(_STEP)
-    if step is None or steps is None:
+    if step is None:
         return None
     best: tuple[float, str, str, _Compare, _Compare] | None = None
     for name, phase, label in _PHASES:
-        column = frame.timeline.column(name)
-        share = frame.compare(name)
-        seconds = None if column is None else frame.compare(name, column * steps / 100)
+        share = frame.compare(name, _phase_share(name))
+        seconds = frame.compare(name, _phase_seconds(name))
         if share is None or seconds is None:
             continue
         grew = seconds.stretch - seconds.typical
@@ -452,6 +533,14 @@ def _grown_phase(frame: _Frame) -> tuple[str, str, _Compare, _Compare, _Compare]
     if grew <= 0 or grew < 0.5 * (step.stretch - step.typical):
         return None
     return (phase, label, share, seconds, step) if share.stretch - share.typical >= PHASE_POINTS else None
+
+
+_PHASE_WORDS = {
+    "forward": "the forward pass",
+    "backward": "the backward pass",
+    "optimizer": "the optimizer's step",
+}
+"""A step's phase as a sentence names it (``catalogue.STEP_PHASES``' labels are a chart's)."""
 
 
 def _loop(frame: _Frame) -> list[Reason]:
@@ -467,12 +556,13 @@ def _loop(frame: _Frame) -> list[Reason]:
             idle = own
         evidence = [share.evidence, step.evidence]
         took = (
-            f"{share.stretch:.0f}% of each step (typically {share.typical:.0f}%), "
+            f"{share.stretch:.0f}% of each of {frame.steps():,} steps (typically {share.typical:.0f}%), "
             f"{seconds.stretch * 1000:.3g} ms a step against {seconds.typical * 1000:.3g} ms"
         )
         cpu = "" if own is None else f"its CPU {own.stretch:.0f}% (typically {own.typical:.0f}%)"
         if own is not None:
             evidence.append(own.evidence)
+        what = _PHASE_WORDS.get(phase, label)
         if phase == "input" and workers is not None:
             cause, text = "input_bound", f"input-bound: the loop waited for its next batch {took}"
             text += "; " + _workers_text(workers[0])
@@ -485,24 +575,33 @@ def _loop(frame: _Frame) -> list[Reason]:
             cause = "loop_idle"
             text = (
                 f"the loop slept or waited before its forward pass {took}, {cpu}, with no DataLoader "
-                "workers: a sleep, or data loaded in the loop that waited (for storage, the network)"
+                "workers: a sleep, or its own data loading waiting (for storage, the network)"
             )
         elif phase == "input":
             cause = "input_bound"
-            text = f"input-bound: the loop waited for its next batch {took}, {cpu}: loaded in the loop itself"
+            text = (
+                f"input-bound: the loop waited for its next batch {took}, {cpu}: with no DataLoader "
+                "workers, it makes its batches itself"
+            )
         elif phase == "other":
             if idle is not None:
-                cause, text = "loop_idle", f"the loop slept or waited outside its phases {took}, {cpu}"
+                cause = "loop_idle"
+                text = (
+                    f"the loop slept or waited between its steps' phases {took}, {cpu}: a sleep, or a "
+                    "wait outside the model and the DataLoader (a lock, a file, another process)"
+                )
             else:
-                cause, text = "host_work", f"host work outside the step's phases took {took}"
+                cause = "host_work"
+                text = f"host work outside the step's phases (logging, evaluation, syncing) took {took}"
+                text += f", {cpu}: the loop was busy there" if cpu else ""
         elif idle is not None:  # in forward, backward or the optimizer, its CPU idle
             if phase == "backward" and frame.launched:
                 cause, where = "collective_wait", "in the gradients' collective, for a slower rank"
             else:
                 cause, where = "phase_wait", "there (for a device, or a lock)"
-            text = f"the loop waited in {label} {took}, {cpu}: it waited {where}"
+            text = f"the loop waited in {what} {took}, {cpu}: it waited {where}"
         else:
-            cause, text = "compute_bound", f"compute-bound: {label} took {took}" + (f", {cpu}" if cpu else "")
+            cause, text = "compute_bound", f"compute-bound: {what} took {took}" + (f", {cpu}" if cpu else "")
         return [Reason(cause, text, tuple(evidence), (share.stretch - share.typical) / PHASE_POINTS)]
     if idle is None:
         return []
@@ -518,6 +617,51 @@ def _loop(frame: _Frame) -> list[Reason]:
     if workers is not None:
         text += f"; {_workers_text(workers[0])}"
     return [Reason("process_idle", text, (idle.evidence,), strength)]
+
+
+INPUT_PAUSE_SHARE = 50.0
+"""A pause whose window went this share and more to waiting for input (and ``PHASE_POINTS``
+more than typically) was the loop waiting for its input, not an evaluation or a checkpoint."""
+
+
+def pause_reasons(pauses: list[Stretch], baseline: Baseline) -> list[list[Reason]]:
+    """Per pause, what it was where the step's phases tell: the loop waited for its input through
+    it. Such pauses every so many steps, with DataLoader workers in the tree, are the workers
+    started again at each epoch (``persistent_workers=False``), each epoch's first batch waiting
+    for their start."""
+    found: list[tuple[Stretch, _Compare, bool] | None] = []
+    for pause in pauses:
+        frame = _Frame(baseline, np.array([pause.last]), False)
+        share = frame.compare(_PHASES[0][0], _phase_share(_PHASES[0][0]))
+        if share is None or share.stretch < INPUT_PAUSE_SHARE or share.stretch - share.typical < PHASE_POINTS:
+            found.append(None)
+        else:
+            found.append((pause, share, _workers(frame) is not None))
+    count = sum(item is not None for item in found)
+    # Epochs of one length: the pauses came every so many steps (the records' steps within 10 %).
+    gaps = np.diff([item[0].start_step for item in found if item is not None])
+    every = float(np.median(gaps)) if len(gaps) else 0.0
+    epochs = every > 0 and bool(np.all(np.abs(gaps - every) <= 0.1 * every))
+    reasons: list[list[Reason]] = []
+    for item in found:
+        if item is None:
+            reasons.append([])
+            continue
+        pause, share, workers = item
+        text = (
+            f"the loop waited {pause.still_seconds:.1f} s for its input ({share.stretch:.0f}% of the "
+            f"window, typically {share.typical:.0f}%), not an evaluation or a checkpoint"
+        )
+        if workers and epochs:
+            text += (
+                f": the DataLoader's workers started again at each epoch (every {every:,.0f} steps,"
+                f" {count} times); persistent_workers=True keeps them"
+            )
+        elif workers:
+            text += ": its DataLoader's workers were starting, or slow to make its first batch"
+        strength = (share.stretch - share.typical) / PHASE_POINTS
+        reasons.append([Reason("input_pause", text, (share.evidence,), strength)])
+    return reasons
 
 
 RULES: tuple[Rule, ...] = (
@@ -561,45 +705,53 @@ PART_RECORDS = 2
 is named with that share."""
 
 
-def reasons(timeline: Timeline, findings: Findings, stretch: Stretch, launched: bool = False) -> list[Reason]:
+def reasons(
+    timeline: Timeline,
+    findings: Findings,
+    stretch: Stretch,
+    launched: bool = False,
+    baseline: Baseline | None = None,
+) -> list[Reason]:
     """What the signals say of a slow ``stretch``, strongest first; empty when nothing stood out.
-    ``launched``: the run is a rank of a multi-rank launch (its backward may wait for its peers)."""
-    inside = np.zeros(len(timeline), dtype=bool)
-    inside[stretch.first : stretch.last + 1] = True
-    return against(timeline, inside, findings.regular, launched)
+    ``launched``: the run is a rank of a multi-rank launch (its backward may wait for its peers);
+    ``baseline``: the run's regular records (``findings.regular``), shared by its stretches."""
+    inside = np.arange(stretch.first, stretch.last + 1)
+    return _judged(baseline or Baseline(timeline, findings.regular), inside, launched)
 
 
 def against(timeline: Timeline, inside: Mask, baseline: Mask, launched: bool = False) -> list[Reason]:
     """What every rule says of the records ``inside`` compared with the ``baseline`` records
     (a slow stretch against the run's regular windows, or a lagging rank against the other
     ranks at the same time), strongest first: of all of them, or of the part a cause held in."""
-    whole = _Frame(timeline, inside, baseline, launched)
-    weights = np.nan_to_num(np.clip(timeline.window_seconds(), 0, None))
+    return _judged(Baseline(timeline, baseline), np.flatnonzero(inside), launched)
+
+
+def _judged(base: Baseline, inside: Indices, launched: bool) -> list[Reason]:
+    whole = _Frame(base, inside, launched)
     found = []
     for rule in RULES:
         said = rule(whole)
-        found += said + _in_part(rule, whole, weights, {reason.cause for reason in said})
+        found += said + _in_part(rule, whole, {reason.cause for reason in said})
     return sorted(found, key=lambda reason: -reason.strength)
 
 
-def _in_part(rule: Rule, whole: _Frame, weights: Floats, said: set[str]) -> list[Reason]:
+def _in_part(rule: Rule, whole: _Frame, said: set[str]) -> list[Reason]:
     """``rule``'s reasons over the parts of ``whole`` where each held, but for the causes it
-    ``said`` of the whole, where they cover ``PART_SHARE`` of its time (``weights``: each record's
-    window, s), with that share."""
-    records = np.flatnonzero(whole.inside)
+    ``said`` of the whole, where they cover ``PART_SHARE`` of its time, with that share."""
+    records = whole.inside
     if len(records) <= PART_RECORDS:
         return []
-    held: dict[str, Mask] = {}
+    held: dict[str, list[Indices]] = {}
     for chunk in np.array_split(records, min(PART_CHUNKS, len(records))):
-        part = np.zeros(len(whole.inside), dtype=bool)
-        part[chunk] = True
-        for reason in rule(whole.part(part)):
-            held.setdefault(reason.cause, np.zeros(len(whole.inside), dtype=bool))[chunk] = True
+        for reason in rule(whole.part(chunk)):
+            held.setdefault(reason.cause, []).append(chunk)
+    weights = whole.base.weights
     total = weights[records].sum()
     found = []
-    for cause, part in held.items():
-        share = weights[part].sum() / total if total > 0 else part.sum() / len(records)
-        if cause in said or share < PART_SHARE or part.sum() < PART_RECORDS:
+    for cause, chunks in held.items():
+        part = np.concatenate(chunks)
+        share = weights[part].sum() / total if total > 0 else len(part) / len(records)
+        if cause in said or share < PART_SHARE or len(part) < PART_RECORDS:
             continue
         found += [
             replace(

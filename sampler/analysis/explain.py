@@ -17,7 +17,8 @@ class Explained:
 
     stretch: Stretch
     reasons: list[Reason]
-    """Strongest first; empty for a pause, and for a slow stretch nothing stood out in."""
+    """Strongest first; empty for the start-up, a pause the step's phases do not tell (an
+    evaluation, a checkpoint), and a slow stretch nothing stood out in."""
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,16 @@ def explain(reader: StoreReader, run: Run, slow_fraction: float = stretches.SLOW
     records = timeline.load(reader, run)
     findings = stretches.find(records, slow_fraction)
     launched = run.world_size > 1
+    baseline = evidence.Baseline(records, findings.regular)  # read once, shared by every stretch
+    pauses = [s for s in findings.stretches if s.kind == stretches.PAUSE]
+    paused = dict(zip(map(id, pauses), evidence.pause_reasons(pauses, baseline), strict=True))
     explained = [
-        Explained(s, evidence.reasons(records, findings, s, launched) if s.kind == stretches.SLOW else [])
+        Explained(
+            s,
+            evidence.reasons(records, findings, s, launched, baseline)
+            if s.kind == stretches.SLOW
+            else paused.get(id(s), []),
+        )
         for s in findings.stretches
     ]
     return Explanation(run, len(records), findings.typical, explained)

@@ -13,6 +13,10 @@ drops a record at the step of the one before: the whole pause is one long window
 steps in it, between windows whose steps moved (a late record's may be long too). Such a window,
 whose standing-still time is at least ``PAUSE_INTERVALS`` intervals, ``PAUSE_STEPS`` typical steps
 and ``PAUSE_MIN_SECONDS``, is a pause, not a slowdown; two of them side by side are a run gone slow.
+
+A slow stretch or pause from the run's first window on is its start-up (imports, building the
+model, the first batches, compilation, before its steady pace), not a slowdown: it is named so,
+without the rules' causes (its idle CPU and its wait for the first batch are the start-up's).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ PAUSE_MIN_SECONDS = 1.0
 long (a thread descheduled for a moment on a busy host is no evaluation)."""
 SLOW = "slow"
 PAUSE = "pause"
+STARTUP = "startup"
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,7 @@ class Stretch:
     one window was a pause."""
 
     kind: str
-    """``slow`` or ``pause``."""
+    """``slow``, ``pause`` or ``startup``."""
     first: int
     last: int
     start_step: int
@@ -78,7 +83,7 @@ class Findings:
     typical: float
     """The typical throughput, steps/s (NaN with fewer than two records)."""
     stretches: list[Stretch]
-    """Slow stretches and pauses, in time order."""
+    """Slow stretches, pauses and the start-up, in time order."""
     regular: npt.NDArray[np.bool_]
     """Per record: its window is neither slow nor a pause (the baseline evidence is judged by)."""
 
@@ -115,6 +120,12 @@ def find(timeline: Timeline, slow_fraction: float = SLOW_FRACTION) -> Findings:
             stretches.append(_stretch(timeline, SLOW, first, last, 0.0))
             regular[first : last + 1] = False  # a regular window bridged into it is the stretch's
     stretches.sort(key=lambda s: s.first)
+    if stretches and stretches[0].first == 1:
+        # A warm-up that stood still, then went on slowly, is one start-up, not a start-up and a slowdown.
+        last = 0
+        while last + 1 < len(stretches) and stretches[last + 1].first == stretches[last].last + 1:
+            last += 1
+        stretches[: last + 1] = [_stretch(timeline, STARTUP, 1, stretches[last].last, 0.0)]
     return Findings(typical, stretches, regular)
 
 

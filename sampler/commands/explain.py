@@ -26,6 +26,7 @@ import sys
 from typing import Any, TextIO
 
 from sampler.analysis import ranks, stretches
+from sampler.analysis.evidence import Reason
 from sampler.analysis.explain import Explanation, explain
 from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, argument, open_store
 from sampler.settings.parsers import Invalid
@@ -146,20 +147,36 @@ def render(explanation: Explanation) -> str:
             f"steps {s.start_step:,}-{s.end_step:,} "
             f"({_clock(s.start_wall)}-{_clock(s.end_wall)}, {_duration(s.seconds)})"
         )
-        if s.kind == stretches.PAUSE:
+        if s.kind == stretches.STARTUP:
+            lines.append(
+                f"{when}: the run's start-up (imports, building the model, the first batches, "
+                "compilation) before its steady pace, not a slowdown."
+            )
+            continue
+        if s.kind == stretches.PAUSE and not item.reasons:
             lines.append(
                 f"{when}: the step stood still for {_duration(s.still_seconds)} "
                 "(an evaluation or a checkpoint, not a slowdown)."
             )
             continue
+        if s.kind == stretches.PAUSE:
+            lines.append(f"{when}: the step stood still for {_duration(s.still_seconds)}.")
+            lines.extend(_reason_lines(item.reasons))
+            continue
         share = s.throughput / explanation.typical
         lines.append(f"{when}: {s.throughput:.3g} steps/s, {share:.0%} of typical.")
         if not item.reasons:
             lines.append("  no evidence: nothing recorded was different from the run's typical then.")
-        for rank, reason in enumerate(item.reasons, 1):
-            cited = ", ".join(e.signal for e in reason.evidence)
-            lines.append(f"  {rank}. {reason.text} [{cited}]")
+        lines.extend(_reason_lines(item.reasons))
     return "\n".join(lines) + "\n"
+
+
+def _reason_lines(reasons: list[Reason]) -> list[str]:
+    """Numbered, each with the signals it cites."""
+    return [
+        f"  {number}. {reason.text} [{', '.join(e.signal for e in reason.evidence)}]"
+        for number, reason in enumerate(reasons, 1)
+    ]
 
 
 def render_launch(comparison: ranks.Comparison) -> str:

@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sampler import catalogue
-from sampler.analysis.stretches import PAUSE, Stretch
+from sampler.analysis.stretches import PAUSE, STARTUP, Stretch
 from sampler.store.reader import Run, StoreReader
 from sampler.util import atomicfile
 from sampler.views.lines import Line, RunPoints, lines_of
@@ -120,7 +120,11 @@ def layout(categories: list[str]) -> list[tuple[int, int]]:
     return cells
 
 
-SHADES = {PAUSE: ("0.5", 0.18, "step stood still"), "slow": ("tab:red", 0.14, "slow stretch")}
+SHADES = {
+    PAUSE: ("0.5", 0.18, "step stood still"),
+    STARTUP: ("0.5", 0.08, "start-up"),
+    "slow": ("tab:red", 0.14, "slow stretch"),
+}
 """How ``explain``'s stretches are shaded: kind -> (colour, alpha, legend label)."""
 
 
