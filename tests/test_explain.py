@@ -848,6 +848,20 @@ def test_a_pause_or_a_slow_start_at_the_runs_beginning_is_its_start_up(tmp_path:
     assert status == 0, printed
 
 
+def test_a_run_slow_from_its_start_for_longer_than_a_start_up_is_a_slowdown_with_causes(
+    tmp_path: Path,
+) -> None:
+    """Slow for its first 20 minutes with its CPU idle: something held it, which the rules name."""
+    seconds, steps = [60.0] * 60, [3000] * 60
+    steps[:20] = [300] * 20
+    cpu = [5.0 if i <= 20 else 95.0 for i in range(61)]
+    path = tmp_path / "runs.sqlite"
+    write_run(path, seconds, steps, **{OWN_CPU: cpu})
+    with StoreReader(str(path)) as reader:
+        (item,) = explain(reader, reader.run()).stretches
+    assert item.stretch.kind == stretches.SLOW and item.reasons, item
+
+
 def test_phase_shares_outside_0_to_100_are_read_as_their_bounds() -> None:
     """A store written by other hands held an input share of 250 %: explain said "250% of each step"."""
     odd = phases(input=(250, 5), forward=(-40, 40), backward=(8, 45), optimizer=(4, 8), other=(2, 2))

@@ -14,9 +14,10 @@ steps in it, between windows whose steps moved (a late record's may be long too)
 whose standing-still time is at least ``PAUSE_INTERVALS`` intervals, ``PAUSE_STEPS`` typical steps
 and ``PAUSE_MIN_SECONDS``, is a pause, not a slowdown; two of them side by side are a run gone slow.
 
-A slow stretch or pause from the run's first window on is its start-up (imports, building the
-model, the first batches, compilation, before its steady pace), not a slowdown: it is named so,
-without the rules' causes (its idle CPU and its wait for the first batch are the start-up's).
+A slow stretch or pause from the run's first window on, ended within ``STARTUP_MAX_SECONDS``, is
+its start-up (imports, building the model, the first batches, compilation, before its steady pace),
+not a slowdown: it is named so, without the rules' causes (its idle CPU and its wait for the first
+batch are the start-up's).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ long (a thread descheduled for a moment on a busy host is no evaluation)."""
 SLOW = "slow"
 PAUSE = "pause"
 STARTUP = "startup"
+STARTUP_MAX_SECONDS = 600.0
+"""Seconds from the run's first record within which a slow beginning is its start-up: a run slow
+for longer from its start was slowed by something, which the rules name."""
 
 
 @dataclass(frozen=True)
@@ -120,11 +124,16 @@ def find(timeline: Timeline, slow_fraction: float = SLOW_FRACTION) -> Findings:
             stretches.append(_stretch(timeline, SLOW, first, last, 0.0))
             regular[first : last + 1] = False  # a regular window bridged into it is the stretch's
     stretches.sort(key=lambda s: s.first)
-    if stretches and stretches[0].first == 1:
-        # A warm-up that stood still, then went on slowly, is one start-up, not a start-up and a slowdown.
-        last = 0
-        while last + 1 < len(stretches) and stretches[last + 1].first == stretches[last].last + 1:
-            last += 1
+    # A warm-up that stood still, then went on slowly, is one start-up, not a start-up and a
+    # slowdown; slowness past its first STARTUP_MAX_SECONDS is a slowdown, with its causes.
+    began, last = float(timeline.walls[0]), -1
+    while (
+        last + 1 < len(stretches)
+        and stretches[last + 1].first == (1 if last < 0 else stretches[last].last + 1)
+        and stretches[last + 1].end_wall - began <= STARTUP_MAX_SECONDS
+    ):
+        last += 1
+    if last >= 0:
         stretches[: last + 1] = [_stretch(timeline, STARTUP, 1, stretches[last].last, 0.0)]
     return Findings(typical, stretches, regular)
 
