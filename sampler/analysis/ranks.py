@@ -108,6 +108,11 @@ class Rank:
         return f"rank {self.run.rank}" + (f" (run {self.run.id})" if self.repeated else "")
 
     @property
+    def named(self) -> str:
+        """``rank 2 (run 7)`` always: where text names the run beside the rank."""
+        return f"rank {self.run.rank} (run {self.run.id})"
+
+    @property
     def typical(self) -> float:
         """Its median throughput over the grid, steps/s (NaN without one)."""
         finite = self.throughput[np.isfinite(self.throughput)]

@@ -178,7 +178,7 @@ def render_launch(comparison: ranks.Comparison) -> str:
         lines.append("No rank fell well behind the ranks' median.")
     for lag in comparison.lags:
         lines.append(
-            f"{lag.rank.label} (run {lag.rank.run.id}) lagged over steps {lag.start_step:,}-{lag.end_step:,}"
+            f"{lag.rank.named} lagged over steps {lag.start_step:,}-{lag.end_step:,}"
             f" ({_clock(lag.start_wall)}-{_clock(lag.end_wall)}, {_duration(lag.seconds)}):"
             f" {lag.throughput:.3g} steps/s against the ranks' median {lag.median:.3g},"
             f" {lag.behind:.3g} steps/s ({lag.share_behind:.0%}) behind."
@@ -211,7 +211,7 @@ def _culprit_lines(culprit: ranks.Culprit) -> str:
     typical = culprit.others_typical_backward
     grew = f" (typically {typical:.0f}%)" if typical == typical else ""
     lines = [
-        f"{culprit.rank.label} (run {culprit.rank.run.id}) held the others back in"
+        f"{culprit.rank.named} held the others back in"
         f" {_PHASE_WORDS[culprit.phase]} over steps {culprit.start_step:,}-{culprit.end_step:,}"
         f" ({_clock(culprit.start_wall)}-{_clock(culprit.end_wall)}, {_duration(culprit.seconds)}):"
         f" of each {culprit.step_seconds:.3g} s step it spent {own[ranks.INPUT]:.0f}% waiting for input"
