@@ -9,10 +9,21 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from conftest import run_command
-from test_culprit import QUIET, SLOW_INPUT, T0, compare, phased, synchronous
+from test_culprit import (
+    CPU,
+    QUIET,
+    SLOW_INPUT,
+    T0,
+    WAITING,
+    compare,
+    phased,
+    synchronous,
+    write,
+)
 
 from sampler.catalogue import STEP_PHASES
 from sampler.commands import explain as explain_command
@@ -166,3 +177,86 @@ def test_a_writer_that_died_mid_update_leaves_the_last_whole_copy() -> None:
         os.close(fd)
         reader.close()
         status.close()
+
+
+def test_a_rank_that_timed_no_phases_is_said_untimed(tmp_path: Path) -> None:
+    """Rank 2 has no watch_model(module): it is named untimed, not passed over as quiet."""
+    path = tmp_path / "runs.sqlite"
+    for rank in range(3):
+        records = []
+        for second in range(40):
+            slow = 8 <= second < 20
+            if rank == 2:
+                records.append((1 / 0.3 if slow else 10.0, {CPU: 90.0}))
+            else:
+                shares = (SLOW_INPUT if rank == 1 else WAITING) if slow else QUIET
+                records.append(phased(shares, 0.3 if slow else 0.1))
+        write(path, rank, 3, records)
+    comparison = compare(path)
+    assert [rank.run.rank for rank in comparison.untimed] == [2]
+    assert [culprit.rank.run.rank for culprit in comparison.culprits] == [1]
+    printed = explained(path)
+    assert "Untimed: rank 2 (run 3) recorded no step phases" in printed, printed
+    found = json.loads(explained(path, "--json"))["launch"]
+    assert found["untimed_ranks"] == [{"rank": 2, "run": 3}]
+    quiet = tmp_path / "quiet.sqlite"
+    for rank in range(3):
+        write(quiet, rank, 3, [phased(QUIET, 0.1) if rank != 2 else (10.0, {CPU: 90.0}) for _ in range(30)])
+    printed = explained(quiet)
+    assert "No timed rank held the others back" in printed and "Untimed: rank 2 (run 3)" in printed, printed
+
+
+def test_a_hold_that_moves_between_ranks_is_said_fleeting_not_pinned_on_one(tmp_path: Path) -> None:
+    """Each rank in turn holds the others back for 2 s (under the 3 intervals a culprit needs)
+    over 30 s: no rank is named, and the seconds held are said, with each rank's share."""
+    path = tmp_path / "runs.sqlite"
+    synchronous(path, [(k % 3, range(5 + 2 * k, 7 + 2 * k), SLOW_INPUT) for k in range(15)])
+    comparison = compare(path)
+    assert comparison.culprits == []
+    assert [rank.run.rank for rank, _ in comparison.fleeting] == [0, 1, 2]
+    assert comparison.fleeting_seconds > 20, comparison.fleeting
+    printed = explained(path)
+    assert "Fleeting: for " in printed and "the hold moved between ranks" in printed, printed
+    assert "No rank held the others back" not in printed
+    assert json.loads(explained(path, "--json"))["launch"]["fleeting_seconds"] > 20
+    # A rank named over its whole hold leaves nothing fleeting.
+    named = tmp_path / "named.sqlite"
+    synchronous(named, [(1, range(8, 20), SLOW_INPUT)])
+    comparison = compare(named)
+    assert [c.rank.run.rank for c in comparison.culprits] == [1] and comparison.fleeting == []
+
+
+def write_steps(path: Path, rank: int, steps: list[tuple[float, int]], alive: float) -> None:
+    """Rank ``rank`` of three: a record at each (second, step), phases quiet, its monitor
+    writing on until ``alive`` s (the backend logs no record while the step stands still)."""
+    where = Placement("node", rank=rank, local_rank=rank, world_size=3, local_world_size=3, run_id="job")
+    started_ns = time.monotonic_ns() - round(alive * 1e9)  # its clock at close reads ``alive`` s
+    writer = RunWriter(
+        str(path), RunInfo(100 + rank, ["train"], {"interval_seconds": 1.0}, T0, where, started_ns)
+    )
+    for second, step in steps:
+        writer.record(phased(QUIET, 0.1)[1], step, started_ns + round(second * 1e9), None)
+    writer.close({})
+
+
+def test_a_rank_stuck_while_the_others_wait_at_the_collective_is_said(tmp_path: Path) -> None:
+    """At 20 s rank 2 stops at step 200 (its input hung); ranks 0 and 1 ran one forward further
+    and wait for it in the collective: every record stops, every monitor lives on 30 s."""
+    path = tmp_path / "runs.sqlite"
+    for rank in range(3):
+        last = 200 if rank == 2 else 201
+        write_steps(path, rank, [(s, min(10 * s, last)) for s in range(1, 21)] + [(20.5, last)], alive=50)
+    comparison = compare(path)
+    assert [
+        (s.rank.run.rank, s.step, s.others_step, s.end_wall, s.others_went_on) for s in comparison.stops
+    ] == [(2, 200, 201, None, False)]
+    printed = explained(path)
+    assert "Stuck: rank 2 (run 3) stopped at step 200" in printed, printed
+    assert "waiting for it at the collective" in printed
+    assert json.loads(explained(path, "--json"))["launch"]["stops"][0]["rank"] == 2
+    # Ranks that pause together at one step for 10 s (an evaluation) and end together: no one stuck.
+    together = tmp_path / "together.sqlite"
+    for rank in range(3):
+        steps = [(s, 10 * s) for s in range(1, 21)] + [(s, 10 * s - 100) for s in range(31, 41)]
+        write_steps(together, rank, steps, alive=40.2)
+    assert compare(together).stops == []
