@@ -260,3 +260,51 @@ def test_a_rank_stuck_while_the_others_wait_at_the_collective_is_said(tmp_path: 
         steps = [(s, 10 * s) for s in range(1, 21)] + [(s, 10 * s - 100) for s in range(31, 41)]
         write_steps(together, rank, steps, alive=40.2)
     assert compare(together).stops == []
+
+
+def test_a_stuck_rank_that_comes_back_is_said_and_a_pause_of_its_own_is_not(tmp_path: Path) -> None:
+    """Rank 2 hangs 15 s at step 200 in synchronous training, then all go on (the others' first
+    records after it fall before its own); in a launch whose ranks step on their own, rank 2
+    pausing 15 s for its own evaluation while the others go on is no stop."""
+    path = tmp_path / "runs.sqlite"
+    for rank in range(3):
+        last = 200 if rank == 2 else 201
+        resume = 35.9 if rank == 2 else 35.1
+        steps = [(s, min(10 * s, last)) for s in range(1, 21)] + [(20.5, last)]
+        steps += [(resume + k, 205 + 10 * k) for k in range(10)]
+        write_steps(path, rank, steps, alive=46)
+    (stop,) = compare(path).stops
+    assert (stop.rank.run.rank, stop.step, stop.others_step, stop.others_went_on) == (2, 200, 201, False)
+    assert stop.end_wall is not None and 14 < stop.end_wall - stop.start_wall < 16
+    assert "Stuck: rank 2 (run 3) stopped at step 200" in explained(path)
+    apart = tmp_path / "apart.sqlite"
+    for rank in range(3):
+        steps = [(s, 10 * s) for s in range(1, 41)]
+        if rank == 2:
+            steps = [(s, 10 * s) for s in range(1, 21)] + [(s, 10 * s - 150) for s in range(36, 41)]
+        write_steps(apart, rank, steps, alive=40.2)
+    assert compare(apart).stops == []
+
+
+def test_a_rank_whose_monitor_went_silent_while_the_others_waited_is_said(tmp_path: Path) -> None:
+    """Rank 2's process hung holding the interpreter (or died) at step 200: its monitor wrote
+    nothing more and never ended its run, while ranks 0 and 1 waited at step 201 for 30 s."""
+    path = tmp_path / "runs.sqlite"
+    for rank in range(3):
+        last = 200 if rank == 2 else 201
+        steps = [(s, min(10 * s, last)) for s in range(1, 21)] + [(20.5, last)]
+        if rank == 2:
+            where = Placement("node", rank=2, local_rank=2, world_size=3, local_world_size=3, run_id="job")
+            started_ns = time.monotonic_ns() - round(21 * 1e9)
+            info = RunInfo(102, ["train"], {"interval_seconds": 1.0}, T0, where, started_ns)
+            writer = RunWriter(str(path), info)
+            for second, step in steps:
+                writer.record(phased(QUIET, 0.1)[1], step, started_ns + round(second * 1e9), None)
+            writer.flush()  # and no end: the process is gone or hung
+            continue
+        write_steps(path, rank, steps, alive=50)
+    (stop,) = compare(path).stops
+    assert (stop.rank.run.rank, stop.step, stop.others_step, stop.end_wall) == (2, 200, 201, None)
+    assert stop.silent
+    printed = explained(path)
+    assert "Stuck: rank 2 (run 3) stopped at step 200" in printed and "wrote nothing more" in printed, printed

@@ -246,6 +246,9 @@ class Stop:
     """The furthest other rank's step once it had stood still that long."""
     others_went_on: bool
     """Another rank made steps past ``others_step`` before it stepped again."""
+    silent: bool = False
+    """Its monitor wrote nothing more, and never ended its run: its process died, or hung
+    holding the interpreter."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -256,6 +259,7 @@ class Stop:
             "end": self.end_wall,
             "others_step": self.others_step,
             "others_went_on": self.others_went_on,
+            "silent": self.silent,
         }
 
 
@@ -556,9 +560,13 @@ def fleeting(ranks: Ranks, grid: PhaseGrid, found: list[Culprit]) -> list[tuple[
 
 def stopped(ranks: Ranks) -> list[Stop]:
     """Where each rank stopped while another rank stood at a later step (see the module), in
-    rank and time order."""
+    rank and time order: a pause of its records only where the others stood still too (ranks
+    that step on their own pause on their own), the end of its records whether they did or not."""
     found = []
     end = max((_alive_until(rank.run) for rank in ranks.ranks), default=math.nan)
+    late = max((rank.run.interval for rank in ranks.ranks), default=0.0)
+    """A record comes up to one interval after its step: the others' steps are compared this
+    long before the rank's next record."""
     for rank in ranks.ranks:
         walls, steps = rank.records.walls, rank.records.steps
         typical = rank.typical
@@ -567,22 +575,24 @@ def stopped(ranks: Ranks) -> list[Stop]:
             stretches.PAUSE_STEPS / typical if typical > 0 else 0.0,
             stretches.PAUSE_MIN_SECONDS,
         )
-        pauses: list[tuple[int, float | None]] = [
-            (int(k), float(walls[k + 1])) for k in np.flatnonzero(np.diff(walls) >= least)
+        pauses: list[tuple[int, float | None, bool]] = [
+            (int(k), float(walls[k + 1]), False) for k in np.flatnonzero(np.diff(walls) >= least)
         ]
         replaced = any(
             other.run.rank == rank.run.rank and other.run.id > rank.run.id for other in ranks.ranks
         )
-        if not replaced and _alive_until(rank.run) - walls[-1] >= least:
-            pauses.append((len(walls) - 1, None))  # its monitor lived on while its step stood still
-        for k, resumed in pauses:
+        alive = _alive_until(rank.run)
+        silent = rank.run.ended_at is None and end - alive >= least  # died, or hung holding the GIL
+        if not replaced and (alive - walls[-1] >= least or silent):
+            pauses.append((len(walls) - 1, None, silent))
+        others = [other for other in ranks.ranks if other.run.rank != rank.run.rank]
+        for k, resumed, quiet in pauses:
             start, step = float(walls[k]), float(steps[k])
-            others = [other for other in ranks.ranks if other.run.rank != rank.run.rank]
-            then = [_step_at(other, start + least) for other in others]
-            after = [_step_at(other, resumed if resumed is not None else end) for other in others]
-            ahead = max(then, default=math.nan)
-            if ahead > step:
-                found.append(Stop(rank, round(step), start, resumed, round(ahead), max(after) > ahead))
+            ahead = max((_step_at(other, start + least) for other in others), default=math.nan)
+            until = max(start + least, (resumed if resumed is not None else end) - late)
+            went_on = max(_step_at(other, until) for other in others) > ahead if others else False
+            if ahead > step and (resumed is None or not went_on):
+                found.append(Stop(rank, round(step), start, resumed, round(ahead), went_on, quiet))
     return found
 
 

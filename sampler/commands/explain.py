@@ -220,6 +220,8 @@ def _stop_line(stop: ranks.Stop) -> str:
         if stop.end_wall is not None
         else "to its records' end"
     )
+    if stop.silent:
+        until += "; its monitor wrote nothing more: the process died, or hung holding the interpreter"
     others = (
         "the others went on past it"
         if stop.others_went_on
