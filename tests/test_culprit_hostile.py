@@ -308,3 +308,17 @@ def test_a_rank_whose_monitor_went_silent_while_the_others_waited_is_said(tmp_pa
     assert stop.silent
     printed = explained(path)
     assert "Stuck: rank 2 (run 3) stopped at step 200" in printed and "wrote nothing more" in printed, printed
+
+
+def test_plot_launch_names_the_untimed_rank_in_its_title(tmp_path: Path) -> None:
+    from sampler.analysis import ranks
+    from sampler.store.reader import StoreReader
+    from sampler.views import launch_plot
+
+    path = tmp_path / "runs.sqlite"
+    for rank in range(3):
+        write(path, rank, 3, [phased(QUIET, 0.1) if rank != 1 else (10.0, {CPU: 90.0}) for _ in range(30)])
+    with StoreReader(str(path)) as reader:
+        fig = launch_plot.figure(reader, ranks.gather(reader, reader.launch("job")))
+    title = fig.get_suptitle()
+    assert title.endswith(" · step phases untimed on rank 1"), title

@@ -415,17 +415,21 @@ def compare(ranks: Ranks, share: float = stretches.SLOW_FRACTION) -> Comparison:
                 lags.append(lag)
     grid = phase_grid(ranks)
     found = culprits(ranks, grid)
-    timed = [_timed(rank) for rank in ranks.ranks]
-    untimed = [rank for rank, its in zip(ranks.ranks, timed, strict=True) if not its] if any(timed) else []
     return Comparison(
         ranks,
         lags,
         [_explained(ranks, culprit) for culprit in found],
         grid is not None,
-        untimed,
+        untimed(ranks),
         fleeting(ranks, grid, found) if grid is not None else [],
         stopped(ranks),
     )
+
+
+def untimed(ranks: Ranks) -> list[Rank]:
+    """The ranks that recorded no step phases, where another rank did (empty where none did)."""
+    timed = [_timed(rank) for rank in ranks.ranks]
+    return [rank for rank, its in zip(ranks.ranks, timed, strict=True) if not its] if any(timed) else []
 
 
 def _timed(rank: Rank) -> bool:
