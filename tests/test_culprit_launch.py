@@ -148,6 +148,10 @@ def test_explain_and_the_rule_name_rank_1_for_its_input_then_rank_2_for_its_comp
         assert all(start - EDGE <= s and e <= end + EDGE for s, e in spans), (rank, phase, spans)
         assert sum(e - s for s, e in spans) >= 0.6 * (end - start), (rank, phase, spans)
     assert quiet.timed and quiet.culprits == []
+    # Nothing else said of a real launch whose ranks all timed their steps and stopped together:
+    # no rank untimed or stuck, and no hold in short spells in the quiet one.
+    assert comparison.untimed == quiet.untimed == [] and comparison.stops == quiet.stops == []
+    assert quiet.fleeting == [], [(r.run.rank, s) for r, s in quiet.fleeting]
     if server is None:
         return
     print(

@@ -33,6 +33,16 @@ much less: it arrives at the collective last and waits least, while the others w
 Intervals in a row make a :class:`Culprit` as lagging ones make a lag, rechecked over the whole
 span once bridged; its phase is whichever of input and forward ran longer than the median rank's
 by more, and its reasons are the evidence rules on its records against the other ranks' then.
+Intervals where a rank held the others back that no culprit covers are :func:`fleeting`: where the
+holder moves between ranks, or one rank holds the others back in spells too short to name, their
+seconds are said rather than one rank named. A rank that did not time its steps (no
+``watch_model(module)`` there) is untimed: it cannot be told whether it held the others back.
+
+A rank :func:`stopped` where its records pause (or end) for as long as ``stretches`` takes a pause
+to last while another rank stood at a later step: in synchronous training the others ran one
+forward further and wait for it at the collective, so the rank behind is the one stuck; ranks that
+pause together (an evaluation, a checkpoint) stand at one step, and a rank whose run ended with
+its records did not stop.
 """
 
 from __future__ import annotations
@@ -106,6 +116,11 @@ class Rank:
     def label(self) -> str:
         """``rank 2``, or ``rank 2 (run 7)`` for one of several runs of that rank."""
         return f"rank {self.run.rank}" + (f" (run {self.run.id})" if self.repeated else "")
+
+    @property
+    def named(self) -> str:
+        """``rank 2 (run 7)`` always: where text names the run beside the rank."""
+        return f"rank {self.run.rank} (run {self.run.id})"
 
     @property
     def typical(self) -> float:
@@ -217,6 +232,38 @@ class Culprit:
 
 
 @dataclass(frozen=True)
+class Stop:
+    """Where one rank stopped stepping while another stood at a later step."""
+
+    rank: Rank
+    step: int
+    """Its step when it stopped."""
+    start_wall: float
+    """Its last record before it stopped, s since the epoch."""
+    end_wall: float | None
+    """Its next record, s since the epoch; None where its records end there."""
+    others_step: int
+    """The furthest other rank's step once it had stood still that long."""
+    others_went_on: bool
+    """Another rank made steps past ``others_step`` before it stepped again."""
+    silent: bool = False
+    """Its monitor wrote nothing more, and never ended its run: its process died, or hung
+    holding the interpreter."""
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank.run.rank,
+            "run": self.rank.run.id,
+            "step": self.step,
+            "start": self.start_wall,
+            "end": self.end_wall,
+            "others_step": self.others_step,
+            "others_went_on": self.others_went_on,
+            "silent": self.silent,
+        }
+
+
+@dataclass(frozen=True)
 class Comparison:
     """Each rank's throughput against the launch's median, the lags found, and the ranks that
     held the others back."""
@@ -226,6 +273,16 @@ class Comparison:
     culprits: list[Culprit]
     timed: bool
     """At least two ranks recorded their steps' phases (``watch_model``)."""
+    untimed: list[Rank]
+    """The ranks that recorded no step phases, where another rank did."""
+    fleeting: list[tuple[Rank, float]]
+    """Per rank, the seconds it held the others back outside every culprit (:func:`fleeting`)."""
+    stops: list[Stop]
+
+    @property
+    def fleeting_seconds(self) -> float:
+        """The seconds some rank held the others back outside every culprit."""
+        return sum(seconds for _, seconds in self.fleeting)
 
     def as_json(self) -> dict[str, Any]:
         """The comparison as plain JSON types."""
@@ -255,7 +312,11 @@ class Comparison:
                 for lag in self.lags
             ],
             "phases_timed": self.timed,
+            "untimed_ranks": [{"rank": r.run.rank, "run": r.run.id} for r in self.untimed],
             "culprits": [culprit.as_json() for culprit in self.culprits],
+            "fleeting_seconds": self.fleeting_seconds,
+            "fleeting": [{"rank": r.run.rank, "run": r.run.id, "seconds": s} for r, s in self.fleeting],
+            "stops": [stop.as_json() for stop in self.stops],
         }
 
 
@@ -354,7 +415,27 @@ def compare(ranks: Ranks, share: float = stretches.SLOW_FRACTION) -> Comparison:
                 lags.append(lag)
     grid = phase_grid(ranks)
     found = culprits(ranks, grid)
-    return Comparison(ranks, lags, [_explained(ranks, culprit) for culprit in found], grid is not None)
+    return Comparison(
+        ranks,
+        lags,
+        [_explained(ranks, culprit) for culprit in found],
+        grid is not None,
+        untimed(ranks),
+        fleeting(ranks, grid, found) if grid is not None else [],
+        stopped(ranks),
+    )
+
+
+def untimed(ranks: Ranks) -> list[Rank]:
+    """The ranks that recorded no step phases, where another rank did (empty where none did)."""
+    timed = [_timed(rank) for rank in ranks.ranks]
+    return [rank for rank, its in zip(ranks.ranks, timed, strict=True) if not its] if any(timed) else []
+
+
+def _timed(rank: Rank) -> bool:
+    """``rank`` recorded a step time (``watch_model(module)`` timed its steps)."""
+    column = rank.phases.column(_STEP_SECONDS)
+    return column is not None and bool(np.isfinite(column).any())
 
 
 @dataclass(frozen=True)
@@ -407,11 +488,7 @@ def culprits(ranks: Ranks, grid: PhaseGrid | None = None) -> list[Culprit]:
     grid = grid if grid is not None else phase_grid(ranks)
     if grid is None:
         return []
-    margin = CULPRIT_SHARE * grid.step
-    with np.errstate(invalid="ignore"):
-        holding = (grid.seconds["busy"] - grid.median["busy"] > margin) & (
-            grid.median[BACKWARD] - grid.seconds[BACKWARD] > margin
-        )
+    holding = _holding(grid)
     quiet = np.asarray(~holding.any(axis=0), dtype=bool)
     found = []
     for i, rank in enumerate(ranks.ranks):
@@ -453,6 +530,88 @@ def culprits(ranks: Ranks, grid: PhaseGrid | None = None) -> list[Culprit]:
                 )
             )
     return found
+
+
+def _holding(grid: PhaseGrid) -> npt.NDArray[np.bool_]:
+    """Per rank (row) and grid time: it held the others back over the interval ending then."""
+    margin = CULPRIT_SHARE * grid.step
+    with np.errstate(invalid="ignore"):
+        return np.asarray(
+            (grid.seconds["busy"] - grid.median["busy"] > margin)
+            & (grid.median[BACKWARD] - grid.seconds[BACKWARD] > margin),
+            dtype=bool,
+        )
+
+
+def fleeting(ranks: Ranks, grid: PhaseGrid, found: list[Culprit]) -> list[tuple[Rank, float]]:
+    """Per rank, the seconds it held the others back outside every one of ``found``, where
+    those seconds, over every rank, add up to as long as a culprit must last (rank order)."""
+    times = ranks.times
+    covered = np.zeros(len(times), dtype=bool)
+    for culprit in found:
+        covered |= (times > culprit.start_wall) & (times <= culprit.end_wall)
+    lengths = np.concatenate(([0.0], np.diff(times)))  # interval i ends at grid time i
+    loose = _holding(grid) & ~covered
+    least = max(
+        stretches.MIN_INTERVALS * max(rank.run.interval for rank in ranks.ranks), stretches.MIN_SECONDS
+    )
+    if float(lengths[loose.any(axis=0)].sum()) < least:
+        return []
+    return [
+        (rank, float(lengths[row].sum())) for rank, row in zip(ranks.ranks, loose, strict=True) if row.any()
+    ]
+
+
+def stopped(ranks: Ranks) -> list[Stop]:
+    """Where each rank stopped while another rank stood at a later step (see the module), in
+    rank and time order: a pause of its records only where the others stood still too (ranks
+    that step on their own pause on their own), the end of its records whether they did or not."""
+    found = []
+    end = max((_alive_until(rank.run) for rank in ranks.ranks), default=math.nan)
+    late = max((rank.run.interval for rank in ranks.ranks), default=0.0)
+    """A record comes up to one interval after its step: the others' steps are compared this
+    long before the rank's next record."""
+    for rank in ranks.ranks:
+        walls, steps = rank.records.walls, rank.records.steps
+        typical = rank.typical
+        least = max(
+            stretches.PAUSE_INTERVALS * rank.run.interval,
+            stretches.PAUSE_STEPS / typical if typical > 0 else 0.0,
+            stretches.PAUSE_MIN_SECONDS,
+        )
+        pauses: list[tuple[int, float | None, bool]] = [
+            (int(k), float(walls[k + 1]), False) for k in np.flatnonzero(np.diff(walls) >= least)
+        ]
+        replaced = any(
+            other.run.rank == rank.run.rank and other.run.id > rank.run.id for other in ranks.ranks
+        )
+        alive = _alive_until(rank.run)
+        silent = rank.run.ended_at is None and end - alive >= least  # died, or hung holding the GIL
+        if not replaced and (alive - walls[-1] >= least or silent):
+            pauses.append((len(walls) - 1, None, silent))
+        others = [other for other in ranks.ranks if other.run.rank != rank.run.rank]
+        for k, resumed, quiet in pauses:
+            start, step = float(walls[k]), float(steps[k])
+            ahead = max((_step_at(other, start + least) for other in others), default=math.nan)
+            until = max(start + least, (resumed if resumed is not None else end) - late)
+            went_on = max(_step_at(other, until) for other in others) > ahead if others else False
+            if ahead > step and (resumed is None or not went_on):
+                found.append(Stop(rank, round(step), start, resumed, round(ahead), went_on, quiet))
+    return found
+
+
+def _alive_until(run: Run) -> float:
+    """When ``run``'s monitor last wrote its store, on its records' clock, s since the epoch
+    (the backend logs no record while the step stands still, but goes on writing)."""
+    if run.elapsed is not None:
+        return run.started_at + run.elapsed
+    return run.ended_at if run.ended_at is not None else run.updated_at
+
+
+def _step_at(rank: Rank, wall: float) -> float:
+    """``rank``'s step at its last record at or before ``wall`` (-inf before its first)."""
+    k = int(np.searchsorted(rank.records.walls, wall, side="right"))
+    return float(rank.records.steps[k - 1]) if k else -math.inf
 
 
 def _explained(ranks: Ranks, culprit: Culprit) -> Culprit:

@@ -195,7 +195,7 @@ def render_launch(comparison: ranks.Comparison) -> str:
         lines.append("No rank fell well behind the ranks' median.")
     for lag in comparison.lags:
         lines.append(
-            f"{lag.rank.label} (run {lag.rank.run.id}) lagged over steps {lag.start_step:,}-{lag.end_step:,}"
+            f"{lag.rank.named} lagged over steps {lag.start_step:,}-{lag.end_step:,}"
             f" ({_clock(lag.start_wall)}-{_clock(lag.end_wall)}, {_duration(lag.seconds)}):"
             f" {lag.throughput:.3g} steps/s against the ranks' median {lag.median:.3g},"
             f" {lag.behind:.3g} steps/s ({lag.share_behind:.0%}) behind."
@@ -209,10 +209,45 @@ def render_launch(comparison: ranks.Comparison) -> str:
         for number, reason in enumerate(lag.reasons, 1):
             cited = ", ".join(e.signal for e in reason.evidence)
             lines.append(f"  {number}. {reason.text} [{cited}]")
-    if comparison.timed and not comparison.culprits:
-        lines.append("No rank held the others back: the ranks' step phases agree.")
+    lines.extend(_stop_line(stop) for stop in comparison.stops)
+    if comparison.untimed:
+        which = ", ".join(rank.named for rank in comparison.untimed)
+        lines.append(
+            f"Untimed: {which} recorded no step phases (no sampler.watch_model(module) there): whether"
+            " it held the others back cannot be told."
+        )
+    if comparison.timed and not comparison.culprits and not comparison.fleeting:
+        agree = "No timed rank" if comparison.untimed else "No rank"
+        lines.append(f"{agree} held the others back: the ranks' step phases agree.")
     lines.extend(_culprit_lines(culprit) for culprit in comparison.culprits)
+    if comparison.fleeting:
+        each = ", ".join(f"{rank.named} {_duration(seconds)}" for rank, seconds in comparison.fleeting)
+        moved = "moved between ranks" if len(comparison.fleeting) > 1 else "came and went"
+        lines.append(
+            f"Fleeting: for {_duration(comparison.fleeting_seconds)} in all a rank held the others back"
+            f" in spells too short to name one ({each}): the hold {moved}, no one rank's for long."
+        )
     return "\n".join(lines) + "\n"
+
+
+def _stop_line(stop: ranks.Stop) -> str:
+    """What ``explain`` says of a rank that stopped while another stood further along."""
+    until = (
+        f"for {_duration(stop.end_wall - stop.start_wall)}"
+        if stop.end_wall is not None
+        else "to its records' end"
+    )
+    if stop.silent:
+        until += "; its monitor wrote nothing more: the process died, or hung holding the interpreter"
+    others = (
+        "the others went on past it"
+        if stop.others_went_on
+        else "the others stood still too, waiting for it at the collective"
+    )
+    return (
+        f"Stuck: {stop.rank.named} stopped at step {stop.step:,} ({_clock(stop.start_wall)}, {until}) while"
+        f" another rank stood at step {stop.others_step:,}: {others}."
+    )
 
 
 def _value(value: float, unit: str) -> str:
@@ -228,7 +263,7 @@ def _culprit_lines(culprit: ranks.Culprit) -> str:
     typical = culprit.others_typical_backward
     grew = f" (typically {typical:.0f}%)" if typical == typical else ""
     lines = [
-        f"{culprit.rank.label} (run {culprit.rank.run.id}) held the others back in"
+        f"{culprit.rank.named} held the others back in"
         f" {_PHASE_WORDS[culprit.phase]} over steps {culprit.start_step:,}-{culprit.end_step:,}"
         f" ({_clock(culprit.start_wall)}-{_clock(culprit.end_wall)}, {_duration(culprit.seconds)}):"
         f" of each {culprit.step_seconds:.3g} s step it spent {own[ranks.INPUT]:.0f}% waiting for input"

@@ -58,9 +58,15 @@ The backend writes, with the health:
 
 The backend writes, per logged record while ``watch_model`` times steps, for the child to export:
 
-17. steps timed so far;
-18. to 22. nanoseconds spent so far in each phase of those steps (``catalogue.STEP_PHASES``
-    order). Written before word 17, so a reader that sees a step count sees at least its seconds.
+17. a sequence number, odd while the backend writes the words after it (a seqlock: a step
+    count from one update beside seconds from another would make a wrong time per step);
+18. steps timed so far;
+19. to 23. nanoseconds spent so far in each phase of those steps (``catalogue.STEP_PHASES``
+    order).
+
+A reader of words 18 to 23 reads the sequence number before and after them and keeps the read
+only where both are the same even number; it tries ``PHASE_READ_TRIES`` times, then returns the
+last whole copy it read (a backend killed halfway through an update leaves the number odd).
 
 The child writes, after the words:
 
@@ -109,8 +115,13 @@ ENDPOINT_NO_CLIENT = ENDPOINT_UNAVAILABLE - 2
 """``prometheus_client`` cannot be imported in the child."""
 RESTART_CAUSES: tuple[str, ...] = ("crash", "hang", "start")
 
+PHASE_READ_TRIES = 1000
+"""Reads of the phase totals before a reader keeps its last whole copy: an update takes the
+backend a few microseconds, unless its thread loses the CPU in the middle."""
+_MAX_WORD = 2**63
 _PHASE_BIAS = 16
-_PHASES_AT = 17
+_SEQUENCE_AT = 17
+_PHASES_AT = _SEQUENCE_AT + 1
 _WORDS = _PHASES_AT + 1 + len(STEP_PHASES)
 _CHILD_WORDS = 4
 CALL_BYTES = 64
@@ -133,6 +144,11 @@ def phase_of(category: str) -> int:
 def category_of(phase: int) -> str | None:
     """The category a phase belongs to, None for start-up and idle."""
     return DEFAULT_CATEGORIES[phase] if 0 <= phase < len(DEFAULT_CATEGORIES) else None
+
+
+def _fitting(value: float, last: int) -> int:
+    """``value`` rounded where a word holds it as a count (0 to 2**63 - 1), else ``last``."""
+    return round(value) if 0 <= value < _MAX_WORD else last
 
 
 def _pack(phase: int, since_ns: int) -> int:
@@ -175,8 +191,10 @@ class ChildStatus:
         """Words 4 and 5 as a plain memoryview: the backend writes them per logged record,
         cache-cold, and a memoryview store runs far less code than a numpy one."""
         self._child_words = memoryview(seg.buf)[0:24].cast("q")
-        self._phases = memoryview(seg.buf)[_PHASES_AT * 8 : _WORDS * 8].cast("q")
-        """Words 17 to 22 the same way: the backend writes them per logged record."""
+        self._phases = memoryview(seg.buf)[_SEQUENCE_AT * 8 : _WORDS * 8].cast("q")
+        """Words 17 to 23 the same way: the backend writes them per logged record."""
+        self._last_phases: tuple[int, tuple[float, ...]] = (0, (0.0,) * len(STEP_PHASES))
+        """The reader's last whole copy of the phase totals."""
         self._call = memoryview(seg.buf)[_CALL_AT:_SIZE]
         """Words 0 to 2 (phase, samples, CPU) the same way: the child marks a phase several
         times per reading."""
@@ -280,17 +298,34 @@ class ChildStatus:
 
     def publish_phases(self, steps: int, seconds: Sequence[float]) -> None:
         """Backend side: ``steps`` timed so far, and the seconds spent so far in each phase of
-        them (``catalogue.STEP_PHASES`` order)."""
+        them (``catalogue.STEP_PHASES`` order). A value that is not a number from 0 up to what
+        a word holds (NaN, inf, negative, past 2**63 ns) leaves its word as it was: it comes
+        from a clock oddity upstream, and this runs on the monitor thread."""
         words = self._phases
-        for k, spent in enumerate(seconds, 1):
-            words[k] = round(spent * 1e9)
-        words[0] = steps
+        values = [_fitting(steps, words[1])]
+        slots = range(2, len(words))  # a phase past STEP_PHASES has no word: dropped, not raised
+        values += [_fitting(spent * 1e9, words[k]) for k, spent in zip(slots, seconds, strict=False)]
+        sequence = words[0]
+        words[0] = sequence + 1  # odd: readers retry until the words below are whole again
+        for k, value in enumerate(values, 1):
+            words[k] = value
+        words[0] = sequence + 2
 
     def phases(self) -> tuple[int, tuple[float, ...]]:
-        """Child side: (steps timed so far, seconds so far per phase in ``STEP_PHASES`` order);
-        (0, zeros) while none were published."""
-        steps, *spent = _PHASES.unpack_from(self._seg.buf, _PHASES_AT * 8)
-        return steps, tuple(ns / 1e9 for ns in spent)
+        """Child side: (steps timed so far, seconds so far per phase in ``STEP_PHASES`` order)
+        from one update; (0, zeros) while none were published, and the last whole copy read
+        while an update stays under way past ``PHASE_READ_TRIES`` reads."""
+        buf = self._seg.buf
+        for _ in range(PHASE_READ_TRIES):
+            (before,) = _WORD.unpack_from(buf, _SEQUENCE_AT * 8)
+            if before & 1:
+                continue
+            steps, *spent = _PHASES.unpack_from(buf, _PHASES_AT * 8)
+            (after,) = _WORD.unpack_from(buf, _SEQUENCE_AT * 8)
+            if after == before:
+                self._last_phases = (steps, tuple(ns / 1e9 for ns in spent))
+                break
+        return self._last_phases
 
     def read(self) -> Snapshot:
         packed, samples, cpu_ns, exit_declared = _READ.unpack_from(self._seg.buf, 0)

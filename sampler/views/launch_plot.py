@@ -15,7 +15,7 @@ throughput is compared at the same time), one line per rank (gid ``rank<R>``, la
 ``rank R``), with the ranks' median dotted, and each span where a rank held the others back in
 synchronous training (``ranks.culprits``, from the step phases ``watch_model`` times) shaded in
 that rank's colour (gid ``culprit/rank<R>``, labelled ``rank R held the others back: input`` or
-``: compute``).
+``: compute``); the title names the ranks whose step phases were not timed where others' were.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sampler.analysis.ranks import INPUT, Ranks, culprits, on_grid
+from sampler.analysis.ranks import INPUT, Ranks, culprits, on_grid, untimed
 from sampler.store.reader import StoreReader
 from sampler.util.quoting import printable
 from sampler.views import plot
@@ -96,6 +96,8 @@ def figure(reader: StoreReader, ranks: Ranks, *, pattern: str | None = None) -> 
     title = f"{Path(reader.path).name}: launch {printable(ranks.launch.id)} · {ranks.launch.held}"
     if ranks.silent:
         title += " · no records from run " + ", ".join(str(run.id) for run in ranks.silent)
+    if not_timed := untimed(ranks):  # whether these held the others back cannot be told
+        title += " · step phases untimed on " + ", ".join(rank.label for rank in not_timed)
     fig.suptitle(title, fontsize=14, fontweight="bold")
     colour, alpha = BAND
     lowest = {}
