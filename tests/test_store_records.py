@@ -80,7 +80,7 @@ def test_a_record_is_one_row_its_readings_whole_numbers_and_both_views_read_them
     writer.close({})
     assert writer.error is None and writer.points_written == 9
     run = writer.run_id
-    assert rows(store, "PRAGMA user_version") == [(6,)]
+    assert rows(store, "PRAGMA user_version") == [(7,)]
     stored = rows(
         store, f'SELECT seq, step, "{CPU}", "{SWAP}" FROM records WHERE run_id = ? ORDER BY seq', run
     )
