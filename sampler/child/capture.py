@@ -168,10 +168,10 @@ def dump(memfd: int, pid: int, tid: int, signum: int) -> str | None:
 
 def label(text: str, target: StackTarget) -> str:
     """The backend's dump with its main and monitor threads named."""
-    main = f"Thread 0x{target.main_ident:016x}"
+    main = f"hread 0x{target.main_ident:016x} "
     out = []
     for line in text.splitlines():
-        if line.startswith(main):
+        if line.startswith(("Thread 0x", "Current thread 0x")) and main in line:
             line += "  [main thread]"
         elif line.startswith("Current thread 0x"):
             line += "  [WL-ResourceMonitor, which took the signal]"
