@@ -167,6 +167,53 @@ def test_blocking_calls_of_the_backend_finish_as_without_the_monitor_while_their
     assert "in blocked_read" in str(row["stacks"])
 
 
+def test_a_forked_worker_stuck_on_a_lock_taken_before_the_fork_shows_where_it_waits(tmp_path: Path) -> None:
+    store, said = run_backend(
+        tmp_path,
+        """
+        import multiprocessing, threading
+        lock = threading.Lock()
+        def take_inherited_lock():
+            lock.acquire()  # held by a thread of the parent at the fork: never released here
+        def worker(queue):
+            take_inherited_lock()
+            queue.put("batch")
+        held, release = threading.Event(), threading.Event()
+        def hold():
+            with lock:
+                held.set()
+                release.wait()
+        threading.Thread(target=hold, daemon=True).start()
+        held.wait()
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        worker_process = context.Process(target=worker, args=(queue,), daemon=True)
+        worker_process.start()
+        release.set()
+        def wait_for_batch():
+            try:
+                return queue.get(timeout=6)
+            except Exception:
+                return None
+        print("batch", wait_for_batch(), "worker", worker_process.pid, flush=True)
+        worker_process.kill()
+        worker_process.join()
+        steps[0] += 1
+        time.sleep(1)
+        mon.stop()
+        """,
+        stall_seconds=2,
+    )
+    worker = int(said.split("worker ")[1].split()[0])
+    (row,) = stall_rows(store)
+    stacks = str(row["stacks"])
+    assert any(frame.endswith("in wait_for_batch") for frame in main_thread_frames(stacks))
+    section = stacks.split(f"--- pid {worker} ")[1].split("--- pid ")[0]
+    assert "in take_inherited_lock" in section
+    assert any(t["pid"] == worker for t in json.loads(str(row["threads"])))
+    print(stalls_output(store))
+
+
 def test_a_run_with_steady_steps_records_no_stall(tmp_path: Path) -> None:
     store, _ = run_backend(
         tmp_path,
