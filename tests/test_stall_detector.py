@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from sampler.child.stall import FLOOR_SECONDS, NOT_TAKEN_RECORDS, Resumed, Stall, StallDetector
+from sampler.child.stall import (
+    FLOOR_SECONDS,
+    NOT_TAKEN_RECORDS,
+    RECAPTURES,
+    Lasting,
+    Resumed,
+    Stall,
+    StallDetector,
+)
 from sampler.ipc.status import NOT_LOGGED
 
 
-def feed(detector: StallDetector, views: list[tuple[float, int, int]]) -> list[Stall | Resumed]:
+def feed(detector: StallDetector, views: list[tuple[float, int, int]]) -> list[Stall | Lasting | Resumed]:
     events = []
     for now, step, not_taken in views:
         event = detector.observe(now, step, not_taken)
@@ -30,7 +38,7 @@ def test_a_fixed_timeout_opens_one_stall_and_the_next_step_closes_it() -> None:
     stuck = [(5.0 + t * 0.5, 10, 0) for t in range(10)]  # the step stands at 10 from 5.0
     events = feed(detector, steady + stuck)
     assert len(events) == 1
-    stall = events[0]
+    stall = events[0]  # 5 s stuck: not yet 4 times the 2.5 s it took to be seen
     assert isinstance(stall, Stall)
     assert (stall.kind, stall.step, stall.since, stall.timeout) == ("steps", 10, 5.0, 2.0)
     assert stall.waited == 2.5  # the first record past 2 s
@@ -47,7 +55,7 @@ def test_the_learned_timeout_follows_the_run_s_slow_steps_above_the_floor() -> N
     assert feed(detector, views) == []
     assert detector.timeout() == pytest.approx(100.0)
     stuck = [(400.0 + t, 20, 0) for t in range(120)]
-    events = feed(detector, stuck)
+    events = [e for e in feed(detector, stuck) if not isinstance(e, Lasting)]
     assert [e.kind for e in events if isinstance(e, Stall)] == ["steps"]
     assert events[0].waited > 100.0
 
@@ -80,3 +88,13 @@ def test_a_step_going_back_is_a_move_not_a_duration() -> None:
     detector = StallDetector("auto", 1.0)
     feed(detector, [(0.0, 100, 0), (1.0, 200, 0), (2.0, 0, 0), (3.0, 5, 0)])
     assert list(detector.durations) == [1.0 / 5]
+
+
+def test_a_lasting_stall_is_captured_again_a_bounded_number_of_times() -> None:
+    detector = StallDetector(2.0, 1.0)
+    feed(detector, [(float(t), t, 0) for t in range(5)])
+    events = feed(detector, [(5.0 + t, 5, 0) for t in range(1, 1000)])  # stuck for good
+    stall, *again = events
+    assert isinstance(stall, Stall) and stall.waited == 3.0
+    assert [type(e) for e in again] == [Lasting] * RECAPTURES
+    assert [e.waited for e in again if isinstance(e, Lasting)] == [12.0, 48.0]  # 4 and 16 times 3 s

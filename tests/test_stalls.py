@@ -214,6 +214,29 @@ def test_a_forked_worker_stuck_on_a_lock_taken_before_the_fork_shows_where_it_wa
     print(stalls_output(store))
 
 
+def test_a_stall_that_lasts_is_captured_again_and_closed_when_the_steps_resume(tmp_path: Path) -> None:
+    store, _ = run_backend(
+        tmp_path,
+        """
+        def long_checkpoint():
+            time.sleep(11)  # seen after about 1 s, captured again at about 4 s
+        long_checkpoint()
+        steps[0] += 1
+        time.sleep(1)
+        mon.stop()
+        """,
+        stall_seconds=1,
+    )
+    (row,) = stall_rows(store)
+    stacks = str(row["stacks"])
+    assert stacks.count("in long_checkpoint") >= 2 and "=== again," in stacks
+    afters = sorted({t["after"] for t in json.loads(str(row["threads"]))})
+    assert len(afters) >= 2 and afters[0] == pytest.approx(row["detected_after"], abs=0.01)
+    assert row["duration"] is not None and row["duration"] > afters[-1]
+    out = stalls_output(store)
+    assert "s into the stall" in out and "lasted" in out
+
+
 def test_a_run_with_steady_steps_records_no_stall(tmp_path: Path) -> None:
     store, _ = run_backend(
         tmp_path,

@@ -14,7 +14,6 @@ file grew by, read once it has stopped growing (bounded by ``DUMP_WAIT_SECONDS``
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import platform
 import time
@@ -76,8 +75,9 @@ class Evidence:
     handler_seconds: float | None = None
     """The backend monitor thread's CPU time across its dump (the handler's cost), when known."""
 
-    def threads_json(self) -> str:
-        return json.dumps([asdict(thread) for thread in self.threads])
+    def thread_rows(self, after: float) -> list[dict[str, object]]:
+        """The threads as the store keeps them, each with ``after``: seconds into the stall."""
+        return [{**asdict(thread), "after": round(after, 3)} for thread in self.threads]
 
 
 def _read(path: str) -> str:

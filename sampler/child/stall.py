@@ -10,7 +10,9 @@ stall:
 - ``monitor``: the backend's monitor thread has left ``NOT_TAKEN_RECORDS`` records untaken (its
   GIL held by another thread, or the process frozen), which also keeps the step from moving.
 
-Nothing is a stall before the step has moved once (loading, warm-up, a script that logs no
+A stall that lasts is captured again, ``RECAPTURES`` times at most: when it has lasted
+``RECAPTURE_FACTOR`` times as long as when it was seen, then that again. Nothing is a stall
+before the step has moved once (loading, warm-up, a script that logs no
 step), and a stall ends when the step moves again. The step is seen once per record, and it is
 the step of the record before, so a stall is seen at most two intervals after its timeout. Pure:
 time comes in as an argument.
@@ -34,6 +36,8 @@ FLOOR_INTERVALS = 3
 """A learned timeout is never shorter than this many seconds, nor this many intervals (the step
 is seen once per record)."""
 NOT_TAKEN_RECORDS = 3
+RECAPTURES = 2
+RECAPTURE_FACTOR = 4.0
 """Records the monitor thread has left in the pipe when it counts as not taking them."""
 
 
@@ -75,9 +79,23 @@ class Resumed:
         return self.at - self.stall.since
 
 
+@dataclass(frozen=True)
+class Lasting:
+    """``stall`` still lasts: time for another capture."""
+
+    stall: Stall
+    at: float
+    """Monotonic s."""
+
+    @property
+    def waited(self) -> float:
+        """Seconds from the stall's start to now."""
+        return self.at - self.stall.since
+
+
 class StallDetector:
-    """Fed once per record; ``observe`` returns a ``Stall`` as one begins, a ``Resumed`` as it
-    ends, else None."""
+    """Fed once per record; ``observe`` returns a ``Stall`` as one begins, a ``Lasting`` when it
+    is due another capture, a ``Resumed`` as it ends, else None."""
 
     def __init__(self, setting: float | str, interval: float) -> None:
         self.off = setting == STALL_OFF
@@ -92,6 +110,8 @@ class StallDetector:
         self.moved = False
         """The step has been seen moving at least once."""
         self.current: Stall | None = None
+        self.recaptures = 0
+        """Captures of the current stall after its first."""
 
     def timeout(self) -> float:
         """Seconds the step may stand still now."""
@@ -103,7 +123,7 @@ class StallDetector:
         high = ordered[min(len(ordered) - 1, math.ceil(TIMEOUT_PERCENTILE * len(ordered)) - 1)]
         return max(self.floor, TIMEOUT_FACTOR * high)
 
-    def observe(self, now: float, step: int, not_taken: int) -> Stall | Resumed | None:
+    def observe(self, now: float, step: int, not_taken: int) -> Stall | Lasting | Resumed | None:
         """One record's view: ``now`` (monotonic s), the step last logged (``NOT_LOGGED`` before
         any), the records the monitor thread has not taken."""
         if self.off or step == NOT_LOGGED:
@@ -118,7 +138,13 @@ class StallDetector:
             self.step, self.moved_at, self.moved = step, now, True
             stall, self.current = self.current, None
             return None if stall is None else Resumed(stall, now)
-        if not self.moved or self.current is not None:
+        if self.current is not None:
+            due = self.current.waited * RECAPTURE_FACTOR ** (self.recaptures + 1)
+            if self.recaptures < RECAPTURES and now - self.current.since >= due:
+                self.recaptures += 1
+                return Lasting(self.current, now)
+            return None
+        if not self.moved:
             return None
         waited = now - self.moved_at
         kind = None
@@ -131,4 +157,5 @@ class StallDetector:
         if kind is None:
             return None
         self.current = Stall(kind, step, self.moved_at, now, self.timeout(), not_taken)
+        self.recaptures = 0
         return self.current

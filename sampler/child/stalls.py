@@ -24,7 +24,7 @@ import time
 
 from sampler.child.capture import Evidence, capture, main_frames
 from sampler.child.postmortem_write import say
-from sampler.child.stall import Resumed, Stall, StallDetector
+from sampler.child.stall import Lasting, Resumed, Stall, StallDetector
 from sampler.ipc.channel import ChildParams, StackTarget
 from sampler.store import schema
 
@@ -57,10 +57,13 @@ class StallWatch:
         self.memfd = memfd
         self.wake_fd = wake_fd
         self.detector = StallDetector(params.settings.stall_seconds, params.settings.interval_seconds)
-        self._events: queue.SimpleQueue[tuple[Stall | Resumed, float]] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[tuple[Stall | Lasting | Resumed, float]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._row: int | None = None
         """The open stall's row in the store."""
+        self._threads: list[dict[str, object]] = []
+        self._notes: list[str] = []
+        """The open stall's kernel states and notes, over all its captures so far."""
         self._store_failed = False
         self.last: Evidence | None = None
         """The latest stall's evidence (for tests and benches in the child)."""
@@ -80,12 +83,15 @@ class StallWatch:
             event, wall = self._events.get()
             if isinstance(event, Stall):
                 self._open(event, wall)
+            elif isinstance(event, Lasting):
+                self._again(event)
             else:
                 self._close(event, wall)
 
     def _open(self, stall: Stall, wall: float) -> None:
         evidence = capture(self.params.backend_pid, self.target, self.memfd)
         self.last = evidence
+        self._threads, self._notes = evidence.thread_rows(stall.waited), list(evidence.notes)
         started_at = wall - stall.waited
         store = self._store()
         if store is not None:
@@ -97,13 +103,32 @@ class StallWatch:
                 (self.params.postmortem.started_at if self.params.postmortem else None, socket.gethostname(),
                  self.params.backend_pid, self.params.sources.pid, self.params.backend_pid,
                  socket.gethostname(), stall.kind, stall.step, started_at, stall.waited, stall.timeout,
-                 evidence.stacks, evidence.threads_json(), json.dumps(evidence.notes)),
+                 evidence.stacks, json.dumps(self._threads), json.dumps(self._notes)),
             )  # fmt: skip
         message = self._message(stall, evidence, store)
         if stall.kind == "monitor" or stall.not_taken >= FROZEN_NOT_TAKEN:
             say(message.removeprefix("resource monitor: "))
         else:
             log.warning("%s", message)
+
+    def _again(self, lasting: Lasting) -> None:
+        """Capture a stall that lasts once more, after what was taken before."""
+        evidence = capture(self.params.backend_pid, self.target, self.memfd)
+        self.last = evidence
+        self._threads += evidence.thread_rows(lasting.waited)
+        self._notes += [note for note in evidence.notes if note not in self._notes]
+        store = self._store()
+        if store is None or self._row is None:
+            return
+        again = None
+        if evidence.stacks is not None:
+            again = f"=== again, {lasting.waited:.0f} s into the stall\n{evidence.stacks}"
+        self._write(
+            store,
+            "UPDATE stalls SET stacks = COALESCE(stacks || char(10) || ?, ?, stacks), threads = ?, notes = ?"
+            " WHERE id = ?",
+            (again, again, json.dumps(self._threads), json.dumps(self._notes), self._row),
+        )
 
     def _close(self, resumed: Resumed, wall: float) -> None:
         stall = resumed.stall

@@ -96,19 +96,21 @@ def show(stall: StallRow, out: TextIO) -> None:
     print(headline(stall), file=out)
     for note in stall.notes:
         print(f"  note: {printable(str(note))}", file=out)
-    if stall.threads:
-        print("  threads (kernel state: R running, S sleeping, D waiting on I/O, T stopped):", file=out)
-        for t in stall.threads:
-            where = " ".join(
-                part
-                for part in (f"in {t.get('syscall')}" if t.get("syscall") else "", t.get("wchan") or "")
-                if part
-            )
-            print(
-                f"    pid {t.get('pid')} tid {t.get('tid')} {printable(str(t.get('name')))}: "
-                f"{t.get('state')} {printable(where)}".rstrip(),
-                file=out,
-            )
+    heading: object = ()  # no capture's yet: each capture's threads come under a line of their own
+    for t in stall.threads:
+        if not isinstance(t, dict):
+            continue
+        if t.get("after") != heading:
+            heading = t.get("after")
+            when = f" {heading:.0f} s into the stall" if isinstance(heading, (int, float)) else ""
+            print(f"  threads{when} (R running, S sleeping, D waiting on I/O, T stopped):", file=out)
+        calls = (f"in {t.get('syscall')}" if t.get("syscall") else "", str(t.get("wchan") or ""))
+        where = " ".join(part for part in calls if part)
+        print(
+            f"    pid {t.get('pid')} tid {t.get('tid')} {printable(str(t.get('name')))}: "
+            f"{t.get('state')} {printable(where)}".rstrip(),
+            file=out,
+        )
     if stall.stacks:
         print("  stacks (most recent call first):", file=out)
         for line in stall.stacks.splitlines():

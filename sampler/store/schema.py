@@ -90,10 +90,11 @@ Schema version 7 (``PRAGMA user_version``)::
       ended_at      REAL     when the step was seen moving again; NULL while it lasts (or
                              if the run ended stalled)
       duration      REAL     seconds from started_at to ended_at; NULL likewise
-      stacks        TEXT     every thread's Python stack, per process (faulthandler's dump;
-                             NULL where none could be taken)
+      stacks        TEXT     every thread's Python stack, per process and capture
+                             (faulthandler's dump; NULL where none could be taken)
       threads       TEXT     every thread's kernel state, a JSON list of objects: pid, tid,
-                             name, state, wchan, syscall
+                             name, state, wchan, syscall, after (s into the stall of the
+                             capture that read it)
       notes         TEXT     what could not be captured, and why; a JSON list of strings
 
 The run's clock: started_at, ended_at and the wall_time of its points are its start's
