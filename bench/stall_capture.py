@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -25,15 +26,16 @@ from sampler.supervision.stacks import STACK_SIGNAL
 
 BACKEND = textwrap.dedent(
     """
-    import os, sys, threading, time
+    import os, socket, sys, threading, time
     from sampler.supervision import stacks
-    threads, depth = int(sys.argv[1]), int(sys.argv[2])
+    threads, depth, channel = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     fd = stacks.install()
+    socket.send_fds(socket.socket(fileno=channel), [b"."], [fd])  # the very file, as the child gets it
     def deep(n):
         return deep(n - 1) if n else time.sleep(3600)
     for _ in range(threads):
         threading.Thread(target=deep, args=(depth,), daemon=True).start()
-    print(fd, threading.get_native_id(), threading.main_thread().ident, flush=True)
+    print(threading.get_native_id(), threading.main_thread().ident, flush=True)
     deep(depth)
     """
 )
@@ -48,15 +50,20 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.captures, args.threads = 3, 2
+    ours, theirs = socket.socketpair()
     backend = subprocess.Popen(
-        [sys.executable, "-c", BACKEND, str(args.threads), str(args.depth)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", BACKEND, str(args.threads), str(args.depth), str(theirs.fileno())],
+        stdout=subprocess.PIPE,
+        text=True,
+        pass_fds=[theirs.fileno()],
     )
+    theirs.close()
     try:
         assert backend.stdout is not None
-        fd, tid, main_ident = (int(word) for word in backend.stdout.readline().split())
+        tid, main_ident = (int(word) for word in backend.stdout.readline().split())
         # The main thread is signalled here (the backend has no monitor thread): it sleeps in
         # Python's time.sleep, which resumes after a handled signal.
-        memfd = os.open(f"/proc/{backend.pid}/fd/{fd}", os.O_RDONLY)
+        _, (memfd,), _, _ = socket.recv_fds(ours, 1, 1)
         target = StackTarget(STACK_SIGNAL, tid, main_ident)
         cpu, handler, wall, size = [], [], [], []
         for _ in range(args.captures):
@@ -68,13 +75,14 @@ def main() -> None:
             if evidence.handler_seconds is not None:
                 handler.append(evidence.handler_seconds)
             size.append(len(evidence.stacks))
+        left = os.fstat(memfd).st_size
         os.close(memfd)
     finally:
         backend.kill()
         backend.wait()
     print(
         f"{args.captures} captures of {args.threads + 1} threads {args.depth} frames deep "
-        f"({size[0]} B of stacks)"
+        f"({size[0]} B of stacks; the memory file holds {left} B after them)"
     )
     for name, values in (("child CPU", cpu), ("handler CPU (backend)", handler), ("wall", wall)):
         if values:

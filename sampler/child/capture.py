@@ -8,11 +8,13 @@ monitor thread, whose wait restarts, never the main thread, whose blocking C cal
 ``sleep``) would return early; in each other process of its tree (forked DataLoader workers
 inherit the handler and the memory file), its main thread, and only where ``/proc`` shows the
 signal caught there: an uncaught real-time signal ends a process. Each dump is what the memory
-file grew by, read once it has stopped growing (bounded by ``DUMP_WAIT_SECONDS``).
+file grew by, read once it has stopped growing (bounded by ``DUMP_WAIT_SECONDS``); the file is
+then emptied, so it holds one dump at most.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
@@ -163,7 +165,13 @@ def dump(memfd: int, pid: int, tid: int, signum: int) -> str | None:
         time.sleep(_POLL_SECONDS)
     if size == before:
         return None
-    return os.pread(memfd, size - before, before).decode("utf-8", "replace")
+    text = os.pread(memfd, size - before, before).decode("utf-8", "replace")
+    # The backend, its forks and this process share the file's offset (one open file, passed and
+    # inherited): emptied and rewound, the next dump starts at 0 and the file never grows past one.
+    with contextlib.suppress(OSError):
+        os.ftruncate(memfd, 0)
+        os.lseek(memfd, 0, os.SEEK_SET)
+    return text
 
 
 def label(text: str, target: StackTarget) -> str:
