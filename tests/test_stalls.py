@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import backend_script, old_store, run_command
 
-from sampler.commands import stalls
+from sampler.commands import runs, stalls
 from sampler.settings import parsers
 from sampler.store import schema
 from sampler.supervision.stacks import STACK_SIGNAL
@@ -106,6 +106,11 @@ def test_a_main_thread_asleep_with_the_gil_free_is_a_stall_its_stack_shows_the_s
     out = stalls_output(store)
     assert "stall 1: run 1" in out and "in long_wait" in out and "lasted" in out
     print(out)
+    status, listed = run_command("runs", str(store), handler=runs.main)
+    assert (
+        status == 0
+        and f"run 1 stalled once, the longest {row['duration']:.1f} s at step {row['step']}" in listed
+    )
 
 
 def test_a_training_thread_holding_the_gil_in_a_c_call_is_seen_by_the_monitor_thread_taking_no_record(

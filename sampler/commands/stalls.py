@@ -118,6 +118,23 @@ def show(stall: StallRow, out: TextIO) -> None:
     print(file=out)
 
 
+def stall_lines(found: list[StallRow], store: str) -> list[str]:
+    """A line per run that stalled (for ``runs``): how often, where the longest stood, and the
+    command that shows them."""
+    by_run: dict[int | None, list[StallRow]] = {}
+    for stall in found:
+        by_run.setdefault(stall.run_id, []).append(stall)
+    lines = []
+    for run, stalls in by_run.items():
+        longest = max(stalls, key=lambda s: s.duration if s.duration is not None else float("inf"))
+        lasted = f"{longest.duration:.1f} s" if longest.duration is not None else "still, when last seen"
+        times = "once" if len(stalls) == 1 else f"{len(stalls)} times"
+        show = f"python -m sampler stalls {store}" + (f" --run {run}" if run is not None else "")
+        which = "?" if run is None else run
+        lines.append(f"run {which} stalled {times}, the longest {lasted} at step {longest.step}: {show}")
+    return lines
+
+
 def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "stalls",
