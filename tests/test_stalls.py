@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from conftest import backend_script, old_store, run_command
 
 from sampler.commands import runs, stalls
 from sampler.settings import parsers
-from sampler.store import schema
+from sampler.store import prune, schema
 from sampler.supervision.stacks import STACK_SIGNAL
 
 pytestmark = pytest.mark.skipif(
@@ -315,3 +316,16 @@ def test_stall_seconds_reads_auto_a_number_or_off(raw: object, expected: object)
 def test_stall_seconds_refuses_anything_else(raw: object) -> None:
     with pytest.raises(parsers.Invalid, match="auto, a number of seconds, or off"):
         parsers.stall_seconds(raw, print)
+
+
+def test_pruning_a_run_removes_its_stalls(tmp_path: Path) -> None:
+    path = old_store(tmp_path / "runs.sqlite", schema.SCHEMA_VERSION)  # run 1: lost long ago
+    db = schema.connect(str(path))
+    db.execute(
+        "INSERT INTO stalls (run_id, backend_pid, host, kind, step, started_at, detected_after, timeout,"
+        " threads, notes) VALUES (1, 42, 'h', 'steps', 7, 2.0, 30.0, 30.0, '[]', '[]')"
+    )
+    gone = prune.remove(db, time.time())
+    assert [entry.run.id for entry in gone] == [1]
+    assert db.execute("SELECT COUNT(*) FROM stalls").fetchone() == (0,)
+    db.close()
