@@ -185,3 +185,11 @@ def test_hook_cost_benchmark_prints_the_hooks_cost_per_step() -> None:
             "µs per step" in said[f"training step, {way}"]
             and "% of this tiny step" in said[f"training step, {way}"]
         )
+
+
+def test_stall_capture_benchmark_prints_what_a_capture_costs_each_side() -> None:
+    done = quick("bench.stall_capture")
+    said = {line.split("median")[0].strip(): line for line in done.stdout.splitlines() if "median" in line}
+    assert set(said) == {"child CPU", "handler CPU (backend)", "wall"}
+    assert "the memory file holds 0 B after them" in done.stdout  # emptied after each dump
+    assert all(float(line.split("median")[1].split()[0]) > 0 for line in said.values())

@@ -42,8 +42,9 @@ NEW_DEFAULTS: dict[str, Any] = {
     "prometheus_sd_dir": None,
     "host_sampling": "local_rank_0",
     "run_id": None,
+    "stall_seconds": "auto",
 }
-"""The defaults of the Prometheus and placement keys."""
+"""The defaults of the Prometheus, placement and stall keys."""
 
 
 @dataclass
@@ -954,6 +955,7 @@ def test_every_field_is_a_key_of_the_resolved_config(tree: Tree) -> None:
         ENV["prometheus_sd_dir"],
         ENV["host_sampling"],
         ENV["run_id"],
+        ENV["stall_seconds"],
     ]
     assert ENV["store"] == "WL_RESOURCE_MONITOR_STORE"
     assert [field.flag for field in settings.FIELDS][5:] == [
@@ -966,6 +968,7 @@ def test_every_field_is_a_key_of_the_resolved_config(tree: Tree) -> None:
         "--prometheus-sd-dir",
         "--host-sampling",
         "--run-id",
+        "--stall-seconds",
     ]
 
 
@@ -1339,6 +1342,7 @@ def test_sources_name_each_env_var(tree: Tree, caplog: pytest.LogCaptureFixture)
         ENV["prometheus_sd_dir"]: str(tree.base / "sd"),
         ENV["host_sampling"]: "every_rank",
         ENV["run_id"]: "job-7",
+        ENV["stall_seconds"]: "off",
     }
     result = tree.resolve(environ)
     for field in settings.FIELDS:
@@ -1359,7 +1363,7 @@ def test_sources_name_the_file_and_key_that_beat_the_env(
         f"step_source: seconds\nstore: '{tree.base / 'runs.db'}'\ninner_rate_hz: 20\n"
         f"gpu_devices: [0, GPU-abc]\npostmortem_dir: '{tree.base / 'pm'}'\nprometheus_port: 9400\n"
         f"prometheus_address: 0.0.0.0\nprometheus_sd_dir: '{tree.base / 'sd'}'\nhost_sampling: every_rank\n"
-        "run_id: job-7"
+        "run_id: job-7\nstall_seconds: 90"
     )
     path = write(tree.work / FILE_NAME, section(body))
     environ = {

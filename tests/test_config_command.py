@@ -125,6 +125,7 @@ def test_json_report(scratch: Path) -> None:
         "prometheus_sd_dir": None,
         "host_sampling": "local_rank_0",
         "run_id": None,
+        "stall_seconds": "auto",
         "config_file": str(used),
     }
     assert data["sources"]["interval_seconds"] == f"{where}.interval_seconds"

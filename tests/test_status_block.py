@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from conftest import TESTS_DIR
 
 from sampler.catalogue import STEP_PHASES
 from sampler.collectors import Sources
-from sampler.ipc.channel import ChildParams, PostmortemTarget, receive_hello, send_hello
+from sampler.ipc.channel import ChildParams, PostmortemTarget, StackTarget, receive_hello, send_hello
 from sampler.ipc.status import (
     CALL_BYTES,
     ENDPOINT_BAD_ADDRESS,
@@ -159,9 +160,9 @@ def test_a_hello_with_its_three_descriptors_arrives_whole_and_one_without_them_i
     r, w = os.pipe()
     logs_r, logs_w = os.pipe()
     try:
-        send_hello(ours, params, r, w, logs_w)
-        got, status_fd, wake_fd, log_fd = receive_hello(theirs)
-        assert got == params
+        send_hello(ours, params, r, w, logs_w, None)
+        got, status_fd, wake_fd, log_fd, stacks_fd = receive_hello(theirs)
+        assert got == params and stacks_fd is None
         os.write(wake_fd, b".")  # the descriptors came in the order sent
         assert os.read(r, 1) == b"."
         os.write(log_fd, b"0 said")
@@ -337,3 +338,26 @@ def test_the_backend_publishes_the_step_phases_to_the_child_and_no_other_word_mo
     finally:
         child.close()
         status.close()
+
+
+def test_a_hello_with_a_stack_signal_carries_the_dump_s_memory_file() -> None:
+    stacks = StackTarget(signal.SIGRTMIN + 13, 1234, 5678)
+    params = ChildParams(("cpu",), MonitorSettings(), Sources("/", 1, "pynvml"), 1, 8, None, stacks=stacks)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    r, w = os.pipe()
+    memfd = os.memfd_create("test-stacks")
+    try:
+        with pytest.raises(ValueError, match="goes with its memory file"):
+            send_hello(ours, params, r, w, w, None)
+        send_hello(ours, params, r, w, w, memfd)
+        got, *fds, stacks_fd = receive_hello(theirs)
+        assert got == params and got.stacks == stacks and stacks_fd is not None
+        os.write(memfd, b"Thread 0x1")
+        assert os.pread(stacks_fd, 10, 0) == b"Thread 0x1"  # the same file
+        for fd in (*fds, stacks_fd):
+            os.close(fd)
+    finally:
+        for fd in (r, w, memfd):
+            os.close(fd)
+        ours.close()
+        theirs.close()

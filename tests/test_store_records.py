@@ -80,7 +80,7 @@ def test_a_record_is_one_row_its_readings_whole_numbers_and_both_views_read_them
     writer.close({})
     assert writer.error is None and writer.points_written == 9
     run = writer.run_id
-    assert rows(store, "PRAGMA user_version") == [(6,)]
+    assert rows(store, "PRAGMA user_version") == [(schema.SCHEMA_VERSION,)]
     stored = rows(
         store, f'SELECT seq, step, "{CPU}", "{SWAP}" FROM records WHERE run_id = ? ORDER BY seq', run
     )
@@ -153,7 +153,7 @@ def test_an_older_store_is_read_as_it_is_and_the_same_once_migrated(tmp_path: Pa
     writer = writer_of(path)  # migrates it, and writes a run of version 6 beside the old one
     writer.record({CPU: 1.5}, 9, time.monotonic_ns(), None)
     writer.close({})
-    assert rows(path, "PRAGMA user_version") == [(6,)] and writer.run_id == 2
+    assert rows(path, "PRAGMA user_version") == [(schema.SCHEMA_VERSION,)] and writer.run_id == 2
     after = read()
     assert repr(after) == repr(before)
     assert rows(path, "SELECT COUNT(*) FROM signals WHERE run_id = 1") == [(8,)]
@@ -283,7 +283,8 @@ def test_a_new_store_has_pages_that_hold_a_record_of_8_gpus(tmp_path: Path) -> N
     assert rows(store, "PRAGMA page_size") == [(schema.PAGE_SIZE,)] and schema.PAGE_SIZE == 16384
     kept = resource_points_store(tmp_path / "old.sqlite", 5)  # an older store keeps its own
     writer_of(kept).close({})
-    assert rows(kept, "PRAGMA page_size") == [(4096,)] and rows(kept, "PRAGMA user_version") == [(6,)]
+    assert rows(kept, "PRAGMA page_size") == [(4096,)]
+    assert rows(kept, "PRAGMA user_version") == [(schema.SCHEMA_VERSION,)]
 
 
 def test_a_runs_gpu_energy_is_read_from_its_records(tmp_path: Path) -> None:
@@ -311,7 +312,7 @@ def test_a_store_too_old_to_read_is_migrated_by_its_first_writer_and_its_runs_re
 ) -> None:
     path = resource_points_store(tmp_path / "old.sqlite", version)
     writer_of(path).close({})
-    assert rows(path, "PRAGMA user_version") == [(6,)]
+    assert rows(path, "PRAGMA user_version") == [(schema.SCHEMA_VERSION,)]
     with StoreReader(str(path)) as reader:
         records = reader.records(1)
         assert records.steps.tolist() == [0, 1, 2, 3] and records.values[SWAP].tolist() == [

@@ -34,6 +34,7 @@ from ringbuf import Ring
 from sampler.child import postmortem, snapshot
 from sampler.child.cadence import Cadence, Stop, inner_first, record_took
 from sampler.child.peaks import PeakTracker
+from sampler.child.stalls import StallWatch
 from sampler.collectors import Collector, build_collector, nvml
 from sampler.collectors.base import starvation
 from sampler.collectors.container import memory_cgroup
@@ -108,6 +109,8 @@ class Child:
         self.endpoint: Endpoint | None = None
         self._bind_again_ns: int | None = None
         """When to try again for a port that was in use (``time.monotonic_ns``); None: never."""
+        self.stalls: StallWatch | None = None
+        """The watch for a stalled run, fed once per record; None when stalls are not watched."""
 
     def watch(self, backend: BackendWatch) -> None:
         """Until STOP, EOF or the backend's death, then make sure the child ends;
@@ -260,7 +263,9 @@ class Child:
                     return EXIT_STARVED
             peaks.include([values[i] for i in tracked_at])
             peaks.include(marks)  # exact, where the kernel kept a high-water mark that rose
-            logged_through, _ = self.status.logged()
+            logged_through, step = self.status.logged()
+            if self.stalls is not None:
+                self.stalls.feed(timestamp_ns / 1e9, step)
             values += peaks.close(ring.head, logged_through)
             ring.write(values, timestamp_ns)
             if self.exposed is not None:
@@ -301,7 +306,7 @@ def main() -> int:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     sock = socket.socket(fileno=0)
     try:
-        params, status_fd, wake_fd, log_fd = receive_hello(sock)
+        params, status_fd, wake_fd, log_fd, stacks_fd = receive_hello(sock)
     except (ConnectionError, OSError):
         return EXIT_CLEAN  # the backend is gone before it could say anything
     status = ChildStatus.from_fd(status_fd)
@@ -316,6 +321,8 @@ def main() -> int:
     log.setLevel(logging.INFO)
     log.propagate = False
     child = Child(params, sock, wake_fd, status)
+    if params.stacks is not None:
+        child.stalls = StallWatch(params, params.stacks, stacks_fd, wake_fd)
     threading.Thread(target=child.watch, args=(backend,), name="backend-watch", daemon=True).start()
     code = 1  # an exception escaping run() below
     try:

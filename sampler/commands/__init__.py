@@ -11,10 +11,22 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from sampler.commands import config, demo, explain, export, plot, postmortem, prometheus, run, runs, top
+from sampler.commands import (
+    config,
+    demo,
+    explain,
+    export,
+    plot,
+    postmortem,
+    prometheus,
+    run,
+    runs,
+    stalls,
+    top,
+)
 from sampler.commands.common import EXIT_BROKEN_PIPE, silence
 
-COMMANDS = (demo, run, top, plot, explain, runs, export, config, postmortem, prometheus)
+COMMANDS = (demo, run, top, plot, explain, runs, stalls, export, config, postmortem, prometheus)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 from sampler import settings
 from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, argument, open_store
+from sampler.commands.stalls import read_stalls, stall_lines
 from sampler.settings.placement import whole_number
 from sampler.store import prune, schema
 from sampler.store.decoding import decode_text
@@ -112,6 +113,7 @@ def main(args: argparse.Namespace) -> int:
         if not rows:
             print(f"{args.store} has no runs yet", file=out)
             return 0
+        stalled = read_stalls(reader.db, None) or []
     table = [HEADER, *(row for row in rows if isinstance(row, tuple))]
     widths = [max(len(row[i]) for row in table) for i in range(len(HEADER))]
     for row in [HEADER, *rows]:
@@ -121,6 +123,8 @@ def main(args: argparse.Namespace) -> int:
         print(
             "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip(), file=out
         )
+    for line in stall_lines(stalled, args.store):
+        print(line, file=out)
     return 0
 
 

@@ -5,7 +5,8 @@ One Unix stream socket pair joins them; the child's end is its stdin.
 
 - backend -> child, once: the hello, ``ChildParams`` as length-prefixed JSON,
   carrying the status block's descriptor and the write ends of the wake-up
-  pipe and of the log pipe (SCM_RIGHTS);
+  pipe and of the log pipe (SCM_RIGHTS), and, where the backend has a stack
+  dump handler (``sampler.supervision.stacks``), the memory file it writes to;
 - child -> backend, once: ``RING``, carrying the ring's descriptor;
 - child -> backend, per record: ``RECORD``, one byte on the wake-up pipe, which
   wakes the reader thread. A pipe, not the socket: reading a byte from a pipe
@@ -49,6 +50,7 @@ FALLBACK_POLL_SECONDS = 0.25
 _LENGTH = struct.Struct("<I")
 _MAX_HELLO = 1 << 20
 _HELLO_FDS = 3
+"""Descriptors every hello carries; one more with ``ChildParams.stacks.signal`` set."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,20 @@ class PrometheusTarget:
 
 
 @dataclass(frozen=True)
+class StackTarget:
+    """Where the child looks when the run stalls (``sampler.child.stalls``)."""
+
+    signal: int | None
+    """The signal whose handler dumps every thread's stack into the memory file the hello carries;
+    None: the backend has no such handler (the hello then carries no memory file)."""
+    monitor_tid: int
+    """Native id of the backend's monitor thread: the one signalled, so that no other thread's
+    blocking call is interrupted."""
+    main_ident: int
+    """``threading.main_thread().ident`` in the backend, as the dump names it."""
+
+
+@dataclass(frozen=True)
 class ChildParams:
     """Everything the child needs to know, sent once in the hello."""
 
@@ -100,6 +116,8 @@ class ChildParams:
     """Where to leave a postmortem if the backend dies; None for nowhere."""
     prometheus: PrometheusTarget | None = None
     """The metrics endpoint to serve; None for none."""
+    stacks: StackTarget | None = None
+    """Who to ask for stacks when the run stalls; None: nobody (stalls are not watched)."""
 
     def encode(self) -> bytes:
         body = json.dumps(asdict(self)).encode("utf-8")
@@ -122,18 +140,29 @@ class ChildParams:
             fields["postmortem"] = PostmortemTarget(**fields["postmortem"])
         if fields["prometheus"] is not None:
             fields["prometheus"] = PrometheusTarget(**fields["prometheus"])
+        if fields.get("stacks") is not None:
+            fields["stacks"] = StackTarget(**fields["stacks"])
         return cls(**fields)
 
 
-def send_hello(sock: socket.socket, params: ChildParams, status_fd: int, wake_fd: int, log_fd: int) -> None:
+def send_hello(
+    sock: socket.socket, params: ChildParams, status_fd: int, wake_fd: int, log_fd: int, stacks_fd: int | None
+) -> None:
     """Send the hello with the status block's, the wake-up pipe's and the log pipe's descriptors
-    attached."""
-    socket.send_fds(sock, [params.encode()], [status_fd, wake_fd, log_fd])
+    attached, and the stack dump's memory file when ``params.stacks.signal`` is set."""
+    socket.send_fds(sock, [params.encode()], [status_fd, wake_fd, log_fd, *_stacks(params, stacks_fd)])
 
 
-def receive_hello(sock: socket.socket) -> tuple[ChildParams, int, int, int]:
+def _stacks(params: ChildParams, stacks_fd: int | None) -> list[int]:
+    has_signal = params.stacks is not None and params.stacks.signal is not None
+    if has_signal != (stacks_fd is not None):
+        raise ValueError("a stack signal goes with its memory file, and only with it")
+    return [] if stacks_fd is None else [stacks_fd]
+
+
+def receive_hello(sock: socket.socket) -> tuple[ChildParams, int, int, int, int | None]:
     """Block until the whole hello has arrived: (params, status block descriptor,
-    wake-up pipe's write end, log pipe's write end).
+    wake-up pipe's write end, log pipe's write end, the stack dump's memory file or None).
 
     Reads exactly the hello's bytes, so a ``STOP`` sent right after it stays
     in the socket for whoever reads next. ``ConnectionError`` if the backend
@@ -145,17 +174,19 @@ def receive_hello(sock: socket.socket) -> tuple[ChildParams, int, int, int]:
     if length > _MAX_HELLO:
         raise ConnectionError(f"a hello of {length} bytes is not one")
     body = _receive_exactly(sock, length, fds)
-    if len(fds) != _HELLO_FDS:
+    params = ChildParams.decode(body)
+    expected = _HELLO_FDS + (params.stacks is not None and params.stacks.signal is not None)
+    if len(fds) != expected:
         for fd in fds:
             os.close(fd)
-        raise ConnectionError(f"the hello carried {len(fds)} descriptors, expected {_HELLO_FDS}")
-    return ChildParams.decode(body), fds[0], fds[1], fds[2]
+        raise ConnectionError(f"the hello carried {len(fds)} descriptors, expected {expected}")
+    return params, fds[0], fds[1], fds[2], fds[3] if expected > _HELLO_FDS else None
 
 
 def _receive_exactly(sock: socket.socket, size: int, fds: list[int]) -> bytes:
     buf = b""
     while len(buf) < size:
-        data, got, _, _ = socket.recv_fds(sock, size - len(buf), _HELLO_FDS)
+        data, got, _, _ = socket.recv_fds(sock, size - len(buf), _HELLO_FDS + 1)
         fds += got
         if not data:
             raise ConnectionError("the backend closed the channel before the hello")

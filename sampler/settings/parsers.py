@@ -342,6 +342,29 @@ def run_id(raw: object, remark: Remark) -> str | None:
     return text
 
 
+STALL_AUTO = "auto"
+STALL_OFF = "off"
+
+
+def stall_seconds(raw: object, remark: Remark) -> float | str:
+    """How long the step may stand still before the run counts as stalled: ``auto`` (learned
+    from the run's own steps), seconds (a number > 0), or ``off`` (false, null or a false word but
+    ``0``)."""
+    if raw is None or raw is False:
+        return STALL_OFF
+    if isinstance(raw, str):
+        word = raw.strip().lower()
+        if word == STALL_AUTO:
+            return STALL_AUTO
+        if word in _OFF_WORDS:
+            return STALL_OFF
+    try:
+        return parse_seconds(raw)
+    except Invalid as exc:
+        expected = "expected auto, a number of seconds, or off"
+        raise Invalid(f"{exc}; {expected}", wrong_type=exc.wrong_type) from None
+
+
 ISOLATION_MODES: tuple[str, ...] = ("process", "thread")
 DEFAULT_HANG_DEADLINE_SECONDS = 5.0
 """A collector call running longer than this gets the child killed (independent of the interval)."""

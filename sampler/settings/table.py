@@ -223,6 +223,18 @@ class MonitorSettings:
         show=lambda value: "None (the launcher's)" if value is None else bounded_repr(value),
         blank_is_unset=True,
     )
+    stall_seconds: float | str = setting(
+        env="WL_RESOURCE_MONITOR_STALL_SECONDS",
+        flag="--stall-seconds",
+        default=parsers.STALL_AUTO,
+        from_text=parsers.stall_seconds,
+        from_value=parsers.stall_seconds,
+        help=(
+            "seconds without a new step before the sampling child records a stall with every thread's "
+            "stack: auto (learned from the run's step durations), a number, or off"
+        ),
+        blank_is_unset=True,
+    )
     isolation: str = setting(
         env=None,
         flag=None,

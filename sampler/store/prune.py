@@ -128,7 +128,7 @@ def _readings(db: sqlite3.Connection, run_id: int) -> int:
 
 
 def remove(db: sqlite3.Connection, cutoff: float) -> list[Prunable]:
-    """Remove the runs of ``prunable`` with their postmortems in one short transaction
+    """Remove the runs of ``prunable`` with their postmortems and stalls in one short transaction
     (``BEGIN IMMEDIATE``: no writer may touch a run between the second reading of its status
     and its removal); returns them. Their points are counted before, outside the transaction
     (that takes a while, and a run that ended or was lost writes no more), and left to
@@ -140,6 +140,7 @@ def remove(db: sqlite3.Connection, cutoff: float) -> list[Prunable]:
         gone = [entry for entry in chosen if entry.run.id in still]
         ids = [(entry.run.id,) for entry in gone]
         db.executemany("DELETE FROM postmortems WHERE run_id = ?", ids)
+        db.executemany("DELETE FROM stalls WHERE run_id = ?", ids)
         db.executemany("DELETE FROM runs WHERE id = ?", ids)
         db.execute("COMMIT")
     except BaseException:

@@ -1,6 +1,6 @@
 """The run store's SQLite schema: a public interface, versioned.
 
-Schema version 6 (``PRAGMA user_version``)::
+Schema version 7 (``PRAGMA user_version``)::
 
     runs          one row per monitor run
       id            INTEGER PRIMARY KEY AUTOINCREMENT: never given twice, not even after
@@ -74,6 +74,28 @@ Schema version 6 (``PRAGMA user_version``)::
                              per record (the format of a postmortem file)
       read_at       REAL     when someone read it (``python -m sampler postmortem``);
                              NULL while it waits to be announced and read
+    stalls        one row per stall of a run (version 7): the step stood still past its
+                  timeout, or the monitor thread took no record; written by the sampling child
+                  (``sampler.child.stalls``), which runs on when the backend cannot
+      id            INTEGER PRIMARY KEY
+      run_id        INTEGER  -> runs.id: the run that stalled; NULL if it had no row
+      backend_pid   INTEGER  the backend
+      host          TEXT     host name
+      kind          TEXT     ``steps`` (no new step past the timeout) or ``monitor`` (the
+                             backend's monitor thread took no record: its GIL held, or frozen)
+      step          INTEGER  the step the run stood at
+      started_at    REAL     when that step was first seen, s since the epoch
+      detected_after REAL    seconds from started_at to the stall's detection
+      timeout       REAL     the timeout in force, s
+      ended_at      REAL     when the step was seen moving again; NULL while it lasts (or
+                             if the run ended stalled)
+      duration      REAL     seconds from started_at to ended_at; NULL likewise
+      stacks        TEXT     every thread's Python stack, per process and capture
+                             (faulthandler's dump; NULL where none could be taken)
+      threads       TEXT     every thread's kernel state, a JSON list of objects: pid, tid,
+                             name, state, wchan, syscall, after (s into the stall of the
+                             capture that read it)
+      notes         TEXT     what could not be captured, and why; a JSON list of strings
 
 The run's clock: started_at, ended_at and the wall_time of its points are its start's
 wall time plus the monotonic time since (``sampler.util.clock``), so differences between
@@ -84,12 +106,12 @@ clock's, for readers to judge how long ago a run last wrote.
 Both views are made anew with each column added. A store created by this release has pages
 of ``PAGE_SIZE`` (a wide record stays in its page); an older one keeps its own.
 
-Version 5 is version 6 without ``records`` and ``record_columns`` (every reading a row of
-``points``); version 4 is version 5 without ``elapsed``; version 3 is version 4 with ids that a
-run removed by pruning gave back (the next new run took the highest again) and without
-``pid_started_after_boot``; version 2 is version 3 without the five placement columns of
-``runs`` (a migrated row reads rank 0 of a world of one); version 1 is version 2 without
-``postmortems``.
+Version 6 is version 7 without ``stalls``; version 5 is version 6 without ``records`` and
+``record_columns`` (every reading a row of ``points``); version 4 is version 5 without
+``elapsed``; version 3 is version 4 with ids that a run removed by pruning gave back (the next
+new run took the highest again) and without ``pid_started_after_boot``; version 2 is version 3
+without the five placement columns of ``runs`` (a migrated row reads rank 0 of a world of one);
+version 1 is version 2 without ``postmortems``.
 
 Migrations: a store opened for writing with a lower ``user_version`` is
 migrated in place, one version at a time (``_MIGRATIONS``), inside one
@@ -106,7 +128,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 READABLE_FROM = 3
 """The oldest version readers take as it is (older ones are migrated by opening them for writing)."""
 STEPS = range(-(2**63), 2**63)
@@ -225,6 +247,24 @@ _V6 = (
     ) WITHOUT ROWID""",
     "CREATE TABLE record_columns (name TEXT PRIMARY KEY, scale INTEGER NOT NULL)",
 )
+_V7 = (
+    """CREATE TABLE stalls (
+        id INTEGER PRIMARY KEY,
+        run_id INTEGER REFERENCES runs(id),
+        backend_pid INTEGER NOT NULL,
+        host TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        step INTEGER NOT NULL,
+        started_at REAL NOT NULL,
+        detected_after REAL NOT NULL,
+        timeout REAL NOT NULL,
+        ended_at REAL,
+        duration REAL,
+        stacks TEXT,
+        threads TEXT NOT NULL,
+        notes TEXT NOT NULL
+    )""",
+)
 _POINTS_VIEW = """SELECT p.run_id AS run_id, n.name AS name, p.step AS step, p.wall_time AS wall_time,
                p.value AS value
         FROM points p JOIN signal_names n ON n.id = p.name_id"""
@@ -317,6 +357,11 @@ def _add_records(db: sqlite3.Connection) -> None:
     make_views(db)
 
 
+def _add_stalls(db: sqlite3.Connection) -> None:
+    for statement in _V7:
+        db.execute(statement)
+
+
 _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     0: _create_v1,
     1: _add_postmortems,
@@ -324,6 +369,7 @@ _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     3: _keep_ids,
     4: _add_elapsed,
     5: _add_records,
+    6: _add_stalls,
 }
 """``_MIGRATIONS[v]`` takes a store from version v to v + 1 (0: an empty file)."""
 

@@ -65,9 +65,11 @@ def is_sampling_child(cmdline: list[str]) -> bool:
 class SamplingChild:
     """One sampling child process and the backend's end of its channel."""
 
-    def __init__(self, params: ChildParams, status_fd: int) -> None:
+    def __init__(self, params: ChildParams, status_fd: int, stacks_fd: int | None = None) -> None:
         self.params = params
         self._status_fd = status_fd
+        self._stacks_fd = stacks_fd
+        """The stack dump's memory file, sent in the hello (``sampler.supervision.stacks`` owns it)."""
         self.pid: int | None = None
         self.sock: socket.socket | None = None
         self.wake_fd: int | None = None
@@ -118,7 +120,7 @@ class SamplingChild:
             self.exited = True
         try:
             with contextlib.suppress(OSError):  # it died already; the reader finds out from the pidfd or EOF
-                send_hello(ours, self.params, self._status_fd, wake_w, log_w)
+                send_hello(ours, self.params, self._status_fd, wake_w, log_w, self._stacks_fd)
         finally:
             os.close(wake_w)  # the child's alone now: its exit is EOF on the pipe
             os.close(log_w)

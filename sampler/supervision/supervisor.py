@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -22,7 +23,7 @@ from sampler.collectors import Sources, build_collectors
 from sampler.collectors.gpu import GpuCollector
 from sampler.collectors.gpu_errors import carry
 from sampler.collectors.nvml import device_of
-from sampler.ipc.channel import ChildParams, PostmortemTarget, PrometheusTarget
+from sampler.ipc.channel import ChildParams, PostmortemTarget, PrometheusTarget, StackTarget
 from sampler.ipc.status import (
     EXIT_NO_SHARED_MEMORY,
     EXIT_UNDECLARED,
@@ -32,7 +33,9 @@ from sampler.ipc.status import (
 )
 from sampler.pipeline.emit import Emitter
 from sampler.pipeline.stats import Death, MonitorStats
+from sampler.settings.parsers import STALL_OFF
 from sampler.settings.table import MonitorSettings
+from sampler.supervision import stacks
 from sampler.supervision.exposition import Exposition
 from sampler.supervision.reader import ChildReader, Outcome
 from sampler.supervision.spawn import SamplingChild
@@ -93,6 +96,8 @@ class Supervisor:
         self.child: SamplingChild | None = None
         self._strikes: dict[str, int] = {}
         self._sources = plan.sources
+        self._stacks_fd: int | None = None
+        """The stack dump's memory file while children run (``sampler.supervision.stacks``)."""
         """The plan's sources, and the GPU devices earlier children read and left stopped."""
 
     def run(self) -> None:
@@ -142,7 +147,17 @@ class Supervisor:
         return [c for c in self.plan.categories if c not in self.stats.quarantined]
 
     def _supervise(self) -> bool:
-        """Run children until stopped (True) or until none can run (False)."""
+        """Run children until stopped (True) or until none can run (False), with the stack dump
+        handler installed for them to ask when the run stalls."""
+        watched = self.plan.settings.stall_seconds != STALL_OFF
+        self._stacks_fd = stacks.install() if watched else None
+        try:
+            return self._run_children()
+        finally:
+            if self._stacks_fd is not None:
+                stacks.release()
+
+    def _run_children(self) -> bool:
         failures = start_failures = 0
         while True:
             result = self._run_child()
@@ -202,8 +217,9 @@ class Supervisor:
             capacity=s.ring_capacity,
             postmortem=s.postmortem,
             prometheus=s.prometheus,
+            stacks=self._stack_target(),
         )
-        child = SamplingChild(params, status_fd)
+        child = SamplingChild(params, status_fd, self._stacks_fd)
         reader = ChildReader(
             child,
             status,
@@ -249,6 +265,13 @@ class Supervisor:
         cause = "start" if phase == PHASE_STARTING else "hang" if outcome is Outcome.HUNG else "crash"
         lifetime = time.monotonic() - started
         return Death(cause, category_of(phase), code, lifetime, killed=declared is None, call=call)
+
+    def _stack_target(self) -> StackTarget | None:
+        """Who the child asks for stacks (this thread), None when stalls are not watched."""
+        if self.plan.settings.stall_seconds == STALL_OFF:
+            return None
+        signum = stacks.STACK_SIGNAL if self._stacks_fd is not None else None
+        return StackTarget(signum, threading.get_native_id(), threading.main_thread().ident or 0)
 
     def _carry_gpus(self, reader: ChildReader, status: ChildStatus) -> None:
         """Tell the next child which GPU devices this one read and which it left stopped."""

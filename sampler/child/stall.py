@@ -1,0 +1,161 @@
+"""Telling a stalled run from a slow one, from what the sampling child sees once per record.
+
+Fed, per record, the step the backend last logged a record at and how many records its
+monitor thread has not taken yet (the wake-up bytes still in the pipe). Two things read as a
+stall:
+
+- ``steps``: the step has not moved for longer than the timeout: ``stall_seconds`` when it is a
+  number, else (``auto``) ``TIMEOUT_FACTOR`` times the ``TIMEOUT_PERCENTILE`` of the run's recent
+  step durations, never below ``max(FLOOR_SECONDS, FLOOR_INTERVALS * interval)``;
+- ``monitor``: the backend's monitor thread has left ``NOT_TAKEN_RECORDS`` records untaken (its
+  GIL held by another thread, or the process frozen), which also keeps the step from moving.
+
+A stall that lasts is captured again, ``RECAPTURES`` times at most: when it has lasted
+``RECAPTURE_FACTOR`` times as long as when it was seen, then that again. Nothing is a stall
+before the step has moved once (loading, warm-up, a script that logs no
+step), and a stall ends when the step moves again. The step is seen once per record, and it is
+the step of the record before, so a stall is seen at most two intervals after its timeout. Pure:
+time comes in as an argument.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from sampler.ipc.status import NOT_LOGGED
+from sampler.settings.parsers import STALL_AUTO, STALL_OFF
+
+STEP_WINDOW = 256
+"""Recent step durations the learned timeout is drawn from."""
+TIMEOUT_FACTOR = 5.0
+TIMEOUT_PERCENTILE = 0.95
+FLOOR_SECONDS = 30.0
+FLOOR_INTERVALS = 3
+"""A learned timeout is never shorter than this many seconds, nor this many intervals (the step
+is seen once per record)."""
+NOT_TAKEN_RECORDS = 3
+RECAPTURES = 2
+RECAPTURE_FACTOR = 4.0
+"""Records the monitor thread has left in the pipe when it counts as not taking them."""
+
+
+@dataclass(frozen=True)
+class Stall:
+    """A stall as first seen."""
+
+    kind: str
+    """``steps`` (the step stood still past the timeout) or ``monitor`` (the monitor thread took
+    no record)."""
+    step: int
+    """The step the run stands at."""
+    since: float
+    """When the step was first seen at it (monotonic s): the stall's start."""
+    detected_at: float
+    """Monotonic s."""
+    timeout: float
+    """The timeout in force, s."""
+    not_taken: int
+    """Records the monitor thread had not taken when it was seen."""
+
+    @property
+    def waited(self) -> float:
+        """Seconds from its start to its detection."""
+        return self.detected_at - self.since
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """The step moved again after ``stall``."""
+
+    stall: Stall
+    at: float
+    """When the step was seen moving (monotonic s)."""
+
+    @property
+    def duration(self) -> float:
+        """Seconds the step stood still, as seen."""
+        return self.at - self.stall.since
+
+
+@dataclass(frozen=True)
+class Lasting:
+    """``stall`` still lasts: time for another capture."""
+
+    stall: Stall
+    at: float
+    """Monotonic s."""
+
+    @property
+    def waited(self) -> float:
+        """Seconds from the stall's start to now."""
+        return self.at - self.stall.since
+
+
+class StallDetector:
+    """Fed once per record; ``observe`` returns a ``Stall`` as one begins, a ``Lasting`` when it
+    is due another capture, a ``Resumed`` as it ends, else None."""
+
+    def __init__(self, setting: float | str, interval: float) -> None:
+        self.off = setting == STALL_OFF
+        self.fixed = None if isinstance(setting, str) else float(setting)
+        if isinstance(setting, str) and setting not in (STALL_AUTO, STALL_OFF):
+            raise ValueError(f"stall_seconds is auto, off or a number, not {setting!r}")
+        self.floor = max(FLOOR_SECONDS, FLOOR_INTERVALS * interval)
+        self.durations: deque[float] = deque(maxlen=STEP_WINDOW)
+        """Seconds per step, one entry per time the step was seen moving forward."""
+        self.step: int | None = None
+        self.moved_at = 0.0
+        self.moved = False
+        """The step has been seen moving at least once."""
+        self.current: Stall | None = None
+        self.recaptures = 0
+        """Captures of the current stall after its first."""
+
+    def timeout(self) -> float:
+        """Seconds the step may stand still now."""
+        if self.fixed is not None:
+            return self.fixed
+        if not self.durations:
+            return self.floor
+        ordered = sorted(self.durations)
+        high = ordered[min(len(ordered) - 1, math.ceil(TIMEOUT_PERCENTILE * len(ordered)) - 1)]
+        return max(self.floor, TIMEOUT_FACTOR * high)
+
+    def observe(self, now: float, step: int, not_taken: int) -> Stall | Lasting | Resumed | None:
+        """One record's view: ``now`` (monotonic s), the step last logged (``NOT_LOGGED`` before
+        any), the records the monitor thread has not taken."""
+        if self.off or step == NOT_LOGGED:
+            return None
+        if self.step is None:
+            self.step, self.moved_at = step, now
+            return None
+        if step != self.step:
+            # The first move's duration is unknown: the step it left may have begun long before.
+            if self.moved and step > self.step:
+                self.durations.append((now - self.moved_at) / (step - self.step))
+            self.step, self.moved_at, self.moved = step, now, True
+            stall, self.current = self.current, None
+            return None if stall is None else Resumed(stall, now)
+        if self.current is not None:
+            due = self.current.waited * RECAPTURE_FACTOR ** (self.recaptures + 1)
+            if self.recaptures < RECAPTURES and now - self.current.since >= due:
+                self.recaptures += 1
+                return Lasting(self.current, now)
+            return None
+        if not self.moved:
+            return None
+        waited = now - self.moved_at
+        kind = None
+        if waited > self.floor if self.fixed is None else waited > self.fixed:
+            timeout = self.timeout()  # sorted only past the floor: nothing per record otherwise
+            if waited > timeout:
+                kind = "steps"
+        if kind is None and not_taken >= NOT_TAKEN_RECORDS:
+            kind = "monitor"
+        if kind is None:
+            return None
+        self.current = Stall(kind, step, self.moved_at, now, self.timeout(), not_taken)
+        self.recaptures = 0
+        return self.current

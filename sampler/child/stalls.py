@@ -1,0 +1,185 @@
+"""The sampling child's watch for a stalled run: the stall rule (``sampler.child.stall``) fed
+once per record from the status block, and, off the sampling loop, each stall's evidence taken
+(``sampler.child.capture``), said in one warning and written to the run store's ``stalls``
+table, then closed with its duration when the step moves again.
+
+The child writes the record itself because the backend may be unable to: its GIL held, or its
+process frozen. For the same reason the warning of a backend whose monitor thread takes no
+record goes straight to stderr (the backend's, which the child shares); any other goes through
+the log pipe to the backend's ``sampler`` logger.
+"""
+
+from __future__ import annotations
+
+import array
+import fcntl
+import json
+import logging
+import queue
+import socket
+import sqlite3
+import termios
+import threading
+import time
+
+from sampler.child.capture import Evidence, capture, main_frames
+from sampler.child.postmortem_write import say
+from sampler.child.stall import Lasting, Resumed, Stall, StallDetector
+from sampler.ipc.channel import ChildParams, StackTarget
+from sampler.store import schema
+
+log = logging.getLogger("sampler")
+
+STORE_TIMEOUT_SECONDS = 2.0
+"""How long a stall's write waits for the store's lock (the sampling loop never waits on it)."""
+FROZEN_NOT_TAKEN = 2
+"""Records the monitor thread left untaken at a stall's detection that say the backend cannot
+log the warning itself."""
+
+
+def not_taken(wake_fd: int) -> int:
+    """Records the backend's monitor thread has not taken yet: the wake-up bytes (one per record)
+    still in the pipe, asked of its write end."""
+    count = array.array("i", [0])
+    try:
+        fcntl.ioctl(wake_fd, termios.FIONREAD, count)
+    except OSError:
+        return 0
+    return count[0]
+
+
+class StallWatch:
+    """One per child; ``feed`` once per record, from the sampling loop."""
+
+    def __init__(self, params: ChildParams, target: StackTarget, memfd: int | None, wake_fd: int) -> None:
+        self.params = params
+        self.target = target
+        self.memfd = memfd
+        self.wake_fd = wake_fd
+        self.detector = StallDetector(params.settings.stall_seconds, params.settings.interval_seconds)
+        self._events: queue.SimpleQueue[tuple[Stall | Lasting | Resumed, float]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._row: int | None = None
+        """The open stall's row in the store."""
+        self._threads: list[dict[str, object]] = []
+        self._notes: list[str] = []
+        """The open stall's kernel states and notes, over all its captures so far."""
+        self._store_failed = False
+        self.last: Evidence | None = None
+        """The latest stall's evidence (for tests and benches in the child)."""
+
+    def feed(self, now: float, step: int) -> None:
+        """One record's view: ``now`` (monotonic s) and the step the backend last logged."""
+        event = self.detector.observe(now, step, not_taken(self.wake_fd))
+        if event is None:
+            return
+        self._events.put((event, time.time()))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="stall-watch", daemon=True)
+            self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            event, wall = self._events.get()
+            if isinstance(event, Stall):
+                self._open(event, wall)
+            elif isinstance(event, Lasting):
+                self._again(event)
+            else:
+                self._close(event, wall)
+
+    def _open(self, stall: Stall, wall: float) -> None:
+        evidence = capture(self.params.backend_pid, self.target, self.memfd)
+        self.last = evidence
+        self._threads, self._notes = evidence.thread_rows(stall.waited), list(evidence.notes)
+        started_at = wall - stall.waited
+        store = self._store()
+        if store is not None:
+            self._row = self._write(
+                store,
+                "INSERT INTO stalls (run_id, backend_pid, host, kind, step, started_at, detected_after,"
+                " timeout, stacks, threads, notes) VALUES ((SELECT id FROM runs WHERE started_at = ?"
+                " AND host = ? AND pid IN (?, ?) ORDER BY id DESC LIMIT 1), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (self.params.postmortem.started_at if self.params.postmortem else None, socket.gethostname(),
+                 self.params.backend_pid, self.params.sources.pid, self.params.backend_pid,
+                 socket.gethostname(), stall.kind, stall.step, started_at, stall.waited, stall.timeout,
+                 evidence.stacks, json.dumps(self._threads), json.dumps(self._notes)),
+            )  # fmt: skip
+        message = self._message(stall, evidence, store)
+        if stall.kind == "monitor" or stall.not_taken >= FROZEN_NOT_TAKEN:
+            say(message.removeprefix("resource monitor: "))
+        else:
+            log.warning("%s", message)
+
+    def _again(self, lasting: Lasting) -> None:
+        """Capture a stall that lasts once more, after what was taken before."""
+        evidence = capture(self.params.backend_pid, self.target, self.memfd)
+        self.last = evidence
+        self._threads += evidence.thread_rows(lasting.waited)
+        self._notes += [note for note in evidence.notes if note not in self._notes]
+        store = self._store()
+        if store is None or self._row is None:
+            return
+        again = None
+        if evidence.stacks is not None:
+            again = f"=== again, {lasting.waited:.0f} s into the stall\n{evidence.stacks}"
+        self._write(
+            store,
+            "UPDATE stalls SET stacks = COALESCE(stacks || char(10) || ?, ?, stacks), threads = ?, notes = ?"
+            " WHERE id = ?",
+            (again, again, json.dumps(self._threads), json.dumps(self._notes), self._row),
+        )
+
+    def _close(self, resumed: Resumed, wall: float) -> None:
+        stall = resumed.stall
+        store = self._store()
+        if store is not None and self._row is not None:
+            self._write(
+                store,
+                "UPDATE stalls SET ended_at = started_at + ?, duration = ? WHERE id = ?",
+                (resumed.duration, resumed.duration, self._row),
+            )
+        self._row = None
+        log.info(
+            "resource monitor: the run moves again after standing %.1f s at step %d",
+            resumed.duration,
+            stall.step,
+        )
+
+    def _message(self, stall: Stall, evidence: Evidence, store: str | None) -> str:
+        if stall.kind == "monitor":
+            what = (
+                f"the backend's monitor thread has taken no record for {stall.not_taken} intervals "
+                f"(another thread holds the GIL, or the process is frozen); the step stands at {stall.step} "
+                f"for {stall.waited:.0f} s"
+            )
+        else:
+            what = (
+                f"the run has made no step for {stall.waited:.0f} s (it stands at step {stall.step}; "
+                f"the stall timeout is {stall.timeout:.0f} s)"
+            )
+        frames = main_frames(evidence.stacks or "")
+        where = "; the main thread is in " + " <- ".join(frames) if frames else ""
+        if not frames:
+            where = "; no Python stack: " + "; ".join(evidence.notes) if evidence.notes else ""
+        then = f". Every thread's stack: python -m sampler stalls {store}" if store else ""
+        return (
+            f"resource monitor: {what}{where}. A long evaluation or checkpoint between steps reads as a "
+            f"stall too, and its stack then shows it{then}"
+        )
+
+    def _store(self) -> str | None:
+        target = self.params.postmortem
+        return None if target is None or self._store_failed else target.store
+
+    def _write(self, store: str, sql: str, values: tuple[object, ...]) -> int | None:
+        try:
+            db = schema.connect(store, timeout=STORE_TIMEOUT_SECONDS)
+            try:
+                return int(db.execute(sql, values).lastrowid or 0)
+            finally:
+                db.close()
+        except (sqlite3.Error, OSError) as exc:
+            self._store_failed = True
+            say(f"cannot record a stall in the run store {store} ({exc}); stalls go unrecorded there")
+            return None
