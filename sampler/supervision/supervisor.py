@@ -96,9 +96,9 @@ class Supervisor:
         self.child: SamplingChild | None = None
         self._strikes: dict[str, int] = {}
         self._sources = plan.sources
+        """The plan's sources, and the GPU devices earlier children read and left stopped."""
         self._stacks_fd: int | None = None
         """The stack dump's memory file while children run (``sampler.supervision.stacks``)."""
-        """The plan's sources, and the GPU devices earlier children read and left stopped."""
 
     def run(self) -> None:
         """The thread's body. Nothing escapes it: an unexpected error is reported
