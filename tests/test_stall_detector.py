@@ -87,7 +87,7 @@ def test_off_sees_nothing() -> None:
 def test_a_step_going_back_is_a_move_not_a_duration() -> None:
     detector = StallDetector("auto", 1.0)
     feed(detector, [(0.0, 100, 0), (1.0, 200, 0), (2.0, 0, 0), (3.0, 5, 0)])
-    assert list(detector.durations) == [1.0 / 5]
+    assert list(detector.durations) == [1.0 / 100, 1.0 / 5]  # the first move's, a lower bound
 
 
 def test_a_lasting_stall_is_captured_again_a_bounded_number_of_times() -> None:
@@ -98,3 +98,14 @@ def test_a_lasting_stall_is_captured_again_a_bounded_number_of_times() -> None:
     assert isinstance(stall, Stall) and stall.waited == 3.0
     assert [type(e) for e in again] == [Lasting] * RECAPTURES
     assert [e.waited for e in again if isinstance(e, Lasting)] == [12.0, 48.0]  # 4 and 16 times 3 s
+
+
+def test_a_run_of_30_s_steps_is_no_stall_when_its_second_step_runs_past_the_floor() -> None:
+    """Records every second, steps of about 30 s (the floor), the monitor started with the run:
+    the first step, seen from its first record, bounds the step from below before any whole
+    step is timed."""
+    detector = StallDetector("auto", 1.0)
+    moves = [0.0, 30.0, 61.5, 91.0, 122.0, 151.0, 183.0]  # the second step 31.5 s
+    views = [(float(t), sum(t >= m for m in moves) - 1, 0) for t in range(1, 200)]
+    assert feed(detector, views) == []
+    assert detector.timeout() > 4 * FLOOR_SECONDS

@@ -7,7 +7,10 @@ The signal goes to one thread of one process at a time (``tgkill``): in the back
 monitor thread, whose wait restarts, never the main thread, whose blocking C calls (libc
 ``sleep``) would return early; in each other process of its tree (forked DataLoader workers
 inherit the handler and the memory file), its main thread, and only where ``/proc`` shows the
-signal caught there: an uncaught real-time signal ends a process. Each dump is what the memory
+signal caught there: an uncaught real-time signal ends a process. A process that is stopped or
+traced, a thread that blocks the signal, and a backend whose handler on it someone replaced
+are not signalled, and the stall says why: their dump would come late, into a later one, or the
+signal would run someone else's handler. Each dump is what the memory
 file grew by, read once it has stopped growing (bounded by ``DUMP_WAIT_SECONDS``); the file is
 then emptied, so it holds one dump at most.
 """
@@ -32,6 +35,11 @@ DUMP_WAIT_SECONDS = 2.0
 DUMP_QUIET_SECONDS = 0.05
 """A dump that has not grown for this long is whole."""
 _POLL_SECONDS = 0.005
+DUMP_THREADS = 100
+"""Threads ``faulthandler`` dumps at most, newest first (its compiled-in bound): the main
+thread, the oldest, is left out of a backend with more."""
+STOPPED = frozenset("Tt")
+"""Kernel states of a thread that cannot run a handler now: stopped, or stopped by its tracer."""
 SYSCALLS: dict[str, dict[int, str]] = {
     "x86_64": {
         0: "read", 1: "write", 7: "poll", 23: "select", 35: "nanosleep", 61: "wait4", 202: "futex",
@@ -135,15 +143,26 @@ def _thread_cpu_ns(pid: int, tid: int) -> int | None:
     return int(fields[0]) if fields and fields[0].isdigit() else None
 
 
-def caught(pid: int, signum: int) -> bool:
-    """Whether ``pid`` has a handler on ``signum`` (``SigCgt`` in ``/proc``)."""
-    for line in _read(f"/proc/{pid}/status").splitlines():
-        if line.startswith("SigCgt:"):
+def _mask_bit(path: str, key: str, signum: int) -> bool:
+    """Whether ``signum``'s bit is set in the ``key`` mask of a ``/proc`` status file."""
+    for line in _read(path).splitlines():
+        if line.startswith(key):
             try:
                 return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
             except (ValueError, IndexError):
                 return False
     return False
+
+
+def caught(pid: int, signum: int) -> bool:
+    """Whether ``pid`` has a handler on ``signum`` (``SigCgt`` in ``/proc``)."""
+    return _mask_bit(f"/proc/{pid}/status", "SigCgt:", signum)
+
+
+def blocked(pid: int, tid: int, signum: int) -> bool:
+    """Whether thread ``tid`` of ``pid`` blocks ``signum`` (``SigBlk``: a thread forked or started
+    from one that blocked it keeps it blocked)."""
+    return _mask_bit(f"/proc/{pid}/task/{tid}/status", "SigBlk:", signum)
 
 
 def dump(memfd: int, pid: int, tid: int, signum: int) -> str | None:
@@ -203,8 +222,9 @@ def main_frames(stacks: str, count: int = 3) -> list[str]:
     return frames
 
 
-def capture(pid: int, target: StackTarget, memfd: int | None) -> Evidence:
-    """Everything that can be learned about ``pid`` and its tree (less this process) now."""
+def capture(pid: int, target: StackTarget, memfd: int | None, handler_replaced: bool = False) -> Evidence:
+    """Everything that can be learned about ``pid`` and its tree (less this process) now;
+    ``handler_replaced``: the backend said another handler took the dump's signal."""
     began = time.process_time()
     evidence = Evidence()
     try:
@@ -224,10 +244,28 @@ def capture(pid: int, target: StackTarget, memfd: int | None) -> Evidence:
         parts = []
         for member in tree:
             tid = target.monitor_tid if member == pid else member
+            if member == pid and handler_replaced:
+                evidence.notes.append(
+                    f"no Python stacks: another handler took signal {signum} after the monitor started"
+                )
+                continue  # the signal would run the user's handler, not the dump
             if not caught(member, signum):
                 if member == pid:
                     evidence.notes.append(f"no Python stacks: the backend no longer catches signal {signum}")
                 continue  # a process that runs no handler of ours: the signal would end it
+            stopped = {t.state for t in evidence.threads if t.pid == member and t.tid == tid} & STOPPED
+            if stopped:
+                # A stopped process takes the signal only when it runs again, and its dump would
+                # then land in the middle of a later one; a traced one's tracer would see it.
+                how = "traced by a debugger" if "t" in stopped else "stopped (SIGSTOP)"
+                evidence.notes.append(f"no Python stacks of pid {member}: it is {how}; not signalled")
+                continue
+            if blocked(member, tid, signum):
+                # Queued until it unblocks it, one per capture, each then a dump in a later one.
+                evidence.notes.append(
+                    f"no Python stacks of pid {member}: thread {tid} blocks signal {signum}; not signalled"
+                )
+                continue
             cpu_before = _thread_cpu_ns(member, tid) if member == pid else None
             try:
                 text = dump(memfd, member, tid, signum)
@@ -242,6 +280,12 @@ def capture(pid: int, target: StackTarget, memfd: int | None) -> Evidence:
                 if cpu_before is not None and cpu_after is not None:
                     evidence.handler_seconds = (cpu_after - cpu_before) / 1e9
                 text = label(text, target)
+                if "[main thread]" not in text:
+                    count = sum(t.pid == pid for t in evidence.threads)
+                    evidence.notes.append(
+                        f"no Python stack of the main thread: faulthandler dumps the newest {DUMP_THREADS} "
+                        f"threads and the backend has {count}; its kernel state is listed"
+                    )
                 parts.append(f"--- pid {member} (the backend)\n{text}")
             else:
                 parts.append(f"--- pid {member} (a process of the backend's tree)\n{text}")

@@ -132,8 +132,10 @@ class StallDetector:
             self.step, self.moved_at = step, now
             return None
         if step != self.step:
-            # The first move's duration is unknown: the step it left may have begun long before.
-            if self.moved and step > self.step:
+            # The first move's duration is known only from below (the step it left may have begun
+            # long before it was first seen), but that bound is all a run of slow steps has before
+            # its second move: without it the floor alone would time its second step.
+            if step > self.step:
                 self.durations.append((now - self.moved_at) / (step - self.step))
             self.step, self.moved_at, self.moved = step, now, True
             stall, self.current = self.current, None

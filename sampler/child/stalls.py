@@ -26,12 +26,18 @@ from sampler.child.capture import Evidence, capture, main_frames
 from sampler.child.postmortem_write import say
 from sampler.child.stall import Lasting, Resumed, Stall, StallDetector
 from sampler.ipc.channel import ChildParams, StackTarget
+from sampler.ipc.status import ChildStatus
 from sampler.store import schema
 
 log = logging.getLogger("sampler")
 
 STORE_TIMEOUT_SECONDS = 2.0
-"""How long a stall's write waits for the store's lock (the sampling loop never waits on it)."""
+"""How long a stall's write waits for the store's lock at each try (the sampling loop never waits
+on it: the writes run on the watch's own thread)."""
+STORE_TRIES = 4
+STORE_RETRY_SECONDS = 1.0
+"""Tries of a stall's write while another process holds the store locked, and the pause between
+them: about 11 s in all, then the write is given up, and said."""
 FROZEN_NOT_TAKEN = 2
 """Records the monitor thread left untaken at a stall's detection that say the backend cannot
 log the warning itself."""
@@ -51,8 +57,11 @@ def not_taken(wake_fd: int) -> int:
 class StallWatch:
     """One per child; ``feed`` once per record, from the sampling loop."""
 
-    def __init__(self, params: ChildParams, target: StackTarget, memfd: int | None, wake_fd: int) -> None:
+    def __init__(
+        self, params: ChildParams, target: StackTarget, memfd: int | None, wake_fd: int, status: ChildStatus
+    ) -> None:
         self.params = params
+        self.status = status
         self.target = target
         self.memfd = memfd
         self.wake_fd = wake_fd
@@ -89,7 +98,7 @@ class StallWatch:
                 self._close(event, wall)
 
     def _open(self, stall: Stall, wall: float) -> None:
-        evidence = capture(self.params.backend_pid, self.target, self.memfd)
+        evidence = self._capture()
         self.last = evidence
         self._threads, self._notes = evidence.thread_rows(stall.waited), list(evidence.notes)
         started_at = wall - stall.waited
@@ -113,7 +122,7 @@ class StallWatch:
 
     def _again(self, lasting: Lasting) -> None:
         """Capture a stall that lasts once more, after what was taken before."""
-        evidence = capture(self.params.backend_pid, self.target, self.memfd)
+        evidence = self._capture()
         self.last = evidence
         self._threads += evidence.thread_rows(lasting.waited)
         self._notes += [note for note in evidence.notes if note not in self._notes]
@@ -146,6 +155,9 @@ class StallWatch:
             stall.step,
         )
 
+    def _capture(self) -> Evidence:
+        return capture(self.params.backend_pid, self.target, self.memfd, self.status.handler_replaced())
+
     def _message(self, stall: Stall, evidence: Evidence, store: str | None) -> str:
         if stall.kind == "monitor":
             what = (
@@ -173,13 +185,32 @@ class StallWatch:
         return None if target is None or self._store_failed else target.store
 
     def _write(self, store: str, sql: str, values: tuple[object, ...]) -> int | None:
-        try:
-            db = schema.connect(store, timeout=STORE_TIMEOUT_SECONDS)
+        """Run one statement on the store; its row id. A store another process holds locked is
+        tried again, ``STORE_TRIES`` times in all; any other failure ends the recording."""
+        for attempt in range(1, STORE_TRIES + 1):
             try:
-                return int(db.execute(sql, values).lastrowid or 0)
-            finally:
-                db.close()
-        except (sqlite3.Error, OSError) as exc:
-            self._store_failed = True
-            say(f"cannot record a stall in the run store {store} ({exc}); stalls go unrecorded there")
-            return None
+                db = schema.connect(store, timeout=STORE_TIMEOUT_SECONDS)
+                try:
+                    return int(db.execute(sql, values).lastrowid or 0)
+                finally:
+                    db.close()
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc):
+                    self._fail(store, exc)
+                    return None
+                if attempt == STORE_TRIES:
+                    waited = STORE_TRIES * STORE_TIMEOUT_SECONDS + (STORE_TRIES - 1) * STORE_RETRY_SECONDS
+                    say(
+                        f"cannot record a stall in the run store {store}: another process held it locked "
+                        f"for {waited:.0f} s; this stall's record there is incomplete or missing"
+                    )
+                    return None
+                time.sleep(STORE_RETRY_SECONDS)
+            except (sqlite3.Error, OSError) as exc:
+                self._fail(store, exc)
+                return None
+        return None
+
+    def _fail(self, store: str, exc: Exception) -> None:
+        self._store_failed = True
+        say(f"cannot record a stall in the run store {store} ({exc}); stalls go unrecorded there")

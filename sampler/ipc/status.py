@@ -64,6 +64,12 @@ The backend writes, per logged record while ``watch_model`` times steps, for the
 19. to 23. nanoseconds spent so far in each phase of those steps (``catalogue.STEP_PHASES``
     order).
 
+The backend writes, per batch of records it reads, for the child to read before it asks the
+backend for its stacks (``sampler.child.capture``):
+
+24. 1 once another handler has taken the stack dump's signal (``sampler.supervision.stacks``), 0
+    while the dump handler is the monitor's own.
+
 A reader of words 18 to 23 reads the sequence number before and after them and keeps the read
 only where both are the same even number; it tries ``PHASE_READ_TRIES`` times, then returns the
 last whole copy it read (a backend killed halfway through an update leaves the number odd).
@@ -122,7 +128,8 @@ _MAX_WORD = 2**63
 _PHASE_BIAS = 16
 _SEQUENCE_AT = 17
 _PHASES_AT = _SEQUENCE_AT + 1
-_WORDS = _PHASES_AT + 1 + len(STEP_PHASES)
+_HANDLER_AT = _PHASES_AT + 1 + len(STEP_PHASES)
+_WORDS = _HANDLER_AT + 1
 _CHILD_WORDS = 4
 CALL_BYTES = 64
 _CALL_AT = _WORDS * 8
@@ -191,7 +198,7 @@ class ChildStatus:
         """Words 4 and 5 as a plain memoryview: the backend writes them per logged record,
         cache-cold, and a memoryview store runs far less code than a numpy one."""
         self._child_words = memoryview(seg.buf)[0:24].cast("q")
-        self._phases = memoryview(seg.buf)[_SEQUENCE_AT * 8 : _WORDS * 8].cast("q")
+        self._phases = memoryview(seg.buf)[_SEQUENCE_AT * 8 : _HANDLER_AT * 8].cast("q")
         """Words 17 to 23 the same way: the backend writes them per logged record."""
         self._last_phases: tuple[int, tuple[float, ...]] = (0, (0.0,) * len(STEP_PHASES))
         """The reader's last whole copy of the phase totals."""
@@ -326,6 +333,15 @@ class ChildStatus:
                 self._last_phases = (steps, tuple(ns / 1e9 for ns in spent))
                 break
         return self._last_phases
+
+    def publish_handler_replaced(self, replaced: bool) -> None:
+        """Backend side: whether another handler has taken the stack dump's signal."""
+        self._words[_HANDLER_AT] = int(replaced)
+
+    def handler_replaced(self) -> bool:
+        """Child side: whether the backend said another handler has taken the dump's signal."""
+        (word,) = _WORD.unpack_from(self._seg.buf, _HANDLER_AT * 8)
+        return bool(word)
 
     def read(self) -> Snapshot:
         packed, samples, cpu_ns, exit_declared = _READ.unpack_from(self._seg.buf, 0)

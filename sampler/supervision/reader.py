@@ -35,6 +35,7 @@ from sampler.ipc.logpipe import LogReader
 from sampler.ipc.status import PHASE_IDLE, PHASE_STARTING, ChildStatus, Snapshot, category_of
 from sampler.pipeline.emit import Emitter
 from sampler.pipeline.stats import MonitorStats
+from sampler.supervision import stacks
 from sampler.supervision.exposition import Exposition
 from sampler.supervision.spawn import SamplingChild
 
@@ -266,6 +267,7 @@ class ChildReader:
                 totals = self.emitter.phase_totals
                 if totals is not None and totals.steps:  # the steps' phases, for the endpoint
                     status.publish_phases(totals.steps, [ns / 1e9 for ns in totals.ns])
+        status.publish_handler_replaced(stacks.replaced())  # before the child asks for stacks
         starved = status.starved()  # the word sits on the status page the records just touched
         if self.base_starved + starved != stats.readings_starved:
             self._note_starved(starved)

@@ -11,17 +11,23 @@ other threads' blocking calls never see it (libc ``sleep`` returns early on any 
 
 A handler someone else already has on the signal (one set from Python or from C, as the kernel
 reports it) is never replaced: the monitor then goes without stacks, says so once, and stalls
-carry the threads' kernel states alone. The memory file is ``memfd_create``'s: no path, nothing
-another user could plant or read, and it goes with the last process that holds it.
+carry the threads' kernel states alone. One set after the handler was registered is seen by the
+monitor thread (``replaced``, per batch of records: the kernel's handler address is no longer
+the one ``faulthandler`` set), which says so once and tells the child, which then no longer
+signals the backend: the signal would run that handler, not the dump. The memory file is
+``memfd_create``'s: no path, nothing another user could plant or read, and it goes with the last
+process that holds it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import logging
 import os
 import signal
 import threading
+from typing import Any
 
 from sampler.child.capture import caught
 
@@ -36,13 +42,19 @@ _fd: int | None = None
 _owner_pid = 0
 """The process that registered the handler (a forked copy inherits it, and starts afresh)."""
 _said = False
+_handler: int | None = None
+"""The address of the C handler ``faulthandler`` set on the signal, as the kernel has it."""
+_said_replaced = False
+_SIGACTION_BYTES = 256
+"""Room for libc's ``struct sigaction``, whose first member is the handler on Linux."""
+_sigaction: Any = None
 
 
 def install() -> int | None:
     """Register the dump handler (once per process, counted); returns the descriptor of the
     memory file it writes to (the caller does not close it: ``release`` does), or None when
     there is none: no real-time signals, no ``memfd_create``, or the signal is someone else's."""
-    global _users, _fd, _owner_pid, _said
+    global _users, _fd, _owner_pid, _said, _handler
     with _lock:
         if _owner_pid != os.getpid():  # first use, or a forked copy of a process that registered
             _users, _fd, _owner_pid = 0, None, os.getpid()
@@ -70,8 +82,42 @@ def install() -> int | None:
             os.close(fd)
             log.warning("resource monitor: no Python stacks for stalls: %s", exc)
             return None
-        _fd, _users = fd, 1
+        _fd, _users, _handler = fd, 1, _current_handler(signum)
         return fd
+
+
+def _current_handler(signum: int) -> int | None:
+    """The address of the handler the kernel has on ``signum`` now (None where unreadable)."""
+    global _sigaction
+    action = ctypes.create_string_buffer(_SIGACTION_BYTES)
+    try:
+        if _sigaction is None:
+            _sigaction = ctypes.CDLL(None, use_errno=True).sigaction
+        if _sigaction(signum, None, action) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return ctypes.c_void_p.from_buffer(action).value or 0
+
+
+def replaced() -> bool:
+    """Whether another handler has taken the dump's signal since ``install`` (said once); False
+    while none is installed in this process, or where the handler cannot be read."""
+    global _said_replaced
+    if _fd is None or _owner_pid != os.getpid() or _handler is None or STACK_SIGNAL is None:
+        return False
+    now = _current_handler(STACK_SIGNAL)
+    if now is None or now == _handler:
+        return False
+    if not _said_replaced:
+        _said_replaced = True
+        log.warning(
+            "resource monitor: another handler took signal %d (SIGRTMIN+%d) after the monitor started; "
+            "stalls are recorded from now on with each thread's kernel state but without Python stacks",
+            STACK_SIGNAL,
+            STACK_SIGNAL - signal.SIGRTMIN,
+        )
+    return True
 
 
 def release() -> None:
