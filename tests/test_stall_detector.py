@@ -7,6 +7,7 @@ import pytest
 
 from sampler.child.stall import (
     FLOOR_SECONDS,
+    MONITOR_MAX_SECONDS,
     NOT_TAKEN_RECORDS,
     RECAPTURES,
     Lasting,
@@ -71,11 +72,27 @@ def test_fast_steps_keep_the_floor() -> None:
 
 def test_a_monitor_thread_taking_no_record_is_a_stall_before_the_timeout() -> None:
     detector = StallDetector(600.0, 1.0)
-    feed(detector, [(float(t), t, 0) for t in range(5)])
-    events = feed(detector, [(5.0 + t, 5, t) for t in range(1, 6)])
+    feed(detector, [(float(t), t, 0) for t in range(10)])
+    # From t=10 on the monitor thread takes nothing: each record finds the ones before it waiting.
+    events = feed(detector, [(10.0 + t, 9, t) for t in range(6)])
     assert len(events) == 1
     stall = events[0]
     assert isinstance(stall, Stall) and stall.kind == "monitor" and stall.not_taken == NOT_TAKEN_RECORDS
+    assert stall.untaken_for == NOT_TAKEN_RECORDS * 1.0 and stall.detected_at == 13.0
+
+
+def test_a_gil_held_40_s_is_seen_between_records_at_the_15_s_default() -> None:
+    """Three intervals would be 45 s: the first record into the hold is watched between records
+    and counts as not taken after ``MONITOR_MAX_SECONDS``."""
+    detector = StallDetector("auto", 15.0)
+    feed(detector, [(15.0 * t, 100 * t, 0) for t in range(11)])  # taken as written, to t=150
+    assert detector.observe(165.0, 1000, 0) is None  # written into the hold (it began at 151)
+    polls = [165.0 + 0.2 * k for k in range(1, 60)]
+    events = [(now, detector.observe(now, 1000, 1, record=False)) for now in polls]
+    seen = [(now, event) for now, event in events if event is not None]
+    assert len(seen) == 1 and isinstance(seen[0][1], Stall) and seen[0][1].kind == "monitor"
+    assert seen[0][0] == pytest.approx(165.0 + MONITOR_MAX_SECONDS), seen  # 24 s into a 40 s hold
+    assert seen[0][1].untaken_for == pytest.approx(MONITOR_MAX_SECONDS)
 
 
 def test_off_sees_nothing() -> None:

@@ -133,7 +133,8 @@ def test_a_backend_with_more_threads_than_the_dump_holds_says_its_main_thread_is
     )
     (row,) = stall_rows(store)
     stacks = str(row["stacks"])
-    assert "[main thread]" not in stacks and stacks.count("Thread 0x") == 100  # faulthandler's bound
+    first = stacks.split("=== again")[0]  # a capture again, should the stall last, holds as many
+    assert "[main thread]" not in stacks and first.count("Thread 0x") == 100  # faulthandler's bound
     notes = json.loads(str(row["notes"]))
     assert any("no Python stack of the main thread" in note and "has 15" in note for note in notes), notes
     assert "no Python stack of the main thread" in said  # the warning says so, not nothing

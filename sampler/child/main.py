@@ -232,6 +232,8 @@ class Child:
                     return EXIT_CLEAN
                 before = time.process_time_ns()
                 self._read_tracked(peaks)
+                if self.stalls is not None:  # a GIL held past a record shows before the next one
+                    self.stalls.feed(time.monotonic(), self.status.logged()[1], record=False)
                 cpu_ns += time.process_time_ns() - before
                 inner.advance()
                 continue

@@ -7,8 +7,11 @@ stall:
 - ``steps``: the step has not moved for longer than the timeout: ``stall_seconds`` when it is a
   number, else (``auto``) ``TIMEOUT_FACTOR`` times the ``TIMEOUT_PERCENTILE`` of the run's recent
   step durations, never below ``max(FLOOR_SECONDS, FLOOR_INTERVALS * interval)``;
-- ``monitor``: the backend's monitor thread has left ``NOT_TAKEN_RECORDS`` records untaken (its
-  GIL held by another thread, or the process frozen), which also keeps the step from moving.
+- ``monitor``: the oldest record the backend's monitor thread has not taken was written
+  ``NOT_TAKEN_RECORDS`` intervals ago, or ``MONITOR_MAX_SECONDS`` at most (its GIL held by another
+  thread, or the process frozen), which also keeps the step from moving. It is asked between
+  records too (``observe(..., record=False)``): at a 15 s interval, three intervals would miss a
+  40 s hold of the GIL, which the first record into it can tell at most 15 s late.
 
 A stall that lasts is captured again, ``RECAPTURES`` times at most: when it has lasted
 ``RECAPTURE_FACTOR`` times as long as when it was seen, then that again. Nothing is a stall
@@ -36,9 +39,13 @@ FLOOR_INTERVALS = 3
 """A learned timeout is never shorter than this many seconds, nor this many intervals (the step
 is seen once per record)."""
 NOT_TAKEN_RECORDS = 3
+"""Intervals a record may wait for the monitor thread before it counts as not taking them..."""
+MONITOR_MAX_SECONDS = 10.0
+"""...but never more than this: the thread takes a record within milliseconds when it can run."""
 RECAPTURES = 2
 RECAPTURE_FACTOR = 4.0
-"""Records the monitor thread has left in the pipe when it counts as not taking them."""
+"""A stall that lasts is captured again, at most ``RECAPTURES`` times, each when it has lasted
+``RECAPTURE_FACTOR`` times as long as at the capture before."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,8 @@ class Stall:
     """The timeout in force, s."""
     not_taken: int
     """Records the monitor thread had not taken when it was seen."""
+    untaken_for: float = 0.0
+    """Seconds the oldest of them had waited for it."""
 
     @property
     def waited(self) -> float:
@@ -103,6 +112,10 @@ class StallDetector:
         if isinstance(setting, str) and setting not in (STALL_AUTO, STALL_OFF):
             raise ValueError(f"stall_seconds is auto, off or a number, not {setting!r}")
         self.floor = max(FLOOR_SECONDS, FLOOR_INTERVALS * interval)
+        self.monitor_after = min(MONITOR_MAX_SECONDS, NOT_TAKEN_RECORDS * interval)
+        """Seconds a record may wait for the monitor thread."""
+        self.written: deque[float] = deque(maxlen=STEP_WINDOW)
+        """When the latest records were written (monotonic s), the newest last."""
         self.durations: deque[float] = deque(maxlen=STEP_WINDOW)
         """Seconds per step, one entry per time the step was seen moving forward."""
         self.step: int | None = None
@@ -123,10 +136,20 @@ class StallDetector:
         high = ordered[min(len(ordered) - 1, math.ceil(TIMEOUT_PERCENTILE * len(ordered)) - 1)]
         return max(self.floor, TIMEOUT_FACTOR * high)
 
-    def observe(self, now: float, step: int, not_taken: int) -> Stall | Lasting | Resumed | None:
-        """One record's view: ``now`` (monotonic s), the step last logged (``NOT_LOGGED`` before
-        any), the records the monitor thread has not taken."""
-        if self.off or step == NOT_LOGGED:
+    def observe(
+        self, now: float, step: int, not_taken: int, record: bool = True
+    ) -> Stall | Lasting | Resumed | None:
+        """A view at ``now`` (monotonic s): the step last logged (``NOT_LOGGED`` before any), the
+        records the monitor thread has not taken; ``record``: at a record, about to be written
+        (else between records)."""
+        if self.off:
+            return None
+        untaken_for = 0.0
+        if not_taken > 0 and self.written:
+            untaken_for = now - self.written[-min(not_taken, len(self.written))]
+        if record:
+            self.written.append(now)
+        if step == NOT_LOGGED:
             return None
         if self.step is None:
             self.step, self.moved_at = step, now
@@ -150,14 +173,14 @@ class StallDetector:
             return None
         waited = now - self.moved_at
         kind = None
-        if waited > self.floor if self.fixed is None else waited > self.fixed:
+        if untaken_for >= self.monitor_after:
+            kind = "monitor"  # the more telling of the two: the backend cannot run its own thread
+        elif waited > self.floor if self.fixed is None else waited > self.fixed:
             timeout = self.timeout()  # sorted only past the floor: nothing per record otherwise
             if waited > timeout:
                 kind = "steps"
-        if kind is None and not_taken >= NOT_TAKEN_RECORDS:
-            kind = "monitor"
         if kind is None:
             return None
-        self.current = Stall(kind, step, self.moved_at, now, self.timeout(), not_taken)
+        self.current = Stall(kind, step, self.moved_at, now, self.timeout(), not_taken, untaken_for)
         self.recaptures = 0
         return self.current

@@ -77,9 +77,10 @@ class StallWatch:
         self.last: Evidence | None = None
         """The latest stall's evidence (for tests and benches in the child)."""
 
-    def feed(self, now: float, step: int) -> None:
-        """One record's view: ``now`` (monotonic s) and the step the backend last logged."""
-        event = self.detector.observe(now, step, not_taken(self.wake_fd))
+    def feed(self, now: float, step: int, record: bool = True) -> None:
+        """A view at ``now`` (monotonic s): the step the backend last logged; ``record``: from a
+        record about to be written, else from a reading between records."""
+        event = self.detector.observe(now, step, not_taken(self.wake_fd), record)
         if event is None:
             return
         self._events.put((event, time.time()))
@@ -161,7 +162,7 @@ class StallWatch:
     def _message(self, stall: Stall, evidence: Evidence, store: str | None) -> str:
         if stall.kind == "monitor":
             what = (
-                f"the backend's monitor thread has taken no record for {stall.not_taken} intervals "
+                f"the backend's monitor thread has left a record untaken for {stall.untaken_for:.1f} s "
                 f"(another thread holds the GIL, or the process is frozen); the step stands at {stall.step} "
                 f"for {stall.waited:.0f} s"
             )
