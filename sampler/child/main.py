@@ -192,7 +192,8 @@ class Child:
         p = self.params
         assert p.prometheus is not None
         uuids = {} if self.gpu is None else self.gpu.uuids
-        self.exposed = RecordCollector(fields, p.prometheus, self.status, p.categories, uuids)
+        stall_since = None if self.stalls is None else self.stalls.open_since
+        self.exposed = RecordCollector(fields, p.prometheus, self.status, p.categories, uuids, stall_since)
         self._bind(time.monotonic_ns())
 
     def _bind(self, now_ns: int) -> None:

@@ -68,6 +68,12 @@ class StallWatch:
         self.last: Evidence | None = None
         """The latest stall's evidence (for tests and benches in the child)."""
 
+    def open_since(self) -> float | None:
+        """When the open stall's step stopped moving (monotonic s), None while none is open (for
+        the endpoint's thread: one read of the detector's current stall)."""
+        current = self.detector.current
+        return None if current is None else current.since
+
     def feed(self, now: float, step: int) -> None:
         """One record's view: ``now`` (monotonic s) and the step the backend last logged."""
         event = self.detector.observe(now, step, not_taken(self.wake_fd))
