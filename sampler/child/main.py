@@ -34,7 +34,7 @@ from ringbuf import Ring
 from sampler.child import postmortem, snapshot
 from sampler.child.cadence import Cadence, Stop, inner_first, record_took
 from sampler.child.peaks import PeakTracker
-from sampler.child.stalls import StallWatch
+from sampler.child.stalls import StallWatch, gpu_fields
 from sampler.collectors import Collector, build_collector, nvml
 from sampler.collectors.base import starvation
 from sampler.collectors.container import memory_cgroup
@@ -167,6 +167,8 @@ class Child:
         self.status.enter(PHASE_IDLE)
         peaks = PeakTracker(self.collectors, p.capacity)
         fields = [name for c in self.collectors for name in c.names] + list(peaks.names)
+        if self.stalls is not None:
+            self.stalls.gpus = gpu_fields(fields)
         if p.prometheus is not None:
             self._serve(fields)
         try:
@@ -266,7 +268,7 @@ class Child:
             peaks.include(marks)  # exact, where the kernel kept a high-water mark that rose
             logged_through, step = self.status.logged()
             if self.stalls is not None:
-                self.stalls.feed(timestamp_ns / 1e9, step)
+                self.stalls.feed(timestamp_ns / 1e9, step, values)
             values += peaks.close(ring.head, logged_through)
             ring.write(values, timestamp_ns)
             if self.exposed is not None:

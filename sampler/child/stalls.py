@@ -15,13 +15,16 @@ import array
 import fcntl
 import json
 import logging
+import math
 import queue
 import socket
 import sqlite3
 import termios
 import threading
 import time
+from collections.abc import Sequence
 
+from sampler import catalogue
 from sampler.child.capture import Evidence, capture, main_frames
 from sampler.child.postmortem_write import say
 from sampler.child.stall import Lasting, Resumed, Stall, StallDetector
@@ -35,6 +38,38 @@ STORE_TIMEOUT_SECONDS = 2.0
 FROZEN_NOT_TAKEN = 2
 """Records the monitor thread left untaken at a stall's detection that say the backend cannot
 log the warning itself."""
+GPU_STATE = (
+    catalogue.GPU_UTILIZATION,
+    catalogue.GPU_POWER,
+    catalogue.GPU_POWER_LIMIT,
+    catalogue.GPU_SM_ACTIVITY,
+)
+"""What a stall keeps of each GPU from the record it was seen at: a collective hang reads as
+busy (utilization) at idle power, its SMs idle."""
+GpuState = list[dict[str, object]]
+"""Per GPU: ``gpu`` (its label) and each ``GPU_STATE`` suffix it read (NaN: left out)."""
+
+
+def gpu_fields(fields: Sequence[str]) -> list[tuple[int, str, str]]:
+    """Where each GPU's ``GPU_STATE`` readings sit in a record of ``fields``: (index, device
+    label, suffix), by device."""
+    wanted = {signal.key for signal in GPU_STATE}
+    found = []
+    for index, name in enumerate(fields):
+        reading = catalogue.lookup(name)
+        if reading is not None and not reading.variant and reading.signal.key in wanted:
+            found.append((index, reading.device, reading.signal.suffix))
+    return sorted(found, key=lambda where: catalogue.device_order(where[1]))
+
+
+def gpu_state(where: list[tuple[int, str, str]], values: Sequence[float]) -> GpuState:
+    """Each GPU's ``GPU_STATE`` in one record's ``values``, laid out as ``gpu_fields`` found."""
+    by_device: dict[str, dict[str, object]] = {}
+    for index, device, suffix in where:
+        entry = by_device.setdefault(device, {"gpu": device})
+        if index < len(values) and not math.isnan(values[index]):
+            entry[suffix] = values[index]
+    return list(by_device.values())
 
 
 def not_taken(wake_fd: int) -> int:
@@ -57,7 +92,11 @@ class StallWatch:
         self.memfd = memfd
         self.wake_fd = wake_fd
         self.detector = StallDetector(params.settings.stall_seconds, params.settings.interval_seconds)
-        self._events: queue.SimpleQueue[tuple[Stall | Lasting | Resumed, float]] = queue.SimpleQueue()
+        self.gpus: list[tuple[int, str, str]] = []
+        """Where each GPU's state sits in a record (``gpu_fields``); empty: no GPU sampled."""
+        self._events: queue.SimpleQueue[tuple[Stall | Lasting | Resumed, float, GpuState]] = (
+            queue.SimpleQueue()
+        )
         self._thread: threading.Thread | None = None
         self._row: int | None = None
         """The open stall's row in the store."""
@@ -74,27 +113,29 @@ class StallWatch:
         current = self.detector.current
         return None if current is None else current.since
 
-    def feed(self, now: float, step: int) -> None:
-        """One record's view: ``now`` (monotonic s) and the step the backend last logged."""
+    def feed(self, now: float, step: int, values: Sequence[float] = ()) -> None:
+        """One record's view: ``now`` (monotonic s), the step the backend last logged, and the
+        record's readings (laid out as ``gpus`` says)."""
         event = self.detector.observe(now, step, not_taken(self.wake_fd))
         if event is None:
             return
-        self._events.put((event, time.time()))
+        gpus = gpu_state(self.gpus, values) if isinstance(event, Stall) else []
+        self._events.put((event, time.time(), gpus))
         if self._thread is None:
             self._thread = threading.Thread(target=self._serve, name="stall-watch", daemon=True)
             self._thread.start()
 
     def _serve(self) -> None:
         while True:
-            event, wall = self._events.get()
+            event, wall, gpus = self._events.get()
             if isinstance(event, Stall):
-                self._open(event, wall)
+                self._open(event, wall, gpus)
             elif isinstance(event, Lasting):
                 self._again(event)
             else:
                 self._close(event, wall)
 
-    def _open(self, stall: Stall, wall: float) -> None:
+    def _open(self, stall: Stall, wall: float, gpus: GpuState) -> None:
         evidence = capture(self.params.backend_pid, self.target, self.memfd)
         self.last = evidence
         self._threads, self._notes = evidence.thread_rows(stall.waited), list(evidence.notes)
@@ -104,12 +145,13 @@ class StallWatch:
             self._row = self._write(
                 store,
                 "INSERT INTO stalls (run_id, backend_pid, host, kind, step, started_at, detected_after,"
-                " timeout, stacks, threads, notes) VALUES ((SELECT id FROM runs WHERE started_at = ?"
-                " AND host = ? AND pid IN (?, ?) ORDER BY id DESC LIMIT 1), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " timeout, stacks, threads, notes, gpus) VALUES ((SELECT id FROM runs WHERE started_at = ?"
+                " AND host = ? AND pid IN (?, ?) ORDER BY id DESC LIMIT 1), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (self.params.postmortem.started_at if self.params.postmortem else None, socket.gethostname(),
                  self.params.backend_pid, self.params.sources.pid, self.params.backend_pid,
                  socket.gethostname(), stall.kind, stall.step, started_at, stall.waited, stall.timeout,
-                 evidence.stacks, json.dumps(self._threads), json.dumps(self._notes)),
+                 evidence.stacks, json.dumps(self._threads), json.dumps(self._notes),
+                 json.dumps(gpus) if gpus else None),
             )  # fmt: skip
         message = self._message(stall, evidence, store)
         if stall.kind == "monitor" or stall.not_taken >= FROZEN_NOT_TAKEN:
