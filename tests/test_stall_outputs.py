@@ -34,7 +34,8 @@ from conftest import (
 )
 
 import sampler
-from sampler.commands import stalls
+from sampler.commands import explain, stalls
+from sampler.commands import postmortem as postmortem_command
 from sampler.store import schema
 from sampler.supervision.stacks import STACK_SIGNAL
 
@@ -280,3 +281,82 @@ def test_a_stalled_rank_shows_where_each_other_rank_of_its_launch_stood(tmp_path
     assert f"\n    rank 0 (run {runs[0]}): step 41 since " in out and "(1 step further)" in out
     out = stalls_output(store, "--run", str(runs[0]))
     assert f"\n    rank 1 (run {runs[1]}): step 40 since " in out and "(1 step behind)" in out
+
+
+def test_explain_names_each_stall_with_its_step_duration_and_frame(tmp_path: Path) -> None:
+    store = tmp_path / "runs.sqlite"
+    run_backend(store, STALL_THEN_STEP)
+    status, out = run_command("explain", str(store), handler=explain.main)
+    assert status == 0, out
+    print(out)
+    (line,) = [line for line in out.splitlines() if line.startswith("Stalled")]
+    db = sqlite3.connect(store)
+    ((step, duration),) = db.execute("SELECT step, duration FROM stalls").fetchall()
+    db.close()
+    assert line.startswith(f"Stalled at step {step} from ") and f" for {duration:.1f} s (no new step)" in line
+    assert line.endswith(" in collective.") and '; the main thread in File "<string>", line ' in line
+
+
+def test_a_postmortem_written_during_a_stall_carries_it(tmp_path: Path) -> None:
+    store = tmp_path / "runs.sqlite"
+    script = backend_script(
+        f"""
+        steps = [0]
+        mon = sampler.ResourceMonitor(categories=["cpu"], store=sys.argv[1], interval_seconds=0.2,
+                                      _min_interval_seconds=0.05, age_source=lambda: steps[0],
+                                      stall_seconds={STALL_SECONDS})
+        mon.start()
+        while steps[0] < 30 or mon.stats()["records_logged"] < 5:
+            steps[0] += 1
+            time.sleep(0.05)
+        def hung_collective():
+            time.sleep(600)  # until the scheduler kills the job
+        hung_collective()
+        """
+    )
+    backend = subprocess.Popen([sys.executable, "-c", script, str(store)], stderr=subprocess.PIPE, text=True)
+    try:
+
+        def stall_with_stacks() -> tuple[int, int] | None:
+            if not store.exists():
+                return None
+            db = sqlite3.connect(store)
+            try:
+                row = db.execute("SELECT id, step FROM stalls WHERE stacks IS NOT NULL").fetchone()
+            except sqlite3.OperationalError:
+                return None  # the store not made yet
+            finally:
+                db.close()
+            return None if row is None else (int(row[0]), int(row[1]))
+
+        stall_id, step = wait_for(stall_with_stacks, timeout=60, what="the stall recorded")
+        backend.kill()  # the scheduler's SIGKILL: the child writes the postmortem
+        backend.wait(timeout=30)
+    finally:
+        if backend.poll() is None:
+            backend.kill()
+        backend.wait()
+        assert backend.stderr is not None
+        backend.stderr.close()
+
+    def postmortem() -> str | None:
+        db = sqlite3.connect(store)
+        try:
+            row = db.execute("SELECT body FROM postmortems").fetchone()
+        finally:
+            db.close()
+        return None if row is None else str(row[0])
+
+    header = json.loads(wait_for(postmortem, timeout=30, what="the postmortem").splitlines()[0])
+    stall = header["stall"]
+    assert (stall["kind"], stall["step"], stall["stall_id"]) == ("steps", step, stall_id)
+    assert stall["main_frames"][0].endswith("in hung_collective")
+    assert stall["started_at"] < header["vanished_at"] and stall["detected_after"] >= STALL_SECONDS
+    status, out = run_command(
+        "postmortem", "--store", str(store), "--show", "1", handler=postmortem_command.main
+    )
+    assert status == 0, out
+    print(out)
+    assert f"\nit was stalled at step {step} since " in out
+    assert "s before it died); the main thread in File " in out and "in hung_collective <- " in out
+    assert f"every thread's stack: stall {stall_id} in the run store's stalls" in out

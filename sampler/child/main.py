@@ -141,7 +141,8 @@ class Child:
             with self.ring_lock:
                 if self.params.prometheus is not None and self.params.prometheus.sd_file is not None:
                     discovery.remove_entry(self.params.prometheus.sd_file)
-                if not postmortem.leave(self.params, self.ring, self.status, time.time(), witness):
+                stall = None if self.stalls is None else self.stalls.open_stall()
+                if not postmortem.leave(self.params, self.ring, self.status, time.time(), witness, stall):
                     self.status.declare_exit(EXIT_CLEAN)
                     os._exit(EXIT_CLEAN)  # a write still stuck: its thread must not keep the child alive
         self.stop.set()

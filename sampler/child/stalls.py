@@ -103,6 +103,8 @@ class StallWatch:
         self._threads: list[dict[str, object]] = []
         self._notes: list[str] = []
         """The open stall's kernel states and notes, over all its captures so far."""
+        self._frames: list[str] = []
+        """The open stall's main thread's innermost frames, once captured."""
         self._store_failed = False
         self.last: Evidence | None = None
         """The latest stall's evidence (for tests and benches in the child)."""
@@ -112,6 +114,23 @@ class StallWatch:
         the endpoint's thread: one read of the detector's current stall)."""
         current = self.detector.current
         return None if current is None else current.since
+
+    def open_stall(self) -> dict[str, object] | None:
+        """The open stall as a postmortem's header keeps it (``sampler.child.postmortem``), None
+        while none is open (for the watchdog's thread, as the backend dies)."""
+        current = self.detector.current
+        if current is None:
+            return None
+        ago = time.monotonic() - current.since
+        return {
+            "kind": current.kind,
+            "step": current.step,
+            "started_at": round(time.time() - ago, 6),
+            "detected_after": round(current.waited, 6),
+            "timeout": current.timeout,
+            "main_frames": list(self._frames),
+            "stall_id": self._row,
+        }
 
     def feed(self, now: float, step: int, values: Sequence[float] = ()) -> None:
         """One record's view: ``now`` (monotonic s), the step the backend last logged, and the
@@ -139,6 +158,7 @@ class StallWatch:
         evidence = capture(self.params.backend_pid, self.target, self.memfd)
         self.last = evidence
         self._threads, self._notes = evidence.thread_rows(stall.waited), list(evidence.notes)
+        self._frames = main_frames(evidence.stacks or "")
         started_at = wall - stall.waited
         store = self._store()
         if store is not None:
@@ -187,7 +207,7 @@ class StallWatch:
                 "UPDATE stalls SET ended_at = started_at + ?, duration = ? WHERE id = ?",
                 (resumed.duration, resumed.duration, self._row),
             )
-        self._row = None
+        self._row, self._frames = None, []
         log.info(
             "resource monitor: the run moves again after standing %.1f s at step %d",
             resumed.duration,

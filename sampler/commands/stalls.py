@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from sampler.catalogue import GPU_POWER, GPU_POWER_LIMIT, GPU_SM_ACTIVITY, GPU_UTILIZATION
+from sampler.child.capture import main_frames
 from sampler.commands.common import DEFAULT_STORE, open_store
 from sampler.store.reader import RECORD_IS_VALID, Launch, Run, StoreReader, launches
 from sampler.util.quoting import printable
@@ -229,6 +230,39 @@ def show(stall: StallRow, out: TextIO, launch: tuple[str, list[Peer]] | None = N
         for line in stall.stacks.splitlines():
             print(f"    {printable(line)}".rstrip(), file=out)
     print(file=out)
+
+
+def _lasted(duration: float | None, run_ended: bool) -> str:
+    if duration is not None:
+        return f"for {duration:.1f} s"
+    return "until the run ended" if run_ended else "still when last seen"
+
+
+def explain_line(stall: StallRow) -> str:
+    """One line for ``explain``: the step, when and how long, and the main thread's innermost
+    frame."""
+    frames = main_frames(stall.stacks or "", 1)
+    where = f"; the main thread in {printable(frames[0])}" if frames else "; no Python stack"
+    how = "no new step" if stall.kind == "steps" else "the monitor thread took no record"
+    return (
+        f"Stalled at step {stall.step:,} from {_clock(stall.started_at)} "
+        f"{_lasted(stall.duration, stall.run_ended)} ({how}){where}."
+    )
+
+
+def postmortem_line(stall: dict[str, Any], vanished_at: object) -> str:
+    """What ``postmortem`` says of the stall open as the backend died (its header's ``stall``,
+    read from a file others may write)."""
+    step, started = stall.get("step"), _number(stall.get("started_at"))
+    dead = _number(vanished_at)
+    since = "" if started is None else f" since {_when(started)}"
+    if started is not None and dead is not None:
+        since += f" ({dead - started:.1f} s before it died)"
+    frames = [printable(str(frame)) for frame in stall.get("main_frames") or [] if isinstance(frame, str)]
+    where = f"; the main thread in {' <- '.join(frames)}" if frames else ""
+    row = stall.get("stall_id")
+    stacks = f"; every thread's stack: stall {row} in the run store's stalls" if type(row) is int else ""
+    return f"it was stalled at step {printable(str(step))}{since}{where}{stacks}"
 
 
 def stall_lines(found: list[StallRow], store: str) -> list[str]:
