@@ -132,6 +132,7 @@ def healthy() -> Launch:
     timed(launch)
     for rank in range(RANKS):
         launch.set("wl_resource_model_age", rank, steps())
+        launch.set("wl_resource_stalled", rank, constant(0))
         launch.set("up", rank, constant(1))
         for cause in ("crash", "hang", "start"):
             launch.set("wl_resource_monitor_restarts_total", rank, constant(0), cause=cause)
@@ -173,6 +174,25 @@ def _stuck(launch: Launch) -> None:
     launch.set("wl_resource_model_age", SLOW, steps(stop=STOP))
 
 
+SEEN_AFTER = 60
+"""Seconds from a rank's last step to its child calling it stalled (its timeout, learned)."""
+
+
+def _stalled(launch: Launch, rank: int = SLOW, until: int = SAMPLES) -> None:
+    """``rank``'s child says it stalled from sample ``STOP`` to ``until``: the gauge at 1, and
+    the stall's age served meanwhile (absent outside it), as the endpoint serves them."""
+    last = STOP - SEEN_AFTER // SCRAPE
+    age = [STEP_RATE * SCRAPE * (min(k, last) + max(0, k - until)) for k in range(SAMPLES)]
+    launch.set("wl_resource_model_age", rank, age)
+    open_ = range(STOP, until)
+    launch.set("wl_resource_stalled", rank, [1 if k in open_ else 0 for k in range(SAMPLES)])
+    launch.set(
+        "wl_resource_stall_age_seconds",
+        rank,
+        [SEEN_AFTER + SCRAPE * (k - STOP) if k in open_ else "_" for k in range(SAMPLES)],
+    )
+
+
 def _straggler(launch: Launch) -> None:
     launch.set("wl_resource_model_age", SLOW, steps(rate=0.8))
 
@@ -211,6 +231,8 @@ ALERTS = {
     alert.name: alert
     for alert in (
         Alert("WlRankStuck", _stuck, 25, ""),
+        # Seen 60 s after its last step at 10 min, for 5m: firing at 17 min, 8 min after it.
+        Alert("WlRankStalled", _stalled, 17, "8m 0s"),
         Alert("WlRankStraggler", _straggler, 20, "0.8"),
         # Input and forward 0.75 s per step against the median rank's 0.17.
         Alert("WlRankHoldingBack", _holding_back, 20, "0.58", {"phase": "input"}),
@@ -406,6 +428,23 @@ def test_the_rank_slow_in_its_compute_is_named_with_its_phase_and_a_quiet_launch
     launch = healthy()
     timed(launch, [(STOP, SAMPLES, {rank: SLOW_INPUT for rank in range(RANKS)})])
     promtool_test(tmp_path, launch, quiet(name, 5, 20, 45))
+
+
+def test_every_rank_of_a_launch_stalled_together_is_named_each_and_a_short_stall_is_quiet(
+    tmp_path: Path,
+) -> None:
+    alert = ALERTS["WlRankStalled"]
+    # A collective one rank never joined: every rank's child sees its own stall (the first to
+    # stop, the oldest); the alert names each, as the child's timeout already passed.
+    launch = healthy()
+    for rank in range(RANKS):
+        _stalled(launch, rank)
+    every = [expected(Alert(alert.name, _stalled, 17, "8m 0s", rank=rank)) for rank in range(RANKS)]
+    promtool_test(tmp_path, launch, [{"eval_time": "17m", "alertname": alert.name, "exp_alerts": every}])
+    # A checkpoint that ran 3 minutes past the timeout, then the steps moved again: quiet.
+    launch = healthy()
+    _stalled(launch, until=STOP + 12)
+    promtool_test(tmp_path, launch, quiet(alert.name, 11, 13, 15, 17, 25))
 
 
 def test_a_straggler_within_the_margin_is_quiet(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ from ringbuf import Ring
 from sampler.child import postmortem, snapshot
 from sampler.child.cadence import Cadence, Stop, inner_first, record_took
 from sampler.child.peaks import PeakTracker
-from sampler.child.stalls import StallWatch
+from sampler.child.stalls import StallWatch, gpu_fields
 from sampler.collectors import Collector, build_collector, nvml
 from sampler.collectors.base import starvation
 from sampler.collectors.container import memory_cgroup
@@ -141,7 +141,8 @@ class Child:
             with self.ring_lock:
                 if self.params.prometheus is not None and self.params.prometheus.sd_file is not None:
                     discovery.remove_entry(self.params.prometheus.sd_file)
-                if not postmortem.leave(self.params, self.ring, self.status, time.time(), witness):
+                stall = None if self.stalls is None else self.stalls.open_stall()
+                if not postmortem.leave(self.params, self.ring, self.status, time.time(), witness, stall):
                     self.status.declare_exit(EXIT_CLEAN)
                     os._exit(EXIT_CLEAN)  # a write still stuck: its thread must not keep the child alive
         self.stop.set()
@@ -167,6 +168,8 @@ class Child:
         self.status.enter(PHASE_IDLE)
         peaks = PeakTracker(self.collectors, p.capacity)
         fields = [name for c in self.collectors for name in c.names] + list(peaks.names)
+        if self.stalls is not None:
+            self.stalls.gpus = gpu_fields(fields)
         if p.prometheus is not None:
             self._serve(fields)
         try:
@@ -192,7 +195,8 @@ class Child:
         p = self.params
         assert p.prometheus is not None
         uuids = {} if self.gpu is None else self.gpu.uuids
-        self.exposed = RecordCollector(fields, p.prometheus, self.status, p.categories, uuids)
+        stall_since = None if self.stalls is None else self.stalls.open_since
+        self.exposed = RecordCollector(fields, p.prometheus, self.status, p.categories, uuids, stall_since)
         self._bind(time.monotonic_ns())
 
     def _bind(self, now_ns: int) -> None:
@@ -233,7 +237,7 @@ class Child:
                 before = time.process_time_ns()
                 self._read_tracked(peaks)
                 if self.stalls is not None:  # a GIL held past a record shows before the next one
-                    self.stalls.feed(time.monotonic(), self.status.logged()[1], record=False)
+                    self.stalls.feed(time.monotonic(), self.status.logged()[1])
                 cpu_ns += time.process_time_ns() - before
                 inner.advance()
                 continue
@@ -267,7 +271,7 @@ class Child:
             peaks.include(marks)  # exact, where the kernel kept a high-water mark that rose
             logged_through, step = self.status.logged()
             if self.stalls is not None:
-                self.stalls.feed(timestamp_ns / 1e9, step)
+                self.stalls.feed(timestamp_ns / 1e9, step, values)
             values += peaks.close(ring.head, logged_through)
             ring.write(values, timestamp_ns)
             if self.exposed is not None:

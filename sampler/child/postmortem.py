@@ -20,6 +20,9 @@ Format: JSON lines (no NaN: a reading that failed is left out).
   when not looked up) and ``memory_cgroup`` (``CgroupAtDeath``: its memory cgroup's OOM kill
   count when the child started and when the backend vanished, its high-water mark and limit;
   null without one), and ``peaks`` (the last record's ``_peak`` fields, name -> value);
+  ``stall``: the stall open as the backend vanished, null when none was (``kind``, ``step``,
+  ``started_at``, ``detected_after``, ``timeout``, ``main_frames``: the main thread's
+  innermost frames once captured, ``stall_id``: its row in the store's ``stalls``, or null);
 - then one object per record, oldest first: ``record`` (its number), ``wall_time``
   (s since the epoch), ``logged`` (the backend had logged it or a later record)
   and ``values`` (field -> reading).
@@ -46,6 +49,7 @@ import os
 import select
 import threading
 import time
+from dataclasses import replace
 
 from ringbuf import Ring
 from sampler.child.postmortem_write import say, write
@@ -75,15 +79,20 @@ def backend_died(backend_pid: int, pidfd: int | None) -> bool:
 
 
 def leave(
-    params: ChildParams, ring: Ring | None, status: ChildStatus, vanished_at: float, witness: Witness
+    params: ChildParams,
+    ring: Ring | None,
+    status: ChildStatus,
+    vanished_at: float,
+    witness: Witness,
+    stall: dict[str, object] | None = None,
 ) -> bool:
-    """Write the postmortem of the backend that just vanished, with how it died, within
-    ``EXIT_WAIT_SECONDS + WRITE_CAP_SECONDS``; False if it was still being written then (the
-    child should leave anyway)."""
+    """Write the postmortem of the backend that just vanished, with how it died and the
+    ``stall`` open then, within ``EXIT_WAIT_SECONDS + WRITE_CAP_SECONDS``; False if it was
+    still being written then (the child should leave anyway)."""
     target = params.postmortem
     if target is None:
         return True
-    snap = witness.learn(take(params, ring, status, vanished_at))
+    snap = replace(witness.learn(take(params, ring, status, vanished_at)), stall=stall)
     # Not a daemon (which it would be by default, made by the watchdog): if the main
     # thread ends meanwhile, the interpreter waits for it.
     writer = threading.Thread(target=write, args=(snap, target), name="postmortem", daemon=False)

@@ -41,6 +41,7 @@ def lines(snap: Snapshot, target: PostmortemTarget, written_at: float) -> list[s
         "memory_cgroup": None if snap.memory_cgroup is None else asdict(snap.memory_cgroup),
         "peaks": _peaks(snap),
         "gpu_xids": _xids(snap),
+        "stall": snap.stall,
     }
     out = [json.dumps(header, allow_nan=False)]
     now_wall, now_ns = snap.clock

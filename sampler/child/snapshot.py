@@ -49,6 +49,8 @@ class Snapshot:
     """How the backend ended (``Witness.learn``); None when not looked up."""
     memory_cgroup: CgroupAtDeath | None = None
     """The backend's memory cgroup then; None without one, or when not looked up."""
+    stall: dict[str, object] | None = None
+    """The stall open as the backend vanished (``StallWatch.open_stall``); None when none was."""
 
 
 class Witness:

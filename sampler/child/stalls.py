@@ -15,13 +15,16 @@ import array
 import fcntl
 import json
 import logging
+import math
 import queue
 import socket
 import sqlite3
 import termios
 import threading
 import time
+from collections.abc import Sequence
 
+from sampler import catalogue
 from sampler.child.capture import Evidence, capture, main_frames
 from sampler.child.postmortem_write import say
 from sampler.child.stall import Lasting, Resumed, Stall, StallDetector
@@ -41,6 +44,38 @@ them: about 11 s in all, then the write is given up, and said."""
 FROZEN_NOT_TAKEN = 2
 """Records the monitor thread left untaken at a stall's detection that say the backend cannot
 log the warning itself."""
+GPU_STATE = (
+    catalogue.GPU_UTILIZATION,
+    catalogue.GPU_POWER,
+    catalogue.GPU_POWER_LIMIT,
+    catalogue.GPU_SM_ACTIVITY,
+)
+"""What a stall keeps of each GPU from the record it was seen at: a collective hang reads as
+busy (utilization) at idle power, its SMs idle."""
+GpuState = list[dict[str, object]]
+"""Per GPU: ``gpu`` (its label) and each ``GPU_STATE`` suffix it read (NaN: left out)."""
+
+
+def gpu_fields(fields: Sequence[str]) -> list[tuple[int, str, str]]:
+    """Where each GPU's ``GPU_STATE`` readings sit in a record of ``fields``: (index, device
+    label, suffix), by device."""
+    wanted = {signal.key for signal in GPU_STATE}
+    found = []
+    for index, name in enumerate(fields):
+        reading = catalogue.lookup(name)
+        if reading is not None and not reading.variant and reading.signal.key in wanted:
+            found.append((index, reading.device, reading.signal.suffix))
+    return sorted(found, key=lambda where: catalogue.device_order(where[1]))
+
+
+def gpu_state(where: list[tuple[int, str, str]], values: Sequence[float]) -> GpuState:
+    """Each GPU's ``GPU_STATE`` in one record's ``values``, laid out as ``gpu_fields`` found."""
+    by_device: dict[str, dict[str, object]] = {}
+    for index, device, suffix in where:
+        entry = by_device.setdefault(device, {"gpu": device})
+        if index < len(values) and not math.isnan(values[index]):
+            entry[suffix] = values[index]
+    return list(by_device.values())
 
 
 def not_taken(wake_fd: int) -> int:
@@ -66,54 +101,92 @@ class StallWatch:
         self.memfd = memfd
         self.wake_fd = wake_fd
         self.detector = StallDetector(params.settings.stall_seconds, params.settings.interval_seconds)
-        self._events: queue.SimpleQueue[tuple[Stall | Lasting | Resumed, float]] = queue.SimpleQueue()
+        self.gpus: list[tuple[int, str, str]] = []
+        """Where each GPU's state sits in a record (``gpu_fields``); empty: no GPU sampled."""
+        self._events: queue.SimpleQueue[tuple[Stall | Lasting | Resumed, float, GpuState]] = (
+            queue.SimpleQueue()
+        )
         self._thread: threading.Thread | None = None
         self._row: int | None = None
         """The open stall's row in the store."""
         self._threads: list[dict[str, object]] = []
         self._notes: list[str] = []
         """The open stall's kernel states and notes, over all its captures so far."""
+        self._frames: list[str] = []
+        """The open stall's main thread's innermost frames, once captured."""
+        self._values: Sequence[float] = ()
+        """The latest record's readings, for the GPUs of a stall seen between records."""
         self._store_failed = False
         self.last: Evidence | None = None
         """The latest stall's evidence (for tests and benches in the child)."""
 
-    def feed(self, now: float, step: int, record: bool = True) -> None:
-        """A view at ``now`` (monotonic s): the step the backend last logged; ``record``: from a
-        record about to be written, else from a reading between records."""
+    def open_since(self) -> float | None:
+        """When the open stall's step stopped moving (monotonic s), None while none is open (for
+        the endpoint's thread: one read of the detector's current stall)."""
+        current = self.detector.current
+        return None if current is None else current.since
+
+    def open_stall(self) -> dict[str, object] | None:
+        """The open stall as a postmortem's header keeps it (``sampler.child.postmortem``), None
+        while none is open (for the watchdog's thread, as the backend dies)."""
+        current = self.detector.current
+        if current is None:
+            return None
+        ago = time.monotonic() - current.since
+        return {
+            "kind": current.kind,
+            "step": current.step,
+            "started_at": round(time.time() - ago, 6),
+            "detected_after": round(current.waited, 6),
+            "timeout": current.timeout,
+            "main_frames": list(self._frames),
+            "stall_id": self._row,
+        }
+
+    def feed(self, now: float, step: int, values: Sequence[float] | None = None) -> None:
+        """A view at ``now`` (monotonic s): the step the backend last logged, and the readings
+        of the record about to be written (laid out as ``gpus`` says), or None between records
+        (a stall seen then keeps the last record's GPUs)."""
+        record = values is not None
+        if values is not None:
+            self._values = values
         event = self.detector.observe(now, step, not_taken(self.wake_fd), record)
         if event is None:
             return
-        self._events.put((event, time.time()))
+        gpus = gpu_state(self.gpus, self._values) if isinstance(event, Stall) else []
+        self._events.put((event, time.time(), gpus))
         if self._thread is None:
             self._thread = threading.Thread(target=self._serve, name="stall-watch", daemon=True)
             self._thread.start()
 
     def _serve(self) -> None:
         while True:
-            event, wall = self._events.get()
+            event, wall, gpus = self._events.get()
             if isinstance(event, Stall):
-                self._open(event, wall)
+                self._open(event, wall, gpus)
             elif isinstance(event, Lasting):
                 self._again(event)
             else:
                 self._close(event, wall)
 
-    def _open(self, stall: Stall, wall: float) -> None:
+    def _open(self, stall: Stall, wall: float, gpus: GpuState) -> None:
         evidence = self._capture()
         self.last = evidence
         self._threads, self._notes = evidence.thread_rows(stall.waited), list(evidence.notes)
+        self._frames = main_frames(evidence.stacks or "")
         started_at = wall - stall.waited
         store = self._store()
         if store is not None:
             self._row = self._write(
                 store,
                 "INSERT INTO stalls (run_id, backend_pid, host, kind, step, started_at, detected_after,"
-                " timeout, stacks, threads, notes) VALUES ((SELECT id FROM runs WHERE started_at = ?"
-                " AND host = ? AND pid IN (?, ?) ORDER BY id DESC LIMIT 1), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " timeout, stacks, threads, notes, gpus) VALUES ((SELECT id FROM runs WHERE started_at = ?"
+                " AND host = ? AND pid IN (?, ?) ORDER BY id DESC LIMIT 1), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (self.params.postmortem.started_at if self.params.postmortem else None, socket.gethostname(),
                  self.params.backend_pid, self.params.sources.pid, self.params.backend_pid,
                  socket.gethostname(), stall.kind, stall.step, started_at, stall.waited, stall.timeout,
-                 evidence.stacks, json.dumps(self._threads), json.dumps(self._notes)),
+                 evidence.stacks, json.dumps(self._threads), json.dumps(self._notes),
+                 json.dumps(gpus) if gpus else None),
             )  # fmt: skip
         message = self._message(stall, evidence, store)
         if stall.kind == "monitor" or stall.not_taken >= FROZEN_NOT_TAKEN:
@@ -149,7 +222,7 @@ class StallWatch:
                 "UPDATE stalls SET ended_at = started_at + ?, duration = ? WHERE id = ?",
                 (resumed.duration, resumed.duration, self._row),
             )
-        self._row = None
+        self._row, self._frames = None, []
         log.info(
             "resource monitor: the run moves again after standing %.1f s at step %d",
             resumed.duration,

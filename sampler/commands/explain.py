@@ -29,6 +29,7 @@ from sampler.analysis import ranks, stretches
 from sampler.analysis.evidence import Reason
 from sampler.analysis.explain import Explanation, explain
 from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, argument, open_store
+from sampler.commands.stalls import explain_line, read_stalls
 from sampler.settings.parsers import Invalid
 from sampler.store.reader import Launch, StoreReader, launches
 from sampler.util.quoting import printable
@@ -86,6 +87,7 @@ def main(args: argparse.Namespace) -> int:
     with reader:
         try:
             explanation, comparison = _explain(reader, args)
+            stalled = [] if explanation is None else read_stalls(reader.db, explanation.run.id) or []
         except LookupError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_USAGE
@@ -101,6 +103,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if explanation is not None:
         out.write(render(explanation))
+    out.writelines(explain_line(stall) + "\n" for stall in stalled)
     if comparison is not None:
         out.write(render_launch(comparison))
     return 0

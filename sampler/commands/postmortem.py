@@ -20,6 +20,7 @@ from typing import Any, TextIO
 from sampler import settings
 from sampler.child.peaks import MEAN_SUFFIX, PEAK_SUFFIX
 from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, argument
+from sampler.commands.stalls import postmortem_line
 from sampler.postmortems.files import CgroupAtDeath, Exit
 from sampler.postmortems.reading import (
     Found,
@@ -213,6 +214,9 @@ def _describe(
         + f"; {unlogged} never logged",
         file=out,
     )
+    stall = header.get("stall")
+    if isinstance(stall, dict):
+        print(postmortem_line(stall, header.get("vanished_at")), file=out)
     ended = Exit.from_json(header.get("exit"))
     if ended is not None and ended.unknown is not None:
         print(f"its exit status could not be learned: {printable(ended.unknown)}", file=out)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import errno
 import math
 import socket
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,8 +59,12 @@ class RecordCollector:
         status: ChildStatus,
         categories: Sequence[str],
         gpu_uuids: dict[str, str],
+        stall_since: Callable[[], float | None] | None = None,
     ) -> None:
         self._status = status
+        self._stall_since = stall_since
+        """The open stall's start (monotonic s), None while none is open; itself None when stalls
+        are not watched."""
         self._categories = tuple(categories)
         base = dict(target.labels)
         self._base_names = tuple(base)
@@ -111,7 +116,7 @@ class RecordCollector:
 
     def _own(self, family: Any) -> Iterator[Any]:
         """The monitor's metrics: model age, health, the child's cost, the steps' phases once
-        ``watch_model`` has timed any, info."""
+        ``watch_model`` has timed any, whether the run is stalled and for how long, info."""
         names, values, status = self._base_names, self._base_values, self._status
         _, step = status.logged()
         if step != NOT_LOGGED:
@@ -151,6 +156,15 @@ class RecordCollector:
             for (phase, _, _), phase_seconds in zip(catalogue.STEP_PHASES, spent, strict=True):
                 seconds.add_metric((*values, phase), phase_seconds)
             yield seconds
+        if self._stall_since is not None:
+            since = self._stall_since()
+            stalled = family(metrics.STALLED, names)
+            stalled.add_metric(values, 0 if since is None else 1)
+            yield stalled
+            if since is not None:
+                age = family(metrics.STALL_AGE, names)
+                age.add_metric(values, max(0.0, time.monotonic() - since))
+                yield age
         if self.dropped:
             dropped = family(metrics.CONNECTIONS_DROPPED, (*names, "reason"))
             for reason, count in self.dropped.items():

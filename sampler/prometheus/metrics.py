@@ -74,6 +74,17 @@ PHASE_SECONDS = _m(
     "Seconds the timed training steps spent in each phase, by `phase` (catalogue.STEP_PHASES).",
     COUNTER,
 )
+STALLED = _m(
+    "stalled",
+    1,
+    "1 while the run is stalled (no new step past the stall timeout the child learned or was given, or "
+    "the backend's monitor thread taking no record), else 0; absent when stalls are not watched.",
+)
+STALL_AGE = _m(
+    "stall_age_seconds",
+    1,
+    "Seconds since the open stall's step stopped moving; absent while no stall is open.",
+)
 INFO = _m("monitor_info", 1, "Always 1; the labels describe the monitor.")
 OWN_METRICS = (
     MODEL_AGE,
@@ -87,6 +98,8 @@ OWN_METRICS = (
     CONNECTIONS_DROPPED,
     STEPS_TIMED,
     PHASE_SECONDS,
+    STALLED,
+    STALL_AGE,
     INFO,
 )
 

@@ -1,6 +1,6 @@
 """The run store's SQLite schema: a public interface, versioned.
 
-Schema version 7 (``PRAGMA user_version``)::
+Schema version 8 (``PRAGMA user_version``)::
 
     runs          one row per monitor run
       id            INTEGER PRIMARY KEY AUTOINCREMENT: never given twice, not even after
@@ -96,6 +96,11 @@ Schema version 7 (``PRAGMA user_version``)::
                              name, state, wchan, syscall, after (s into the stall of the
                              capture that read it)
       notes         TEXT     what could not be captured, and why; a JSON list of strings
+      gpus          TEXT     each sampled GPU as the child's record at the stall's detection
+                             had it, a JSON list of objects: gpu (its label), and those of
+                             utilization_percent, power_watts, power_limit_watts,
+                             sm_activity_percent it read (version 8; NULL where no GPU is
+                             sampled, and in older rows)
 
 The run's clock: started_at, ended_at and the wall_time of its points are its start's
 wall time plus the monotonic time since (``sampler.util.clock``), so differences between
@@ -106,8 +111,9 @@ clock's, for readers to judge how long ago a run last wrote.
 Both views are made anew with each column added. A store created by this release has pages
 of ``PAGE_SIZE`` (a wide record stays in its page); an older one keeps its own.
 
-Version 6 is version 7 without ``stalls``; version 5 is version 6 without ``records`` and
-``record_columns`` (every reading a row of ``points``); version 4 is version 5 without
+Version 7 is version 8 without ``stalls.gpus``; version 6 is version 7 without ``stalls``;
+version 5 is version 6 without ``records`` and ``record_columns`` (every reading a row of
+``points``); version 4 is version 5 without
 ``elapsed``; version 3 is version 4 with ids that a run removed by pruning gave back (the next
 new run took the highest again) and without ``pid_started_after_boot``; version 2 is version 3
 without the five placement columns of ``runs`` (a migrated row reads rank 0 of a world of one);
@@ -128,7 +134,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 READABLE_FROM = 3
 """The oldest version readers take as it is (older ones are migrated by opening them for writing)."""
 STEPS = range(-(2**63), 2**63)
@@ -362,6 +368,10 @@ def _add_stalls(db: sqlite3.Connection) -> None:
         db.execute(statement)
 
 
+def _add_stall_gpus(db: sqlite3.Connection) -> None:
+    db.execute("ALTER TABLE stalls ADD COLUMN gpus TEXT")
+
+
 _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     0: _create_v1,
     1: _add_postmortems,
@@ -370,6 +380,7 @@ _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     4: _add_elapsed,
     5: _add_records,
     6: _add_stalls,
+    7: _add_stall_gpus,
 }
 """``_MIGRATIONS[v]`` takes a store from version v to v + 1 (0: an empty file)."""
 
