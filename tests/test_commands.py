@@ -283,6 +283,43 @@ def test_runs_and_top_agree_that_a_killed_backend_is_lost(tmp_path: Path) -> Non
     assert " | lost | " in top.stdout.splitlines()[0], top.stdout
 
 
+def test_runs_gives_a_killed_run_the_time_of_its_last_record(tmp_path: Path) -> None:
+    """The run's latest-write time is refreshed every few seconds (``TOUCH_EVERY_SECONDS``):
+    a backend killed between two refreshes lasted until its last record, not its last refresh."""
+    script = tmp_path / "backend.py"
+    script.write_text(
+        "import time, sampler\n"
+        "m = sampler.ResourceMonitor(categories=['cpu'], store='runs.sqlite', step_source='seconds',\n"
+        "                            interval_seconds=0.1, _min_interval_seconds=0.05).start()\n"
+        "time.sleep(120)\n"
+    )
+    path = tmp_path / "runs.sqlite"
+
+    def records_ahead_of_the_refresh() -> float | None:
+        """Seconds from the run's start to its newest record, once that is 2 s past its last refresh."""
+        if not path.exists():
+            return None
+        try:
+            with sqlite3.connect(path) as db:
+                row = db.execute(
+                    "SELECT r.elapsed, (SELECT MAX(wall_ms) / 1000.0 FROM records WHERE run_id = r.id)"
+                    " - r.started_at FROM runs AS r"
+                ).fetchone()
+        except sqlite3.OperationalError:  # its tables are not made yet
+            return None
+        return row[1] if row is not None and row[1] is not None and row[1] >= row[0] + 2 else None
+
+    backend = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path)
+    try:
+        lasted = wait_for(records_ahead_of_the_refresh, 60, "a record 2 s newer than the run's refresh")
+    finally:
+        backend.kill()
+        backend.wait()
+    runs = sampler_command("runs", "runs.sqlite", cwd=tmp_path)
+    minutes, seconds = runs.stdout.splitlines()[1].split()[3].split(":")
+    assert 60 * int(minutes) + int(seconds) >= int(lasted), (lasted, runs.stdout)
+
+
 def test_runs_names_the_rank_of_a_multi_rank_job(tmp_path: Path) -> None:
     path = tmp_path / "runs.sqlite"
     for rank in range(2):
