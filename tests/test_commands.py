@@ -222,6 +222,17 @@ def test_every_command_has_help(tmp_path: Path) -> None:
         assert sub.returncode == 0 and "usage: python -m sampler " + command in sub.stdout, sub.stderr
 
 
+def test_the_installed_script_names_itself_in_its_help(tmp_path: Path) -> None:
+    """``wl-resource-monitor --help`` said ``usage: python -m sampler``: not what the user typed."""
+    script = Path(sys.executable).parent / "wl-resource-monitor"
+    for argv in ([], ["runs"]):
+        done = subprocess.run(
+            [str(script), *argv, "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(" ".join(["usage: wl-resource-monitor", *argv]) + " "), done.stdout
+
+
 def test_demo_trains_records_and_draws(tmp_path: Path) -> None:
     """The README's first command, shortened: a real training run with the
     monitor and the store on, a PNG at the end, and the commands to look further."""
