@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -27,6 +28,7 @@ from sampler.store.reader import StoreReader
 from sampler.store.writer import RunInfo, RunWriter
 
 CPU = "resource/cpu/utilization_percent"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def sampler_command(
@@ -253,6 +255,24 @@ def test_demo_trains_records_and_draws(tmp_path: Path) -> None:
     for command in ("runs", "plot", "explain", "export", "top"):  # with the interpreter that ran the demo
         assert f"{sys.executable} -m sampler {command} resource_monitor.sqlite" in done.stdout
     assert "100%" in done.stderr  # the progress bar ran to the end
+
+    # Run in a checkout, neither the demo nor the commands it suggests leave files git would list.
+    plotted = sampler_command("plot", "resource_monitor.sqlite", "--run", str(run.id), cwd=tmp_path)
+    assert plotted.returncode == 0, plotted.stderr
+    exported = sampler_command(
+        "export", "resource_monitor.sqlite", "--run", str(run.id), "--wide", cwd=tmp_path
+    )
+    assert exported.returncode == 0, exported.stderr
+    (tmp_path / f"run{run.id}.csv").write_text(exported.stdout)  # `... > run1.csv`, as the demo says
+    shutil.copy(ROOT / ".gitignore", tmp_path / ".gitignore")
+    git = shutil.which("git")
+    assert git is not None
+    subprocess.run([git, "init", "-q"], cwd=tmp_path, check=True, timeout=60)
+    status = subprocess.run(
+        [git, "status", "--porcelain", "--untracked-files=all"],
+        cwd=tmp_path, capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    assert status.stdout.splitlines() == ["?? .gitignore"], status.stdout
 
 
 @pytest.mark.parametrize("command", [["export"], ["export", "--wide"], ["runs"], ["top", "--once"]])
