@@ -12,7 +12,7 @@ from pathlib import Path
 import fake_driver
 import pytest
 
-from sampler import catalogue
+from sampler import catalogue, settings
 from sampler.child.peaks import PeakTracker
 from sampler.collectors import Sources, build_collectors
 from sampler.collectors.base import Collector
@@ -39,6 +39,10 @@ def published_table(page: str, heading: str) -> str:
 def test_the_published_tables_are_the_catalogues() -> None:
     assert published_table("signals.md", "# Signals") == catalogue.signals_table()
     assert published_table("prometheus.md", "## Prometheus metrics") == catalogue.metrics_table()
+
+
+def test_the_published_env_var_table_is_the_settings_table() -> None:
+    assert published_table("configuration.md", "## Environment variables") == settings.env_table()
 
 
 def fake_container(tmp_path: Path) -> ContainerCollector:

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -27,6 +28,7 @@ from sampler.store.reader import StoreReader
 from sampler.store.writer import RunInfo, RunWriter
 
 CPU = "resource/cpu/utilization_percent"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def sampler_command(
@@ -222,6 +224,17 @@ def test_every_command_has_help(tmp_path: Path) -> None:
         assert sub.returncode == 0 and "usage: python -m sampler " + command in sub.stdout, sub.stderr
 
 
+def test_the_installed_script_names_itself_in_its_help(tmp_path: Path) -> None:
+    """``wl-resource-monitor --help`` said ``usage: python -m sampler``: not what the user typed."""
+    script = Path(sys.executable).parent / "wl-resource-monitor"
+    for argv in ([], ["runs"]):
+        done = subprocess.run(
+            [str(script), *argv, "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(" ".join(["usage: wl-resource-monitor", *argv]) + " "), done.stdout
+
+
 def test_demo_trains_records_and_draws(tmp_path: Path) -> None:
     """The README's first command, shortened: a real training run with the
     monitor and the store on, a PNG at the end, and the commands to look further."""
@@ -242,6 +255,24 @@ def test_demo_trains_records_and_draws(tmp_path: Path) -> None:
     for command in ("runs", "plot", "explain", "export", "top"):  # with the interpreter that ran the demo
         assert f"{sys.executable} -m sampler {command} resource_monitor.sqlite" in done.stdout
     assert "100%" in done.stderr  # the progress bar ran to the end
+
+    # Run in a checkout, neither the demo nor the commands it suggests leave files git would list.
+    plotted = sampler_command("plot", "resource_monitor.sqlite", "--run", str(run.id), cwd=tmp_path)
+    assert plotted.returncode == 0, plotted.stderr
+    exported = sampler_command(
+        "export", "resource_monitor.sqlite", "--run", str(run.id), "--wide", cwd=tmp_path
+    )
+    assert exported.returncode == 0, exported.stderr
+    (tmp_path / f"run{run.id}.csv").write_text(exported.stdout)  # `... > run1.csv`, as the demo says
+    shutil.copy(ROOT / ".gitignore", tmp_path / ".gitignore")
+    git = shutil.which("git")
+    assert git is not None
+    subprocess.run([git, "init", "-q"], cwd=tmp_path, check=True, timeout=60)
+    status = subprocess.run(
+        [git, "status", "--porcelain", "--untracked-files=all"],
+        cwd=tmp_path, capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    assert status.stdout.splitlines() == ["?? .gitignore"], status.stdout
 
 
 @pytest.mark.parametrize("command", [["export"], ["export", "--wide"], ["runs"], ["top", "--once"]])
@@ -281,6 +312,43 @@ def test_runs_and_top_agree_that_a_killed_backend_is_lost(tmp_path: Path) -> Non
     top = sampler_command("top", "runs.sqlite", "--once", cwd=tmp_path)
     assert runs.stdout.splitlines()[1].split()[-1] == "lost", runs.stdout
     assert " | lost | " in top.stdout.splitlines()[0], top.stdout
+
+
+def test_runs_gives_a_killed_run_the_time_of_its_last_record(tmp_path: Path) -> None:
+    """The run's latest-write time is refreshed every few seconds (``TOUCH_EVERY_SECONDS``):
+    a backend killed between two refreshes lasted until its last record, not its last refresh."""
+    script = tmp_path / "backend.py"
+    script.write_text(
+        "import time, sampler\n"
+        "m = sampler.ResourceMonitor(categories=['cpu'], store='runs.sqlite', step_source='seconds',\n"
+        "                            interval_seconds=0.1, _min_interval_seconds=0.05).start()\n"
+        "time.sleep(120)\n"
+    )
+    path = tmp_path / "runs.sqlite"
+
+    def records_ahead_of_the_refresh() -> float | None:
+        """Seconds from the run's start to its newest record, once that is 2 s past its last refresh."""
+        if not path.exists():
+            return None
+        try:
+            with sqlite3.connect(path) as db:
+                row = db.execute(
+                    "SELECT r.elapsed, (SELECT MAX(wall_ms) / 1000.0 FROM records WHERE run_id = r.id)"
+                    " - r.started_at FROM runs AS r"
+                ).fetchone()
+        except sqlite3.OperationalError:  # its tables are not made yet
+            return None
+        return row[1] if row is not None and row[1] is not None and row[1] >= row[0] + 2 else None
+
+    backend = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path)
+    try:
+        lasted = wait_for(records_ahead_of_the_refresh, 60, "a record 2 s newer than the run's refresh")
+    finally:
+        backend.kill()
+        backend.wait()
+    runs = sampler_command("runs", "runs.sqlite", cwd=tmp_path)
+    minutes, seconds = runs.stdout.splitlines()[1].split()[3].split(":")
+    assert 60 * int(minutes) + int(seconds) >= int(lasted), (lasted, runs.stdout)
 
 
 def test_runs_names_the_rank_of_a_multi_rank_job(tmp_path: Path) -> None:

@@ -308,6 +308,41 @@ def test_with_a_store_the_postmortem_lands_in_the_store_with_its_run(
     assert "postmortem" not in announced_in_a_new_process(None, store)
 
 
+def test_the_command_finds_the_store_a_script_named_in_its_working_directory(
+    tmp_path: Path, backends: list[Backend]
+) -> None:
+    """A script that used ``store="runs.sqlite"`` as the README shows, then was killed: a bare
+    ``postmortem`` run where it ran lists its postmortem (not 'none in resource_monitor.sqlite')."""
+    backend = start(
+        backends, tmp_path, "store='runs.sqlite'", ready=f"{READY} and mon.stats()['store_points_written']"
+    )
+    backend.kill()
+    (tmp_path / "notes.db").write_text("not SQLite")  # neither is looked at as a store
+    sqlite3.connect(tmp_path / "other.sqlite").execute("CREATE TABLE t (a)").connection.close()
+    listing = subprocess.run(
+        [sys.executable, "-m", "sampler", "postmortem"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listing.returncode == 0, listing.stderr
+    [row] = listing.stdout.splitlines()[1:]
+    assert row.endswith("runs.sqlite (postmortem 1)") and f" {backend.pid} " in row, listing.stdout
+
+
+def test_the_command_says_where_else_to_look_when_it_finds_none(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sampler", "postmortem"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "no run store here" in done.stdout and "--store PATH" in done.stdout, done.stdout
+
+
 def test_a_backend_the_oom_killer_takes_leaves_its_climb_to_the_limit(
     tmp_path: Path, backends: list[Backend]
 ) -> None:

@@ -118,7 +118,7 @@ def test_signals_are_grouped_training_first_then_categories_in_order() -> None:
     lines = top.render(view, NOW, width=120)
     text = text_of(lines)
     groups = [line.text for line in lines if line.style == "heading" and " " not in line.text]
-    assert groups == ["eval", "train", "training", "cpu", "memory", "network", "process"], text
+    assert groups == ["eval", "train", "training", "process", "cpu", "memory", "network"], text
     loss = row(text, "loss").split()
     assert loss[1:4] == ["0.5", "0.5", "2"] and loss[4] == "█▃▁"  # now, min, max, recent
     assert row(text, "utilization").split()[1:4] == ["50.0%", "10.0%", "90.0%"]
@@ -225,8 +225,37 @@ def test_a_terminal_too_small_truncates_and_says_what_is_hidden() -> None:
         lines = top.render(view, NOW, width=width, height=height)
         assert len(lines) == height and all(len(line.text) <= width for line in lines)
         assert lines[-1].text.startswith("…") and lines[-1].style == "alert"
-    cut = top.render(view, NOW, width=120, height=10)
-    assert cut[-1].text == f"… {len(top.render(view, NOW, width=120)) - 9} more rows: enlarge the terminal"
+    cut = top.render(view, NOW, width=120, height=5)  # the header alone fills it
+    assert cut[-1].text == f"… {len(top.render(view, NOW, width=120)) - 4} more rows: enlarge the terminal"
+
+
+def test_the_process_rows_come_first_and_the_rows_scroll_under_a_header_that_stays() -> None:
+    """At 80x24 the training process's rows are on the first screen, the columns' explanation
+    reads whole, and every other row is reached by scrolling."""
+    points = {
+        f"resource/{category}/s{i}_percent": series(i, i + 1)
+        for category in ("cpu", "disk", "network")
+        for i in range(8)
+    }
+    points |= {"resource/process/memory_in_use_mb": series(100, 120), "train/loss": series(2.0, 1.0)}
+    points |= {"resource/process_tree/processes": series(3, 4)}
+    view = View(store="s", run=make_run(), points=points, newest=NOW)
+    whole = top.render(view, NOW, width=80)
+    first, offset = top.frame(view, NOW, width=80, height=24)
+    assert offset == 0 and len(first) == 24 and all(len(line.text) <= 80 for line in first)
+    text = text_of(first)
+    assert "min and max: over the last" in text and "…" not in text.splitlines()[3], text
+    assert row(text, "memory (RSS)") and row(text, "processes") and "loss" in text, text
+    header, rows, room = first[:5], whole[5:], 24 - 5 - 1
+    while True:  # a row at a time, as the down arrow does, to the end
+        lines, used = top.frame(view, NOW, width=80, height=24, offset=offset)
+        assert lines[:5] == header and used == offset and lines[5:-1] == rows[offset : offset + room]
+        if lines[-1].text.endswith(f", 0 below): {top.SCROLL_KEYS}"):
+            break
+        offset += 1
+    assert offset + room == len(rows)
+    past, used = top.frame(view, NOW, width=80, height=24, offset=10**9)
+    assert used == offset and past == lines  # kept within the rows
     waiting = top.render(View(store="x.sqlite", waiting="waiting for a run in x.sqlite"), NOW, width=10)
     assert [line.text for line in waiting] == ["wl-resour…", "waiting f…"]
 
@@ -389,14 +418,14 @@ class Tmux:
     run on the machine shares), one detached 120x40 window running ``command`` in a shell
     that reports how it exited and the terminal's modes afterwards."""
 
-    def __init__(self, command: list[str], cwd: Path) -> None:
+    def __init__(self, command: list[str], cwd: Path, columns: int = 120, rows: int = 40) -> None:
         self.socket = cwd / "tmux.socket"
         # The shell outlives the Ctrl-C it shares with top (a no-op trap: top still gets SIGINT).
         shell = f'trap : INT; {shlex.join(command)}; echo "top exited with $?"; stty -a; echo {MODES_END}'
         shell += "; sleep 60"
         conf = cwd / "tmux.conf"  # none of the user's; a fixed size, whatever clients come and go
-        conf.write_text("set -g default-size 120x40\n")
-        size = ["-x", "120", "-y", "40"]
+        conf.write_text(f"set -g default-size {columns}x{rows}\n")
+        size = ["-x", str(columns), "-y", str(rows)]
         self.tmux("-f", str(conf), "new-session", "-d", *size, "-s", "top", "-c", str(cwd), shell)
 
     def tmux(self, *args: str) -> str:
@@ -496,6 +525,50 @@ def test_top_in_a_terminal_follows_a_live_backend_and_quits_on_q(
         if tmux is not None:
             tmux.kill()
         stop(backend)
+
+
+@needs_tmux
+def test_top_at_80x24_shows_the_process_first_and_scrolls_with_the_keys(
+    tmp_path: Path, nvml: fake_driver.Driver
+) -> None:
+    store = tmp_path / "runs.sqlite"
+    backend = start_backend(nvml, tmp_path, store)
+    tmux: Tmux | None = None
+    try:
+        wait_for(lambda: store.exists() and once(store)[0] == 0, what="the backend's run in the store")
+        tmux = Tmux(top_command_line(store), tmp_path, columns=80, rows=24)
+        first = tmux.wait_screen("run 1 |", "loss", "memory (RSS)", "gpu/1", "(0 above, ")
+        assert "min and max: over the last 120 points" in first, first
+        assert all(len(line) <= 80 for line in first.splitlines())
+        tmux.tmux("send-keys", "-t", "top", "End")
+        last = tmux.wait_screen(", 0 below)")
+        assert "memory (RSS)" not in last and "run 1 |" in last, last
+        tmux.tmux("send-keys", "-t", "top", "Home")
+        tmux.wait_screen("(0 above, ", "memory (RSS)")
+        tmux.tmux("send-keys", "-t", "top", "Down")
+        tmux.wait_screen("(1 above, ")
+        tmux.tmux("send-keys", "-t", "top", "q")
+        assert_exited_cleanly(tmux)
+    finally:
+        if tmux is not None:
+            tmux.kill()
+        stop(backend)
+
+
+def test_top_into_a_file_says_it_needs_a_terminal_in_one_line(tmp_path: Path) -> None:
+    store = tmp_path / "runs.sqlite"
+    with sampler.ResourceMonitor(categories=["cpu"], store=str(store), step_source="seconds", **FAST) as mon:
+        wait_for(lambda: mon.stats()["records_logged"] >= 1, what="a sample")
+    with open(tmp_path / "frame.txt", "w") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "sampler", "top", str(store)],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "--once" in done.stderr
 
 
 @needs_tmux

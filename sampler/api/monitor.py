@@ -52,6 +52,8 @@ RING_CAPACITY = 1024
 RESTART_BACKOFF_SECONDS = (1.0, 60.0)
 """Delay before restarting a dead child: the first, doubling up to the second."""
 _JOIN_SLACK_SECONDS = 1.0
+"""How long stop() waits for the thread after the child's time to leave (``STOP_TIMEOUT_SECONDS``,
+in which the sinks still get the last record), with the sinks no longer called."""
 
 
 class _Run:
@@ -329,14 +331,17 @@ class ResourceMonitor:
                 self._run = None
         run.signal_stop()
         supervisor, thread = run.supervisor, run.thread
-        if supervisor is not None:  # a sink behind by seconds of calls must not keep the thread
-            supervisor.emitter.stopping.set()
         child = supervisor.child if supervisor is not None else None
         if child is not None:
-            child.request_stop()
+            child.request_stop()  # the child takes its last record, which the thread emits
         if thread is None or thread is threading.current_thread():
+            if supervisor is not None:
+                supervisor.emitter.stopping.set()
             return  # stop() from the sink: the thread ends once the sink returns
-        thread.join(STOP_TIMEOUT_SECONDS + _JOIN_SLACK_SECONDS)
+        thread.join(STOP_TIMEOUT_SECONDS)
+        if supervisor is not None:  # a sink behind by seconds of calls must not keep the thread
+            supervisor.emitter.stopping.set()
+        thread.join(_JOIN_SLACK_SECONDS)
         if thread.is_alive():
             # A call holds the thread; it reaps the child and releases shared
             # memory when that call returns.

@@ -66,6 +66,9 @@ REBIND_SECONDS = 5.0
 """How often a child whose port was in use tries it again, at its next record."""
 _EXIT_GRACE_SECONDS = 0.4
 """How long the watchdog lets the main thread finish cleanly before forcing exit."""
+_LAST_RECORD_GRACE_SECONDS = 0.8
+"""Likewise after ``STOP``, which has the main thread take one last record first: under the
+second the backend waits before it kills the child (``STOP_TIMEOUT_SECONDS``)."""
 
 
 class BackendWatch:
@@ -111,6 +114,13 @@ class Child:
         """When to try again for a port that was in use (``time.monotonic_ns``); None: never."""
         self.stalls: StallWatch | None = None
         """The watch for a stalled run, fed once per record; None when stalls are not watched."""
+        self.record_at_stop = threading.Event()
+        """Set with ``stop`` when the backend asked the child to leave (not when it died): the
+        main thread takes one last record before it leaves."""
+        self._phases: list[int] = []
+        """Each collector's phase, in ``collectors`` order."""
+        self._tracked_at: list[int] = []
+        """Where each tracked reading sits in a record's values."""
 
     def watch(self, backend: BackendWatch) -> None:
         """Until STOP, EOF or the backend's death, then make sure the child ends;
@@ -134,6 +144,7 @@ class Child:
                     break
                 if STOP in data:
                     died = False
+                    self.record_at_stop.set()
                     break
         if died:
             # Held while the ring is copied: the main thread, failing to wake the dead backend,
@@ -146,7 +157,9 @@ class Child:
                     self.status.declare_exit(EXIT_CLEAN)
                     os._exit(EXIT_CLEAN)  # a write still stuck: its thread must not keep the child alive
         self.stop.set()
-        if self.finished.wait(_EXIT_GRACE_SECONDS):
+        if self.finished.wait(
+            _LAST_RECORD_GRACE_SECONDS if self.record_at_stop.is_set() else _EXIT_GRACE_SECONDS
+        ):
             return
         self.status.declare_exit(EXIT_CLEAN)
         os._exit(EXIT_CLEAN)
@@ -218,22 +231,25 @@ class Child:
         peaks.add(readings)
 
     def _loop(self, ring: Ring, peaks: PeakTracker) -> int:
-        """Records every interval; between them, tracked readings at the inner rate.
-        Returns the exit status: clean once stopped, ``EXIT_STARVED`` when this
-        child can no longer read anything."""
+        """Records every interval; between them, tracked readings at the inner rate; and one
+        last record when the backend asks the child to leave (``STOP``: ``stop()``), so the
+        run's end is sampled too. Returns the exit status: clean once stopped,
+        ``EXIT_STARVED`` when this child can no longer read anything."""
         p = self.params
         records = Cadence(p.settings.interval_seconds)
         inner = Cadence(1.0 / p.settings.inner_rate_hz)
-        phases = [phase_of(c.category) for c in self.collectors]
-        self._tracking = [(c, phase) for c, phase in zip(self.collectors, phases, strict=True) if c.tracked]
+        self._phases = [phase_of(c.category) for c in self.collectors]
+        self._tracking = [
+            (c, phase) for c, phase in zip(self.collectors, self._phases, strict=True) if c.tracked
+        ]
         names = [name for c in self.collectors for name in c.names]
-        tracked_at = [names.index(name) for c in self.collectors for name in c.tracked]
+        self._tracked_at = [names.index(name) for c in self.collectors for name in c.tracked]
         cpu_ns = 0  # CPU spent since the last record: its inner readings count towards its cost
         while True:
             due_record = records.seconds_left()
             if self._tracking and inner_first(records, inner):
                 if self.stop.wait(inner.seconds_left()):
-                    return EXIT_CLEAN
+                    return self._last_record(ring, peaks, cpu_ns)
                 before = time.process_time_ns()
                 self._read_tracked(peaks)
                 if self.stalls is not None:  # a GIL held past a record shows before the next one
@@ -241,62 +257,77 @@ class Child:
                 cpu_ns += time.process_time_ns() - before
                 inner.advance()
                 continue
-            if self.stop.wait(due_record):
-                return EXIT_CLEAN
-            before = time.process_time_ns()
-            timestamp_ns = time.monotonic_ns()
-            if self._tracking:
-                self._read_tracked(peaks)
-                record_took(inner)
-            values: list[float] = []
-            marks: list[float] = []
-            for collector, phase in zip(self.collectors, phases, strict=True):
-                self.status.enter(phase)
-                values += collector.sample()
-                marks += collector.marks()
-            self.status.enter(PHASE_IDLE)
-            if self.gpu is not None:
-                self.status.set_gpus(*self.gpu.health.words())
-            starved, why = starvation.take()
-            if starved:
-                self.status.count_starved(starved)
-                if all(value != value for value in values):  # every reading failed (NaN)
-                    log.warning(
-                        "resource monitor: every reading of the sampling child failed (%s); it leaves "
-                        "for a fresh child",
-                        why,
-                    )
-                    return EXIT_STARVED
-            peaks.include([values[i] for i in tracked_at])
-            peaks.include(marks)  # exact, where the kernel kept a high-water mark that rose
-            logged_through, step = self.status.logged()
-            if self.stalls is not None:
-                self.stalls.feed(timestamp_ns / 1e9, step, values)
-            values += peaks.close(ring.head, logged_through)
-            ring.write(values, timestamp_ns)
-            if self.exposed is not None:
-                self.exposed.update(values, time.time())
-            if self._bind_again_ns is not None and timestamp_ns >= self._bind_again_ns:
-                self._bind(timestamp_ns)
-            self.status.count_sample(cpu_ns + time.process_time_ns() - before)
+            if self.stop.wait(due_record) or self.record_at_stop.is_set():
+                return self._last_record(ring, peaks, cpu_ns)
+            code = self._record(ring, peaks, inner, cpu_ns)
+            if code is not None:
+                return code
             cpu_ns = 0
-            try:
-                os.write(self.wake_fd, RECORD)
-            except BlockingIOError:
-                pass  # the reader is behind; it finds the record in the ring anyway
-            except (BrokenPipeError, ConnectionResetError):
-                # The backend is gone. The watchdog decides what that means and may be
-                # writing a postmortem of this ring: leaving now would close the ring and
-                # end the interpreter under it. It sets ``stop`` once done (bounded).
-                bound = (
-                    postmortem.EOF_DEATH_WAIT_SECONDS
-                    + snapshot.EXIT_WAIT_SECONDS
-                    + postmortem.WRITE_CAP_SECONDS
-                )
-                self.stop.wait(bound + 1)
-                return EXIT_CLEAN
             records.advance()
             inner.advance()
+
+    def _last_record(self, ring: Ring, peaks: PeakTracker, cpu_ns: int) -> int:
+        """The record taken at ``STOP`` (none after the backend's death)."""
+        if self.record_at_stop.is_set():
+            self._record(ring, peaks, None, cpu_ns)
+        return EXIT_CLEAN
+
+    def _record(self, ring: Ring, peaks: PeakTracker, inner: Cadence | None, cpu_ns: int) -> int | None:
+        """Sample every collector, write the record and wake the backend; returns an exit
+        status when the child must leave, else None. ``cpu_ns``: the CPU of the inner
+        readings since the last record; ``inner`` (None for the last record) is told a
+        record took the tracked readings."""
+        before = time.process_time_ns()
+        timestamp_ns = time.monotonic_ns()
+        if self._tracking:
+            self._read_tracked(peaks)
+            if inner is not None:
+                record_took(inner)
+        values: list[float] = []
+        marks: list[float] = []
+        for collector, phase in zip(self.collectors, self._phases, strict=True):
+            self.status.enter(phase)
+            values += collector.sample()
+            marks += collector.marks()
+        self.status.enter(PHASE_IDLE)
+        if self.gpu is not None:
+            self.status.set_gpus(*self.gpu.health.words())
+        starved, why = starvation.take()
+        if starved:
+            self.status.count_starved(starved)
+            if all(value != value for value in values):  # every reading failed (NaN)
+                log.warning(
+                    "resource monitor: every reading of the sampling child failed (%s); it leaves "
+                    "for a fresh child",
+                    why,
+                )
+                return EXIT_STARVED
+        peaks.include([values[i] for i in self._tracked_at])
+        peaks.include(marks)  # exact, where the kernel kept a high-water mark that rose
+        logged_through, step = self.status.logged()
+        if self.stalls is not None:
+            self.stalls.feed(timestamp_ns / 1e9, step, values)
+        values += peaks.close(ring.head, logged_through)
+        ring.write(values, timestamp_ns)
+        if self.exposed is not None:
+            self.exposed.update(values, time.time())
+        if self._bind_again_ns is not None and timestamp_ns >= self._bind_again_ns:
+            self._bind(timestamp_ns)
+        self.status.count_sample(cpu_ns + time.process_time_ns() - before)
+        try:
+            os.write(self.wake_fd, RECORD)
+        except BlockingIOError:
+            pass  # the reader is behind; it finds the record in the ring anyway
+        except (BrokenPipeError, ConnectionResetError):
+            # The backend is gone. The watchdog decides what that means and may be
+            # writing a postmortem of this ring: leaving now would close the ring and
+            # end the interpreter under it. It sets ``stop`` once done (bounded).
+            bound = (
+                postmortem.EOF_DEATH_WAIT_SECONDS + snapshot.EXIT_WAIT_SECONDS + postmortem.WRITE_CAP_SECONDS
+            )
+            self.stop.wait(bound + 1)
+            return EXIT_CLEAN
+        return None
 
     def close(self) -> None:
         if self.endpoint is not None:

@@ -7,6 +7,7 @@ subcommand with a ``handler(args) -> exit status``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import TextIO
@@ -29,9 +30,19 @@ from sampler.commands.common import EXIT_BROKEN_PIPE, silence
 COMMANDS = (demo, run, top, plot, explain, runs, stalls, export, config, postmortem, prometheus)
 
 
+SCRIPT = "wl-resource-monitor"
+"""The command ``pip install`` puts on the PATH (``[project.scripts]`` in pyproject.toml)."""
+
+
+def program() -> str:
+    """The command as the user typed it: the installed script (``wl-resource-monitor``), else
+    ``python -m sampler``."""
+    return SCRIPT if sys.argv and os.path.basename(sys.argv[0]) == SCRIPT else "python -m sampler"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m sampler", description="Resource monitoring for ML training backends."
+        prog=program(), description="Resource monitoring for ML training backends."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:

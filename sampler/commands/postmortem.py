@@ -3,23 +3,27 @@ backend died under it (SIGKILL, the OOM killer, a crash): list the postmortems,
 show one, mark them read.
 
 Postmortems come from a directory (``--dir``) and a run store (``--store``);
-with neither flag, from the monitor's default directory and ``./resource_monitor.sqlite``,
-each where it exists. They are numbered oldest first, read ones included, so a
-number stays put. A monitor announces unread ones when it starts; showing one
-marks it read, and so does ``--mark-read`` for all those listed.
+with neither flag, from the monitor's default directory and every run store in the
+working directory (``*.sqlite``, ``*.sqlite3``, ``*.db``: ``resource_monitor.sqlite``,
+or the ``runs.sqlite`` a script named), each where it exists. They are numbered
+oldest first, read ones included, so a number stays put. A monitor announces
+unread ones when it starts; showing one marks it read, and so does
+``--mark-read`` for all those listed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import sqlite3
 import sys
 from typing import Any, TextIO
 
 from sampler import settings
 from sampler.child.peaks import MEAN_SUFFIX, PEAK_SUFFIX
-from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, argument
+from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, SQLITE_HEADER, argument
 from sampler.commands.stalls import postmortem_line
 from sampler.postmortems.files import CgroupAtDeath, Exit
 from sampler.postmortems.reading import (
@@ -69,7 +73,9 @@ def add_parser(commands: Any) -> None:
         description=__doc__.split("\n\n")[0],
     )
     parser.add_argument("--dir", help=f"postmortem directory (default ./{settings.DEFAULT_POSTMORTEM_DIR})")
-    parser.add_argument("--store", help=f"run store (default ./{DEFAULT_STORE})")
+    parser.add_argument(
+        "--store", help=f"run store (default: every run store here, ./{DEFAULT_STORE} and the others)"
+    )
     parser.add_argument(
         "--show",
         type=argument(_choice),
@@ -92,16 +98,33 @@ def add_parser(commands: Any) -> None:
     parser.set_defaults(handler=main)
 
 
+STORE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+"""The names of the files in the working directory looked at as run stores, without ``--store``."""
+
+
+def stores_here() -> list[str]:
+    """The SQLite files in the working directory whose names end in ``STORE_SUFFIXES``, by name
+    (``DEFAULT_STORE`` first): where a script's run store is when it named one (``store="runs.sqlite"``)."""
+    names: list[str] = []
+    with contextlib.suppress(OSError), os.scandir(".") as entries:
+        for entry in entries:
+            if entry.name.lower().endswith(STORE_SUFFIXES) and entry.is_file():
+                with contextlib.suppress(OSError), open(entry.name, "rb") as file:
+                    if file.read(len(SQLITE_HEADER)) == SQLITE_HEADER:
+                        names.append(entry.name)
+    return sorted(names, key=lambda name: (name != DEFAULT_STORE, name))
+
+
 def main(args: argparse.Namespace) -> int:
     out: TextIO = args.out
     explicit = args.dir is not None or args.store is not None
-    places = (
+    places: list[tuple[str, str | None]] = (
         [("--dir", args.dir), ("--store", args.store)]
         if explicit
-        else [("--dir", settings.DEFAULT_POSTMORTEM_DIR), ("--store", DEFAULT_STORE)]
+        else [("--dir", settings.DEFAULT_POSTMORTEM_DIR), *(("--store", store) for store in stores_here())]
     )
     found: list[Found] = []
-    for flag, place in places:
+    for flag, place in list(places):
         if place is None:
             continue
         try:
@@ -113,15 +136,17 @@ def main(args: argparse.Namespace) -> int:
                 )
                 return EXIT_USAGE
         except (OSError, sqlite3.Error) as exc:
+            if not explicit and flag == "--store":
+                places.remove((flag, place))  # an SQLite file here that is no run store
+                continue
             print(f"error: cannot read the postmortems in {place}: {exc}", file=sys.stderr)
             return EXIT_USAGE
     found.sort(key=by_death)
     if args.show is not None:
         return _show(found, args.show, args.last, out)
     listed = [(n, with_header(f)) for n, f in enumerate(found, 1) if args.all or not f.read]
-    where = " or ".join(place for _, place in places if place is not None)
     if not listed:
-        print(f"no postmortems {'' if args.all else 'waiting '}in {where}", file=out)
+        _say_none(places, explicit, args.all, out)
         return 0
     _table([HEADER, *(_row(n, f) for n, f in listed)], out)
     if args.mark_read:
@@ -129,6 +154,25 @@ def main(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         print(f"marked {sum(not f.read for _, f in listed)} read", file=out)
     return 0
+
+
+def _say_none(places: list[tuple[str, str | None]], explicit: bool, read_too: bool, out: TextIO) -> None:
+    """There are no postmortems (``read_too``: not even read ones) where we looked: say where that
+    was and, when it was only the default places, where else they may be."""
+    stores = [place for flag, place in places if flag == "--store" and place is not None]
+    where = " or ".join(place for flag, place in places if flag == "--dir" and place is not None)
+    if stores:
+        where += f"{' or ' * bool(where)}the run store{'s' * (len(stores) > 1)} {', '.join(stores)}"
+    elif not explicit:
+        suffixes = ", ".join(f"*{suffix}" for suffix in STORE_SUFFIXES)
+        where += f", and there is no run store here (no {suffixes} file)"
+    print(f"no postmortems {'' if read_too else 'waiting '}in {where}", file=out)
+    if not explicit:
+        print(
+            "a script that recorded into a run store elsewhere left its postmortems there:"
+            " --store PATH (its store=, relative to where it ran)",
+            file=out,
+        )
 
 
 HEADER = ("#", "died", "pid", "host", "records", "run", "read", "where")

@@ -1,7 +1,9 @@
 """Command line: ``python -m sampler top [STORE]`` shows a run of the store
 live in the terminal: its signals' current values, min/max and sparklines, a
 row per GPU, the monitor's health, and "no sample for N s" when the backend
-stopped or hung. ``q`` or Ctrl-C quits.
+stopped or hung: the training process's own rows first, then the GPUs, then
+the host's. The arrows (or j and k), PgUp and PgDn (or b and space), Home and
+End scroll the rows in a terminal too short for them. ``q`` or Ctrl-C quits.
 
 It follows the newest run (a newer one that appears is picked up) unless
 ``--run`` names one, and refreshes once per the run's sampling interval (at
@@ -16,12 +18,13 @@ import argparse
 import contextlib
 import curses
 import os
+import sys
 import time
 from typing import Any, TextIO
 
 from sampler import settings
 from sampler.commands.common import DEFAULT_STORE, EXIT_BROKEN_PIPE, EXIT_USAGE, argument, silence
-from sampler.views.top import Line, frame_text, render
+from sampler.views.top import Line, frame, frame_text, render
 from sampler.views.watch import StoreWatch, View
 
 MAX_REFRESH_SECONDS = 5.0
@@ -84,16 +87,37 @@ def main(args: argparse.Namespace) -> int:
                 silence(out)
                 return EXIT_BROKEN_PIPE
             return 0 if view.run is not None else EXIT_USAGE
+        if not _is_terminal(out):  # curses would draw into the file and die with a traceback
+            print(
+                "error: top draws in a terminal and its output is not one; --once prints one frame as text",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
         # curses takes LINES and COLUMNS from the environment over the terminal's own size, and
         # keeps them through resizes; they are often a stale copy (readline exports them to the
         # programs a Python prompt or pytest starts), so follow the terminal instead.
         for name in ("LINES", "COLUMNS"):
             os.environ.pop(name, None)
-        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C quits, as q does
-            curses.wrapper(_live, watch, args.interval)
+        try:
+            with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C quits, as q does
+                curses.wrapper(_live, watch, args.interval)
+        except curses.error as exc:  # a terminal curses cannot drive (TERM unknown or unset)
+            print(
+                f"error: top cannot draw in this terminal ({exc}); --once prints one frame as text",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
         return 0
     finally:
         watch.close()
+
+
+def _is_terminal(out: TextIO) -> bool:
+    """``out`` is the process's standard output and a terminal: where curses draws."""
+    try:
+        return out.fileno() == sys.stdout.fileno() and out.isatty()
+    except (OSError, ValueError):  # no descriptor behind it (io.UnsupportedOperation is both)
+        return False
 
 
 def _width(out: TextIO) -> int:
@@ -133,17 +157,35 @@ def _draw(screen: Any, lines: list[Line], styles: dict[str, int]) -> None:
     screen.refresh()
 
 
+SCROLL_KEYS: dict[int, int | None] = {
+    curses.KEY_DOWN: 1,
+    ord("j"): 1,
+    curses.KEY_UP: -1,
+    ord("k"): -1,
+    curses.KEY_NPAGE: None,  # a page: the rows the screen shows
+    ord(" "): None,
+    curses.KEY_PPAGE: None,
+    ord("b"): None,
+}
+"""Keys that scroll the rows, by how many (None: half a screen; up for PgUp and b)."""
+PAGE_UP = (curses.KEY_PPAGE, ord("b"))
+
+
 def _live(screen: Any, watch: StoreWatch, interval: float | None) -> None:
-    """The curses loop: poll, draw, wait for a key until the next refresh."""
+    """The curses loop: poll, draw, wait for a key (q quits, the arrows, PgUp, PgDn, Home and
+    End scroll) until the next refresh."""
     with contextlib.suppress(curses.error):  # a terminal that cannot hide its cursor
         curses.curs_set(0)
+    screen.keypad(True)
     styles = _styles()
+    offset = 0
     while True:
         view = watch.poll()
         deadline = time.monotonic() + refresh_seconds(view, interval)
         while True:
             height, width = screen.getmaxyx()
-            _draw(screen, render(view, time.time(), width, height), styles)
+            lines, offset = frame(view, time.time(), width, height, offset)
+            _draw(screen, lines, styles)
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -153,5 +195,13 @@ def _live(screen: Any, watch: StoreWatch, interval: float | None) -> None:
                 return
             if key == curses.KEY_RESIZE:
                 curses.update_lines_cols()
+            elif key in SCROLL_KEYS:
+                step = SCROLL_KEYS[key]
+                page = max(1, height // 2)  # half a screen: what was at its bottom stays in sight
+                offset += step if step is not None else -page if key in PAGE_UP else page
+            elif key in (curses.KEY_HOME, ord("g")):
+                offset = 0
+            elif key in (curses.KEY_END, ord("G")):
+                offset = sys.maxsize  # frame() keeps it within the rows
             elif key == -1:  # the refresh is due
                 break

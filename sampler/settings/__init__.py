@@ -61,6 +61,7 @@ from sampler.settings.table import (
     Field,
     MonitorSettings,
     defaults,
+    env_table,
 )
 
 __all__ = [
@@ -104,6 +105,7 @@ __all__ = [
     "Resolution",
     "candidate_files",
     "defaults",
+    "env_table",
     "load_resource_monitoring_config",
     "parse_seconds",
     "resolve_config",

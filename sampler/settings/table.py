@@ -16,6 +16,7 @@ from typing import Any
 
 from sampler.catalogue import DEFAULT_CATEGORIES
 from sampler.settings import parsers, selection
+from sampler.settings.files import ENV_CONFIG_PATH
 from sampler.settings.parsers import (
     DEFAULT_DISK_PATH,
     DEFAULT_INNER_RATE_HZ,
@@ -63,6 +64,8 @@ class Field:
     """A keyword argument of ``ResourceMonitor``."""
     settle: Callable[[Any], Any] = lambda value: value
     """The resolved value as ``MonitorSettings`` holds it (categories: the names on)."""
+    env_default: str | None = None
+    """The default as the manual's env var table says it, where the value would read wrong there."""
 
 
 def setting(**described: Any) -> Any:
@@ -89,6 +92,7 @@ class MonitorSettings:
         from_value=parsers.enabled,
         help="master switch; its env var disables monitoring when 1/true/yes/on",
         in_api=False,
+        env_default="`0`",
     )
     interval_seconds: float = setting(
         env="WL_RESOURCE_MONITOR_INTERVAL_SECONDS",
@@ -107,6 +111,7 @@ class MonitorSettings:
         help=f"comma-separated allowlist of {KNOWN}",
         show=selection.show_categories,
         settle=_enabled_names,
+        env_default="all",
     )
     disk_path: str = setting(
         env="WL_RESOURCE_MONITOR_DISK_PATH",
@@ -182,6 +187,7 @@ class MonitorSettings:
             "(needs the prometheus extra); off by default"
         ),
         show=lambda value: "None (no endpoint)" if value is None else str(value),
+        env_default="off",
     )
     prometheus_address: str = setting(
         env="WL_RESOURCE_MONITOR_PROMETHEUS_ADDRESS",
@@ -221,6 +227,7 @@ class MonitorSettings:
         from_value=parsers.run_id,
         help="the run_id label every rank of one launch shares (default: torchrun's, else made up)",
         show=lambda value: "None (the launcher's)" if value is None else bounded_repr(value),
+        env_default="the launcher's",
         blank_is_unset=True,
     )
     stall_seconds: float | str = setting(
@@ -319,3 +326,24 @@ def settled(values: Mapping[str, Any]) -> MonitorSettings:
     setting only arguments give is its default when absent)."""
     resolved = {field.key: field.settle(values.get(field.key, field.default)) for field in ALL_FIELDS}
     return MonitorSettings(**resolved)
+
+
+def _env_default(field: Field) -> str:
+    if field.env_default is not None:
+        return field.env_default
+    if field.default is None:
+        return "none"
+    if isinstance(field.default, float):
+        return f"`{field.default:g}`"
+    return f"`{field.default}`"
+
+
+def env_table() -> str:
+    """The manual's table of environment variables (Markdown, one row per variable, in table order)."""
+    rows = ["| env var | default | meaning |", "|---|---|---|"]
+    for field in FIELDS:
+        if field.env is not None:
+            rows.append(f"| `{field.env}` | {_env_default(field)} | {field.help} |")
+        if field is STEP_SOURCE:
+            rows.append(f"| `{ENV_CONFIG_PATH}` | none | directory searched first for the YAML file |")
+    return "\n".join(rows) + "\n"

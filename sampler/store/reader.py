@@ -64,6 +64,9 @@ class Run:
     elapsed: float | None = None
     """Seconds from the start to the latest write (to the end, once ended), on a monotonic
     clock; None in rows older than schema version 5."""
+    last_data: float | None = None
+    """When (on the run's clock) its newest record or point was taken, for a run without an
+    end; None for an ended run, or one with neither."""
 
     @property
     def interval(self) -> float:
@@ -103,18 +106,28 @@ class Run:
 
     @property
     def duration(self) -> float:
-        """Seconds from start to end (or to the latest write): ``elapsed``, which no step of
-        the wall clock changes; in a row without it, the difference of its times."""
+        """Seconds from start to end (or to the latest write, or its newest record or point,
+        ``last_data``, when later: the latest write's time is refreshed only every few seconds,
+        so a killed run would seem to have died earlier than it did)."""
+        written = self._written
+        if self.last_data is not None and self.last_data - self.started_at > written:
+            return self.last_data - self.started_at
+        return written
+
+    @property
+    def _written(self) -> float:
+        """Seconds from start to end, or to the latest write: ``elapsed``, which no step of the
+        wall clock changes; in a row without it, the difference of its times."""
         if self.elapsed is not None:
             return self.elapsed
         return (self.ended_at if self.ended_at is not None else self.updated_at) - self.started_at
 
     def clock_at(self, now: float) -> float:
         """The run's clock, which its points' times are on (``sampler.util.clock``), at wall
-        time ``now``: its start plus its ``duration``, plus, while it has not ended, the time
-        since its latest write (``updated_at``, on the wall clock as ``now`` is)."""
+        time ``now``: its start plus the time to its latest write, plus, while it has not
+        ended, the time since that write (``updated_at``, on the wall clock as ``now`` is)."""
         since = 0.0 if self.ended_at is not None else max(0.0, now - self.updated_at)
-        return self.started_at + self.duration + since
+        return self.started_at + self._written + since
 
 
 @dataclass(frozen=True)
@@ -254,16 +267,26 @@ class StoreReader:
             self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'records'").fetchone() is not None
         )
         """Schema version 6 or later: resource records are rows of ``records``."""
+        newest_record = (
+            "(SELECT wall_ms / 1000.0 FROM records WHERE run_id = runs.id ORDER BY seq DESC LIMIT 1)"
+            if self._has_records
+            else "NULL"
+        )
+        # Only for a run without an end (CASE reads no point of an ended one): see Run.last_data.
+        self._last_data = (
+            "CASE WHEN ended_at IS NULL THEN max(COALESCE((SELECT MAX(wall_time) FROM points"
+            f" WHERE run_id = runs.id), -1), COALESCE({newest_record}, -1)) END"
+        )
         self._checked: set[int | None] = set()
         """The runs whose points were checked (``check_points``); None: the signal names."""
 
     def runs(self) -> list[Run]:
-        rows = self.db.execute(f"SELECT {self._run_columns} FROM runs ORDER BY id")
+        rows = self.db.execute(f"SELECT {self._run_columns}, {self._last_data} FROM runs ORDER BY id")
         return [decode_run(row, self.path) for row in rows]
 
     def run(self, run_id: int | None = None) -> Run:
         """Run ``run_id``, or the newest; ``LookupError`` if there is none."""
-        query = f"SELECT {self._run_columns} FROM runs " + (
+        query = f"SELECT {self._run_columns}, {self._last_data} FROM runs " + (
             "WHERE id = ?" if run_id is not None else "ORDER BY id DESC LIMIT 1"
         )
         row = self.db.execute(query, () if run_id is None else (run_id,)).fetchone()
@@ -627,10 +650,12 @@ _POSTMORTEM_COLUMNS = "id, run_id, backend_pid, host, vanished_at, written_at, r
 
 
 def decode_run(row: sqlite3.Row | tuple[Any, ...], store: str = "the run store") -> Run:
-    """A ``Run`` from a row of ``SELECT RUN_COLUMNS FROM runs`` of ``store``, each malformed
-    value said once and read as unknown (the run's placement: alone)."""
+    """A ``Run`` from a row of ``SELECT RUN_COLUMNS FROM runs`` of ``store`` (and, after them,
+    when given, its newest record's or point's time: ``Run.last_data``), each malformed value
+    said once and read as unknown (the run's placement: alone)."""
     run_id, started, ended, updated, host, pid, command, config, version, stats = row[:10]
-    rank, local_rank, world_size, local_world_size, launch_id, elapsed = row[10:]
+    rank, local_rank, world_size, local_world_size, launch_id, elapsed = row[10:16]
+    newest = row[16] if len(row) > 16 else None
     check = Row(store, f"run {run_id}")
     argv = check.parsed("command", command, list)
     if argv is not None and not all(isinstance(arg, str) for arg in argv):
@@ -655,6 +680,7 @@ def decode_run(row: sqlite3.Row | tuple[Any, ...], store: str = "the run store")
         local_world_size=check.whole("local_world_size", local_world_size, _SIZES, "a number of ranks", 1),
         launch_id=None if launch_id is None else check.text("launch_id", launch_id, None),
         elapsed=None if elapsed is None else check.seconds("elapsed", elapsed, "a duration", None),
+        last_data=float(newest) if finite(newest) and 0 <= newest < MAX_TIME else None,
     )
 
 

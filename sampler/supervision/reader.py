@@ -243,6 +243,11 @@ class ChildReader:
             what,
         )
 
+    def take_last(self) -> None:
+        """After ``stop()``, once the child has left: emit what it wrote since the last drain,
+        the record it takes at ``STOP`` included (none if it was killed first)."""
+        self._drain()
+
     def _drain(self) -> int:
         """Read and emit every record the ring holds for us; returns how many."""
         ring = self.ring

@@ -239,6 +239,7 @@ class Supervisor:
         finally:
             os.close(status_fd)
         self.child = child
+        outcome = None
         try:
             outcome = reader.serve()
             if outcome is Outcome.HUNG:
@@ -246,6 +247,8 @@ class Supervisor:
         finally:
             child.stop()
             self.child = None
+            if outcome is Outcome.STOPPED:
+                reader.take_last()
             snap = status.read()
             call = status.call()
             self._carry_gpus(reader, status)
@@ -320,7 +323,9 @@ class Supervisor:
         gpus = next((c.health for c in collectors if isinstance(c, GpuCollector)), None)
         earlier_gpu_errors = stats.gpu_errors
         try:
-            while not self._wait_for_stop(cadence.seconds_left(), sample=True):
+            stopped = False
+            while not stopped:  # the sample after stop() is the run's last
+                stopped = self._wait_for_stop(cadence.seconds_left(), sample=True)
                 timestamp_ns = time.monotonic_ns()
                 values: list[float] = []
                 for collector in collectors:

@@ -7,7 +7,8 @@ and mean between logged steps (``..._peak``, ``..._mean``) go into its panel, an
 ``..._per_second`` rate is left out where the counter is drawn. Counters (disk reads/writes and
 network bytes since boot, container CPU throttled) are drawn as rates (MiB/s, s/s); a counter
 whose rate is a gauge of its own (CPU seconds, whose rate is the CPU %) is left out where that
-gauge is drawn. Bytes are drawn in GiB, bytes/s in MiB/s.
+gauge is drawn. Bytes are drawn in GiB, bytes/s in MiB/s, until ``fitted`` finds
+the unit a panel's values read in.
 """
 
 from __future__ import annotations
@@ -25,6 +26,26 @@ _DRAWN_AS = {
     "bytes/s": ("MiB/s", 1.0 / catalogue.MIB),
 }
 """Units drawn in another: the unit drawn and the factor from the stored one."""
+BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+"""Sizes 1024 apart, each also per second: a panel drawn in one is redrawn in the one its
+values read best in (``fitted``)."""
+
+
+def fitted(unit: str, peak: float) -> tuple[str, float]:
+    """The unit among ``BINARY_UNITS`` (per second when ``unit`` is) in which ``peak``, drawn
+    in ``unit``, is from 1 to 1023, and the factor from ``unit`` to it (``MiB/s`` at 0.00035:
+    ``B/s``, factor 1048576); ``unit`` itself, factor 1, for any other unit or no peak above 0."""
+    size, _, per = unit.partition("/")
+    if size not in BINARY_UNITS or per not in ("", "s") or not peak > 0 or peak != peak:
+        return unit, 1.0
+    index = BINARY_UNITS.index(size)
+    value = peak
+    while value < 1 and index > 0:
+        value, index = value * 1024, index - 1
+    while value >= 1024 and index < len(BINARY_UNITS) - 1:
+        value, index = value / 1024, index + 1
+    factor = 1024.0 ** (BINARY_UNITS.index(size) - index)
+    return BINARY_UNITS[index] + unit[len(size) :], factor
 
 
 def matches(name: str, pattern: str | None) -> bool:

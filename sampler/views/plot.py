@@ -19,6 +19,7 @@ import itertools
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -30,7 +31,7 @@ from sampler.analysis.stretches import PAUSE, STARTUP, Stretch
 from sampler.store.reader import Run, StoreReader
 from sampler.util import atomicfile
 from sampler.views.lines import Line, RunPoints, lines_of
-from sampler.views.panels import TRAINING, Panel, matches, panels, stack_phases
+from sampler.views.panels import TRAINING, Panel, fitted, matches, panels, stack_phases
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist
@@ -159,7 +160,7 @@ def figure(
     for panel in stack_phases(panels(selected)):
         found = lines_of(loaded, runs, panel, x, available)
         if found:
-            drawn.append((panel, found))
+            drawn.append(in_fitting_unit(panel, found))
     if not drawn:
         if not everything:
             raise NothingToPlot(f"{which} has no signals")
@@ -294,6 +295,17 @@ def figure(
     return fig
 
 
+def in_fitting_unit(panel: Panel, lines: list[Line]) -> tuple[Panel, list[Line]]:
+    """The panel and its lines in the unit its largest value reads best in (``panels.fitted``):
+    a network that moved 360 B/s drawn in B/s, not at 0.00035 MiB/s."""
+    finite = _finite(np.concatenate([ys for *_, ys in lines]))
+    unit, factor = fitted(panel.unit, float(np.abs(finite).max()) if len(finite) else 0.0)
+    if factor == 1.0:
+        return panel, lines
+    scaled = [(run, device, kind, xs, ys * factor) for run, device, kind, xs, ys in lines]
+    return replace(panel, unit=unit, scale=panel.scale * factor), scaled
+
+
 def draw_parts(ax: Axes, panel: Panel, lines: list[Line], multi: bool) -> None:
     """Shares of a whole (``panel.parts``), one colour each with a key in the panel: stacked for
     one run whose parts share their x (they are logged together), else one line per part and run."""
@@ -346,6 +358,23 @@ def y_limits(ax: Axes, panel: Panel, values: npt.ArrayLike) -> None:
         finite = _finite(values)
         top = float(finite.max()) if len(finite) else 0.0
         ax.set_ylim(0, top * 1.12 if top > 0 else 1.0)
+    else:
+        finite = _finite(values)
+        if len(finite) and finite.min() == finite.max():
+            # One value throughout: matplotlib would centre it in ±5 % of itself (2.85 to 3.15
+            # threads); drawn from 0 it reads as the level it is.
+            level = float(finite[0])
+            ax.set_ylim(*sorted((0.0, level * 1.25)) if level else (0.0, 1.0))
+    if _whole(values):  # threads, processes, CPUs: no tick between two whole numbers
+        from matplotlib.ticker import MaxNLocator
+
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _whole(values: npt.ArrayLike) -> bool:
+    """Every finite value is a whole number (and there is one)."""
+    finite = _finite(values)
+    return bool(len(finite)) and bool(np.all(finite == np.round(finite)))
 
 
 def _finite(values: npt.ArrayLike) -> npt.NDArray[np.float64]:

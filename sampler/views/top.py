@@ -47,6 +47,9 @@ GPU_COLUMNS = tuple(
 """A GPU row's columns (what follows ``gpu/<i>/`` in their names), in order, those a device
 logs; its other signals (means, the raw throttle bitmask, ...) are in the store, for ``plot``
 and ``export``."""
+OWN_CATEGORIES = ("process", "process_tree")
+"""The training process's own categories, shown right after the training signals: what people
+open ``top`` for, before the host's."""
 LABEL_WIDTH = 30
 VALUE_WIDTH = 12
 MIN_SPARK_WIDTH = 8
@@ -90,9 +93,10 @@ def _rank(name: str) -> tuple[int, int]:
 def group_of(name: str) -> tuple[tuple[int, int, str], str, str]:
     """(sort key, group, row label) of a signal: training signals first,
     grouped by their first path part (``train/loss``: group ``train``, label
-    ``loss``); then resource categories in ``catalogue.CATEGORIES`` order,
-    labelled as ``label_of`` says; a GPU's signals group under ``gpu/<i>``,
-    labelled by what follows it (``gpu_lines`` makes them columns)."""
+    ``loss``); then the training process's own (``OWN_CATEGORIES``), then the other
+    resource categories in ``catalogue.CATEGORIES`` order, labelled as ``label_of``
+    says; a GPU's signals group under ``gpu/<i>``, labelled by what follows it
+    (``gpu_lines`` makes them columns)."""
     if not name.startswith(catalogue.PREFIX):
         head, _, rest = name.partition("/")
         group, label = (head, rest) if rest else ("training", head)
@@ -101,6 +105,8 @@ def group_of(name: str) -> tuple[tuple[int, int, str], str, str]:
     category = parts[0]
     order = catalogue.CATEGORIES
     rank = order.index(category) if category in order else len(order)
+    if category in OWN_CATEGORIES:
+        return (1, OWN_CATEGORIES.index(category), category), category, label_of(name)
     if (
         category == "gpu"
         and len(parts) >= 3
@@ -108,8 +114,8 @@ def group_of(name: str) -> tuple[tuple[int, int, str], str, str]:
         and catalogue.DEVICE_LABEL.fullmatch(parts[1])
     ):
         gpu, slot = catalogue.device_order(parts[1])
-        return (1, rank, f"gpu/{gpu:06d}/{slot + 1:03d}"), f"gpu/{parts[1]}", "/".join(parts[2:])
-    return (1, rank, category), category, label_of(name)
+        return (2, rank, f"gpu/{gpu:06d}/{slot + 1:03d}"), f"gpu/{parts[1]}", "/".join(parts[2:])
+    return (2, rank, category), category, label_of(name)
 
 
 def health_line(stats: Mapping[str, Any] | None) -> Line:
@@ -238,13 +244,10 @@ def signal_lines(
             gpus.setdefault(group, {})[label] = points[name]
         elif not _shown_elsewhere(name, points):
             rows.setdefault((key, group), []).append((_rank(name), label, name))
-    columns = (
-        f"{'':<{LABEL_WIDTH}}{'now':>{VALUE_WIDTH}}{'min':>{VALUE_WIDTH}}{'max':>{VALUE_WIDTH}}  recent"
-        f" (min/max: the last {window} points)"
-    )
+    columns = f"{'':<{LABEL_WIDTH}}{'now':>{VALUE_WIDTH}}{'min':>{VALUE_WIDTH}}{'max':>{VALUE_WIDTH}}  recent"
     lines.append(Line(columns, "heading"))
     for (key, group), members in sorted(rows.items()):
-        if gpus and key[0] == 1:  # the GPUs right below training: a short terminal still shows them
+        if gpus and key[0] == 2:  # the GPUs right below the process's own rows, before the host's
             lines += gpu_lines(gpus, spark)
             gpus = {}
         lines.append(Line(group, "heading"))
@@ -300,24 +303,48 @@ def gpu_lines(gpus: Mapping[str, Mapping[str, Sequence[Point]]], spark: int = 20
     return lines
 
 
-def render(view: View, now: float, width: int = 120, height: int | None = None) -> list[Line]:
-    """The whole screen for ``view`` at wall time ``now``: every line with the
-    store's text escaped (``printable``: a host, a command line, a signal name
-    or an error others wrote cannot drive the terminal) and cut to ``width``
-    characters; with a ``height``, at most that many lines, the last saying how
-    many rows did not fit."""
+def render(
+    view: View, now: float, width: int = 120, height: int | None = None, offset: int = 0
+) -> list[Line]:
+    """``frame``'s lines alone."""
+    return frame(view, now, width, height, offset)[0]
+
+
+def frame(
+    view: View, now: float, width: int = 120, height: int | None = None, offset: int = 0
+) -> tuple[list[Line], int]:
+    """The whole screen for ``view`` at wall time ``now``, and the scroll offset it shows: every
+    line with the store's text escaped (``printable``: a host, a command line, a signal name or
+    an error others wrote cannot drive the terminal) and cut to ``width`` characters. With a
+    ``height``, at most that many lines: the header and the columns' heading stay, the rows
+    below them start ``offset`` rows down (kept within what there is), and the last line says
+    how many rows are above and below and which keys scroll."""
     width = max(width, 1)
-    lines = header_lines(view, now)
+    head = header_lines(view, now)
+    body: list[Line] = []
     if view.run is not None:
-        lines.append(Line(""))
-        lines += signal_lines(view.points, width, view.window)
-    lines = [Line(_fit(printable(line.text), width), line.style) for line in lines]
-    if height is not None and len(lines) > height:
-        height = max(height, 1)
-        hidden = len(lines) - height + 1
-        more = Line(_fit(f"… {hidden} more rows: enlarge the terminal", width), "alert")
-        lines = [*lines[: height - 1], more]
-    return lines
+        head.append(Line(f"min and max: over the last {view.window} points"))
+        body = signal_lines(view.points, width, view.window)
+        if body[0].style == "heading":  # the columns' heading stays with the header
+            head.append(body.pop(0))
+    lines = [Line(_fit(printable(line.text), width), line.style) for line in head + body]
+    if height is None or len(lines) <= height:
+        return lines, 0
+    height = max(height, 1)
+    room = height - len(head) - 1  # the rows' lines between the header and the last line
+    if room < 1:  # not even one row fits below the header
+        more = Line(_fit(f"… {len(lines) - height + 1} more rows: enlarge the terminal", width), "alert")
+        return [*lines[: height - 1], more], 0
+    offset = max(0, min(offset, len(body) - room))
+    above, below = offset, len(body) - room - offset
+    more = Line(
+        _fit(f"… {above + below} more rows ({above} above, {below} below): {SCROLL_KEYS}", width), "alert"
+    )
+    return [*lines[: len(head)], *lines[len(head) + offset : len(head) + offset + room], more], offset
+
+
+SCROLL_KEYS = "↑↓ PgUp PgDn Home End"
+"""What the last line of a view taller than the terminal names (``frame``)."""
 
 
 def frame_text(lines: Sequence[Line]) -> str:
