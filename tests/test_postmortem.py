@@ -430,7 +430,12 @@ def test_eof_from_a_backend_that_lives_is_no_death(tmp_path: Path, backends: lis
         "import socket, psutil\n"
         "first = mon.child_pid\n"
         "mon._run.supervisor.child.sock.shutdown(socket.SHUT_WR)\n"  # EOF, with no STOP, from a live backend
-        "while psutil.pid_exists(first) and psutil.Process(first).status() != psutil.STATUS_ZOMBIE:\n"
+        "def gone(pid):\n"  # reaped between the two questions is gone too
+        "    try:\n"
+        "        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE\n"
+        "    except psutil.NoSuchProcess:\n"
+        "        return True\n"
+        "while not gone(first):\n"
         "    time.sleep(0.01)\n"
         "print('left', flush=True)\n"
         "time.sleep(120)"

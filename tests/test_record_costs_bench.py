@@ -31,12 +31,18 @@ def test_the_record_costs_benchmark_prints_every_number_in_one_table(tmp_path: P
         "store, 0 GPUs (" + rows[1].split("(")[1],
         "store, 1 GPUs (" + rows[2].split("(")[1],
         "explain",
+        "explain, many stretches",
         "explain --launch",
         "plot --launch",
         "monitoring CPU, cpu/memory/disk/network/process at 1 s",
     ]
     numbers = json.loads(out.read_text())
     assert [cell["gpus"] for cell in numbers["store"]] == [0, 1]
-    assert set(numbers["analysis"]) == {"explain", "explain --launch", "plot --launch"}
+    assert set(numbers["analysis"]) == {
+        "explain",
+        "explain, many stretches",
+        "explain --launch",
+        "plot --launch",
+    }
     (monitor,) = numbers["monitor"]
     assert monitor["monitor"] > 0 and monitor["psutil"] > 0 and "CPUs" in numbers["machine"]
