@@ -5,13 +5,19 @@ snippet configured (Lightning's CSV file, TensorBoard's event file through its o
 from __future__ import annotations
 
 import csv
+import itertools
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import FAST, wait_for
 from test_exporters import documented_snippet
+
+import sampler
+from sampler.integrations.hand_over import HandOver, rank_names
+from sampler.settings.placement import Placement
 
 MONITOR = {"WL_RESOURCE_MONITOR_INTERVAL_SECONDS": "1", "WL_RESOURCE_MONITOR_CATEGORIES": "cpu,process"}
 
@@ -133,3 +139,49 @@ def test_the_documented_transformers_snippet_hands_resources_to_tensorboard(tmp_
     process = [e.step for e in accumulator.Scalars("train/resource/process/memory_in_use_mb")]
     assert process == steps
     assert "resource" not in done.stdout  # handed to the integrations, not printed
+
+
+def test_a_logger_that_raises_leaves_the_others_their_samples_and_the_monitor_running(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The hand-over both callbacks share, with a real monitor: one receiver raising at every
+    sample is said once, and the other gets every sample, once, in step order."""
+    steps = itertools.count(1)
+    hand_over = HandOver("Test", {"categories": ["cpu"], **FAST})
+    got: list[tuple[int, dict[str, float]]] = []
+
+    def broken(values: dict[str, float], step: int) -> None:
+        raise RuntimeError("tracking server down")
+
+    monitor = hand_over.start(lambda: next(steps))
+    assert monitor is not None
+    try:
+        wait_for(lambda: monitor.stats()["records_logged"] >= 3, what="3 samples")
+        hand_over.hand_over([broken, lambda values, step: got.append((step, values))])
+        hand_over.stop()
+        hand_over.hand_over([broken, lambda values, step: got.append((step, values))])
+    finally:
+        hand_over.stop()
+    logged = [step for step, _ in got]
+    assert len(logged) == monitor.stats()["records_logged"] >= 3 and logged == sorted(set(logged))
+    assert all("resource/cpu/utilization_percent" in values for _, values in got)
+    raised = [r for r in caplog.records if "tracking server down" in r.getMessage()]
+    assert len(raised) == 1 and monitor.stats()["sink_errors"] == 0
+
+
+def test_no_second_monitor_beside_the_process_wide_one(caplog: pytest.LogCaptureFixture) -> None:
+    first = sampler.start_resource_monitor_from_config()
+    try:
+        assert first is not None
+        assert HandOver("Test", {"categories": ["cpu"]}).start(lambda: 0) is None
+        assert any("starts no monitor of its own" in r.getMessage() for r in caplog.records)
+    finally:
+        sampler.stop_resource_monitor()
+
+
+def test_several_ranks_name_their_rank() -> None:
+    values = {"resource/cpu/utilization_percent": 5.0}
+    assert rank_names(values, Placement("h", rank=1, world_size=2)) == {
+        "resource/rank1/cpu/utilization_percent": 5.0
+    }
+    assert rank_names(values, Placement("h")) == values
