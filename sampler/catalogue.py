@@ -740,6 +740,12 @@ def name_of(signal: Signal, device: str = "") -> str:
     return PREFIX + (signal.key.replace(DEVICE, device) if device else signal.key)
 
 
+def ranked_name(name: str, rank: int) -> str:
+    """``resource/...`` as a logger shared by several ranks names it: ``resource/rank<rank>/...``
+    (for the framework callbacks, whose loggers key by name alone)."""
+    return f"{PREFIX}rank{rank}/{name.removeprefix(PREFIX)}"
+
+
 def rate(value: float, last: float, seconds: float) -> float:
     """A counter's change per second from ``last`` to ``value``, ``seconds`` apart; NaN where
     either reading failed (NaN), the counter went back, or no time passed: never negative,

@@ -100,6 +100,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("sampler", "sampler.__main__", "sampler.commands"),
+    ("sampler.integrations",),
     ("sampler.api",),
     ("sampler.views",),
     ("sampler.analysis",),

@@ -1,0 +1,50 @@
+"""A Lightning ``Callback`` that samples resources while ``Trainer.fit`` runs and logs them into the
+trainer's own loggers (CSV, TensorBoard, MLflow, W&B, ...) at ``trainer.global_step``.
+
+Needs the ``lightning`` package (``pip install 'wl-resource-monitor[lightning]'``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+
+from sampler.integrations.hand_over import HandOver
+
+
+class ResourceMonitorCallback(pl.Callback):
+    """``Trainer(callbacks=[ResourceMonitorCallback()])``: resources in the trainer's loggers.
+
+    Each rank starts its own monitor when fitting starts (``setup``) and stops it at ``teardown``
+    (a last sample is taken then). Samples are stamped at ``trainer.global_step`` and handed, from
+    the training thread after a batch, to each of ``trainer.loggers`` in one
+    ``log_metrics(values, step=step)`` per sample. With several ranks the names carry the rank
+    (``resource/rank1/cpu/...``); Lightning's loggers write on rank 0 only. ``options`` are
+    ``ResourceMonitor``'s settings (``interval_seconds``, ``categories``, ``store``, ...); the
+    configuration gives the rest, the run store included.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__()
+        self._hand_over = HandOver("Lightning", options)
+
+    @property
+    def monitor(self) -> Any:
+        """This callback's ``ResourceMonitor`` (None before fitting, or when none was started)."""
+        return self._hand_over.monitor
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._hand_over.start(lambda: trainer.global_step)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
+        self._log(trainer)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._hand_over.stop()
+            self._log(trainer)  # before Lightning finalizes its loggers
+
+    def _log(self, trainer: pl.Trainer) -> None:
+        self._hand_over.hand_over([logger.log_metrics for logger in trainer.loggers])

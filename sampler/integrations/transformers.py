@@ -1,0 +1,90 @@
+"""A Hugging Face ``TrainerCallback`` that samples resources while ``Trainer.train`` runs and hands
+them to the ``report_to`` integrations (TensorBoard, MLflow, W&B, ...) at ``state.global_step``.
+
+Needs the ``transformers`` package (``pip install 'wl-resource-monitor[transformers]'``).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from types import FrameType
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+from transformers.trainer_callback import CallbackHandler
+
+from sampler.integrations.hand_over import HandOver
+
+_REPORTERS = tuple(INTEGRATION_TO_CALLBACK.values())
+
+
+def _calling_handler() -> CallbackHandler | None:
+    """The ``CallbackHandler`` whose ``call_event`` is calling this callback's event, if any: a
+    ``TrainerCallback`` is given no reference to the trainer or to the other callbacks."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, CallbackHandler):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
+class ResourceMonitorCallback(TrainerCallback):
+    """``Trainer(..., callbacks=[ResourceMonitorCallback()])``: resources wherever ``report_to`` goes.
+
+    Starts a monitor when training begins (``on_train_begin``), stamped at ``state.global_step``,
+    and stops it after the last step (a last sample is taken then). After each step, in the
+    training thread, each waiting sample goes to the trainer's ``report_to`` integration callbacks
+    in one ``on_log`` call each, at the sample's step; it is not printed, nor kept in
+    ``state.log_history``. The integrations name it as they name the loss (TensorBoard's
+    ``train/resource/cpu/...``). ``options`` are ``ResourceMonitor``'s settings.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        self._hand_over = HandOver("Hugging Face", options)
+        self._reporters: list[Any] = []
+        self._state: TrainerState | None = None
+
+    @property
+    def monitor(self) -> Any:
+        """This callback's ``ResourceMonitor`` (None before training, or when none was started)."""
+        return self._hand_over.monitor
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        handler = _calling_handler()
+        callbacks = handler.callbacks if handler is not None else []
+        self._reporters = [c for c in callbacks if isinstance(c, _REPORTERS)]
+        self._state = state
+        self._hand_over.start(self._step)
+
+    def _step(self) -> int:
+        return 0 if self._state is None else self._state.global_step
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._state = state
+        if state.global_step >= state.max_steps:  # the last step: the reporters close at train end
+            self._hand_over.stop()
+        self._hand_over.hand_over([self._reporter(r, args, state, control, kwargs) for r in self._reporters])
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._hand_over.stop()
+
+    @staticmethod
+    def _reporter(
+        callback: Any, args: TrainingArguments, state: TrainerState, control: TrainerControl, kwargs: Any
+    ) -> Any:
+        def log(values: dict[str, float], step: int) -> None:
+            at = copy.copy(state)
+            at.global_step = step
+            callback.on_log(args, at, control, logs=dict(values), **kwargs)
+
+        return log

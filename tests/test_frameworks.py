@@ -1,0 +1,187 @@
+"""The manual's Lightning and Hugging Face snippets, as written, in a real ``Trainer`` each: a tiny
+model built in code (nothing downloaded) trained two epochs on CPU, read back from the logger the
+snippet configured (Lightning's CSV file, TensorBoard's event file through its own reader)."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import FAST, wait_for
+from test_exporters import documented_snippet
+
+import sampler
+from sampler.integrations.hand_over import HandOver, rank_names
+from sampler.settings.placement import Placement
+
+MONITOR = {"WL_RESOURCE_MONITOR_INTERVAL_SECONDS": "1", "WL_RESOURCE_MONITOR_CATEGORIES": "cpu,process"}
+
+COUNT_MONITORS = """\
+import sampler
+STARTED = []  # every monitor started in this process: there must be one
+_start = sampler.ResourceMonitor.start
+def _count(self, *args, **kwargs):
+    if not self.running:
+        STARTED.append(self)
+    return _start(self, *args, **kwargs)
+sampler.ResourceMonitor.start = _count
+"""
+
+SLOW_STEPS = 0.15
+"""Seconds each training step sleeps: 2 epochs of 16 steps last about 5 s, some 5 samples at 1 s."""
+
+
+def train(tmp_path: Path, prelude: str, after: str, end: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "train.py"
+    script.write_text(COUNT_MONITORS + prelude + documented_snippet(after) + end)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env={**os.environ, **MONITOR},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+LIGHTNING_MODEL = f"""\
+import time
+import torch
+import lightning.pytorch as pl
+
+class Tiny(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+    def training_step(self, batch, batch_idx):
+        time.sleep({SLOW_STEPS})
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.layer(x), y)
+        self.log("train_loss", loss)
+        return loss
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+model = Tiny()
+data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+train_loader = torch.utils.data.DataLoader(data, batch_size=4)
+"""
+
+
+def test_the_documented_lightning_snippet_logs_resources_into_the_csv_logger(tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    end = "print('monitors', len(STARTED), 'global_step', trainer.global_step)\n"
+    done = train(tmp_path, LIGHTNING_MODEL, "**Lightning**", end)
+    assert "monitors 1 global_step 32" in done.stdout, done.stdout
+    [metrics] = (tmp_path / "logs").glob("lightning_logs/version_*/metrics.csv")
+    with metrics.open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    cpu = [row for row in rows if row["resource/cpu/utilization_percent"]]
+    steps = [int(row["step"]) for row in cpu]
+    assert len(steps) >= 2 and steps == sorted(set(steps)), steps  # no step twice
+    assert 0 < steps[-1] <= 32
+    # Each sample is one row, holding every signal it logged: the process's beside the host's.
+    assert all(row["resource/process/memory_in_use_mb"] for row in cpu)
+
+
+HF_MODEL = f"""\
+import time
+import torch
+from transformers import PretrainedConfig, PreTrainedModel
+
+class TinyConfig(PretrainedConfig):
+    model_type = "tiny"
+
+class Tiny(PreTrainedModel):
+    config_class = TinyConfig
+    def __init__(self, config):
+        super().__init__(config)
+        self.layer = torch.nn.Linear(4, 1)
+        self.post_init()
+    def forward(self, x, labels=None):
+        time.sleep({SLOW_STEPS})
+        out = self.layer(x)
+        return {{"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}}
+
+class Data(torch.utils.data.Dataset):
+    def __init__(self):
+        self.x, self.y = torch.randn(64, 4), torch.randn(64, 1)
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        return {{"x": self.x[i], "labels": self.y[i]}}
+
+model = Tiny(TinyConfig())
+train_dataset = Data()
+"""
+
+
+def test_the_documented_transformers_snippet_hands_resources_to_tensorboard(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    end = "print('monitors', len(STARTED), 'global_step', trainer.state.global_step)\n"
+    # 8 per device (the default): 8 steps an epoch.
+    done = train(tmp_path, HF_MODEL, "**Hugging Face Transformers**", end)
+    assert "monitors 1 global_step 16" in done.stdout, done.stdout
+    [run] = {path.parent for path in (tmp_path / "out").rglob("events.out.tfevents.*")}
+    accumulator = event_accumulator.EventAccumulator(str(run), size_guidance={event_accumulator.SCALARS: 0})
+    accumulator.Reload()
+    steps = [e.step for e in accumulator.Scalars("train/resource/cpu/utilization_percent")]
+    assert len(steps) >= 2 and steps == sorted(set(steps)) and 0 < steps[-1] <= 16, steps
+    process = [e.step for e in accumulator.Scalars("train/resource/process/memory_in_use_mb")]
+    assert process == steps
+    assert "resource" not in done.stdout  # handed to the integrations, not printed
+
+
+def test_a_logger_that_raises_leaves_the_others_their_samples_and_the_monitor_running(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The hand-over both callbacks share, with a real monitor: one receiver raising at every
+    sample is said once, and the other gets every sample, once, in step order."""
+    steps = itertools.count(1)
+    hand_over = HandOver("Test", {"categories": ["cpu"], **FAST})
+    got: list[tuple[int, dict[str, float]]] = []
+
+    def broken(values: dict[str, float], step: int) -> None:
+        raise RuntimeError("tracking server down")
+
+    monitor = hand_over.start(lambda: next(steps))
+    assert monitor is not None
+    try:
+        wait_for(lambda: monitor.stats()["records_logged"] >= 3, what="3 samples")
+        hand_over.hand_over([broken, lambda values, step: got.append((step, values))])
+        hand_over.stop()
+        hand_over.hand_over([broken, lambda values, step: got.append((step, values))])
+    finally:
+        hand_over.stop()
+    logged = [step for step, _ in got]
+    assert len(logged) == monitor.stats()["records_logged"] >= 3 and logged == sorted(set(logged))
+    assert all("resource/cpu/utilization_percent" in values for _, values in got)
+    raised = [r for r in caplog.records if "tracking server down" in r.getMessage()]
+    assert len(raised) == 1 and monitor.stats()["sink_errors"] == 0
+
+
+def test_no_second_monitor_beside_the_process_wide_one(caplog: pytest.LogCaptureFixture) -> None:
+    first = sampler.start_resource_monitor_from_config()
+    try:
+        assert first is not None
+        assert HandOver("Test", {"categories": ["cpu"]}).start(lambda: 0) is None
+        assert any("starts no monitor of its own" in r.getMessage() for r in caplog.records)
+    finally:
+        sampler.stop_resource_monitor()
+
+
+def test_several_ranks_name_their_rank() -> None:
+    values = {"resource/cpu/utilization_percent": 5.0}
+    assert rank_names(values, Placement("h", rank=1, world_size=2)) == {
+        "resource/rank1/cpu/utilization_percent": 5.0
+    }
+    assert rank_names(values, Placement("h")) == values
