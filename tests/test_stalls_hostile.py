@@ -263,4 +263,6 @@ def test_a_stall_whose_sampling_child_is_killed_is_closed_by_the_next_child_when
     assert closed["started_at"] + closed["duration"] >= moved_at - 0.5  # it lasted until the step moved
     notes = json.loads(str(closed["notes"]))
     assert any("sampling child watching it was restarted" in note for note in notes), notes
-    assert "lasted until the run ended" not in stalls_output(store)
+    out = stalls_output(store)
+    print(out)
+    assert "lasted until the run ended" not in out
