@@ -99,3 +99,26 @@ def test_a_raising_subscriber_does_not_starve_the_others(caplog: pytest.LogCaptu
             off()
     assert good.calls == [("a", 1.0, 1)]
     assert any("boom" in r.getMessage() for r in caplog.records)
+
+
+def test_a_second_monitor_of_the_process_replaces_the_first_unless_each_has_its_own_store(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store_a, store_b = str(tmp_path / "a.sqlite"), str(tmp_path / "b.sqlite")
+    a = sampler.ResourceMonitor(store=store_a, sink=Recorder()).start()
+    b = sampler.ResourceMonitor(store=store_b, sink=Recorder()).start()
+    started = [a, b]
+    try:
+        assert a.running and b.running  # a store each: both record their own run
+        assert not [r for r in caplog.records if "replaces" in r.getMessage()]
+        again = sampler.ResourceMonitor(store=store_a, sink=Recorder()).start()
+        started.append(again)
+        assert not a.running and b.running and again.running
+        lines = [r.getMessage() for r in caplog.records if "replaces" in r.getMessage()]
+        assert len(lines) == 1 and store_a in lines[0], lines
+        storeless = sampler.ResourceMonitor(sink=Recorder()).start()  # no store: it takes over
+        started.append(storeless)
+        assert not again.running and not b.running and storeless.running
+    finally:
+        for monitor in started:
+            monitor.stop()

@@ -295,6 +295,14 @@ def test_explain_names_each_stall_with_its_step_duration_and_frame(tmp_path: Pat
     db.close()
     assert line.startswith(f"Stalled at step {step} from ") and f" for {duration:.1f} s (no new step)" in line
     assert line.endswith(" in collective.") and '; the main thread in File "<string>", line ' in line
+    status, out = run_command("explain", str(store), "--json", handler=explain.main)
+    assert status == 0, out
+    (stall,) = json.loads(out)["stalls"]
+    assert stall["step"] == step and stall["duration"] == duration and stall["kind"] == "steps"
+    assert stall["main_frames"][0].startswith('File "<string>", line ') and stall["main_frames"][0].endswith(
+        " in collective"
+    )
+    assert line.startswith(f"Stalled at step {step} from {explain._clock(stall['started_at'])} ")
 
 
 def test_a_postmortem_written_during_a_stall_carries_it(tmp_path: Path) -> None:

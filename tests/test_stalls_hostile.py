@@ -12,12 +12,15 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import backend_script, wait_for
-from test_stalls import PRELUDE, run_backend, stall_rows
+from test_stalls import PRELUDE, run_backend, stall_rows, stalls_output
 
+from sampler.supervision.spawn import is_sampling_child
 from sampler.supervision.stacks import STACK_SIGNAL
 
 pytestmark = pytest.mark.skipif(
@@ -209,3 +212,57 @@ def test_a_forked_worker_that_blocks_the_signal_is_not_signalled_and_the_stall_s
     )
     assert not any("no dump in" in note for note in notes), notes
     assert "in long_wait" in str(row["stacks"])  # the backend's own dump all the same
+
+
+def sampling_children(pid: int) -> list[int]:
+    """The sampling children of process ``pid`` now running."""
+    found = []
+    for child in psutil.Process(pid).children():
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and is_sampling_child(child.cmdline()):
+                found.append(child.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_a_stall_whose_sampling_child_is_killed_is_closed_by_the_next_child_when_the_steps_resume(
+    tmp_path: Path,
+) -> None:
+    store, go_on = tmp_path / "runs.sqlite", tmp_path / "go-on"
+    body = f"""
+        def long_wait():
+            while not os.path.exists({str(go_on)!r}):
+                time.sleep(0.05)
+        long_wait()
+        steps[0] += 1
+        time.sleep(1)  # records after the step moved: the next child sees it move
+        mon.stop()
+        """
+    script = backend_script(PRELUDE + textwrap.dedent(body))
+    backend = subprocess.Popen(
+        [sys.executable, "-c", script, str(store), "1"], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        (row,) = wait_for(lambda: rows_now(store), what="the stall")
+        (first,) = wait_for(lambda: sampling_children(backend.pid), what="the sampling child")
+        os.kill(first, signal.SIGKILL)  # during the stall: the supervisor starts another child
+        wait_for(
+            lambda: [pid for pid in sampling_children(backend.pid) if pid != first], what="the next child"
+        )
+        go_on.touch()
+        moved_at = time.time()
+        _, errors = backend.communicate(timeout=120)
+    finally:
+        if backend.poll() is None:
+            backend.kill()
+            backend.communicate()
+    assert backend.returncode == 0, errors
+    (closed,) = stall_rows(store)
+    assert closed["id"] == row["id"] and closed["duration"] is not None, closed
+    assert closed["started_at"] + closed["duration"] >= moved_at - 0.5  # it lasted until the step moved
+    notes = json.loads(str(closed["notes"]))
+    assert any("sampling child watching it was restarted" in note for note in notes), notes
+    out = stalls_output(store)
+    print(out)
+    assert "lasted until the run ended" not in out

@@ -271,11 +271,35 @@ class ResourceMonitor:
     def start(self) -> ResourceMonitor:
         """Start the monitor thread (which launches the child); returns at once,
         and is a no-op while running. The first sample follows within
-        min(interval, 1 s) plus the child's start-up. Nothing here raises for
+        min(interval, 1 s) plus the child's start-up. A running monitor of
+        the same process is stopped and replaced, with one warning, unless
+        both record into run stores of their own. Nothing here raises for
         an unusable platform: the monitor falls back to sampling in-thread."""
-        with self._lock:
+        with _start_lock:
             if self.running:
                 return self
+            self._replace_twins()
+            return self._start()
+
+    def _replace_twins(self) -> None:
+        """Stop the running monitors of the same process that share this one's run store (or
+        have none, like this one): a notebook cell run again builds a second monitor, and the
+        handle to the first is gone. Monitors with stores of their own both run."""
+        for twin in [m for m in list(_monitors) if m is not self and m.running and m.pid == self.pid]:
+            mine, theirs = self._settings.store, twin.settings.store
+            if mine is not None and theirs is not None and os.path.realpath(mine) != os.path.realpath(theirs):
+                continue
+            twin.stop()
+            _hand_over_singleton(twin, self)
+            log.warning(
+                "resource monitor: stopped the monitor of pid %d started before (store %s): this one"
+                " replaces it (two monitors of one process need a store each)",
+                self.pid,
+                theirs,
+            )
+
+    def _start(self) -> ResourceMonitor:
+        with self._lock:
             self._stop_run(self._current())  # a thread that died: release what it left
             s = self._settings
             postmortems.announce(s.postmortem_dir, s.store)  # once per process and place
@@ -410,6 +434,9 @@ def _pid(raw: object) -> int:
 
 
 _monitors: weakref.WeakSet[ResourceMonitor] = weakref.WeakSet()
+_start_lock = threading.RLock()
+"""Held while a monitor starts: two monitors replacing each other at once (``_replace_twins``)
+would each wait for the other's lock."""
 _singleton_lock = threading.RLock()
 _singleton: ResourceMonitor | None = None
 _singleton_pid = 0
@@ -419,12 +446,13 @@ _singleton_pid = 0
 def start_resource_monitor_from_config() -> ResourceMonitor | None:
     """Start the process-wide monitor from ``load_resource_monitoring_config()``.
 
-    Idempotent: returns the running monitor if there is one. None when
-    monitoring is disabled. Never raises for bad configuration.
+    Idempotent: returns the running monitor if there is one (one stopped
+    meanwhile is followed by a fresh one). None when monitoring is disabled.
+    Never raises for bad configuration.
     """
     global _singleton, _singleton_pid
-    with _singleton_lock:
-        if _singleton is not None and _singleton_pid == os.getpid():
+    with _start_lock, _singleton_lock:  # start()'s order: it may hand the singleton over
+        if _singleton is not None and _singleton_pid == os.getpid() and _singleton.running:
             return _singleton
         resolved, resolution = settings.resolve_settings({})
         if not resolved.enabled:
@@ -440,6 +468,14 @@ def get_resource_monitor() -> ResourceMonitor | None:
     return _singleton if _singleton_pid == os.getpid() else None
 
 
+def _hand_over_singleton(old: ResourceMonitor, new: ResourceMonitor) -> None:
+    """``new`` replaced ``old``: if that was the process-wide monitor, ``new`` is it now."""
+    global _singleton
+    with _singleton_lock:
+        if _singleton is old and _singleton_pid == os.getpid():
+            _singleton = new
+
+
 def stop_resource_monitor() -> None:
     """Stop the process-wide monitor and forget it."""
     global _singleton
@@ -450,8 +486,9 @@ def stop_resource_monitor() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _singleton, _singleton_lock
+    global _singleton, _singleton_lock, _start_lock
     _singleton_lock = threading.RLock()
+    _start_lock = threading.RLock()
     _singleton = None
     for monitor in list(_monitors):
         monitor._forget_after_fork()

@@ -360,6 +360,7 @@ def main() -> int:
     child = Child(params, sock, wake_fd, status)
     if params.stacks is not None:
         child.stalls = StallWatch(params, params.stacks, stacks_fd, wake_fd, status)
+        child.stalls.take_over()
     threading.Thread(target=child.watch, args=(backend,), name="backend-watch", daemon=True).start()
     code = 1  # an exception escaping run() below
     try:

@@ -126,6 +126,12 @@ class StallDetector:
         self.recaptures = 0
         """Captures of the current stall after its first."""
 
+    def watch(self, stall: Stall) -> None:
+        """Take over ``stall``, opened by a child before this one: it ends when the step leaves
+        its step, and is captured no more (the child before took its captures)."""
+        self.step, self.moved_at, self.moved = stall.step, stall.since, True
+        self.current, self.recaptures = stall, RECAPTURES
+
     def timeout(self) -> float:
         """Seconds the step may stand still now."""
         if self.fixed is not None:

@@ -120,6 +120,41 @@ class StallWatch:
         self.last: Evidence | None = None
         """The latest stall's evidence (for tests and benches in the child)."""
 
+    def take_over(self) -> None:
+        """At the start of a child: the stall its backend's run left open in the store, if any (a
+        child killed or restarted during it), is watched as this child's own, so that it is closed,
+        with its duration, when the step moves again, not left lasting until the run ended."""
+        store, target = self._store(), self.params.postmortem
+        if store is None or target is None:
+            return
+        try:
+            db = schema.connect(store, readonly=True, timeout=STORE_TIMEOUT_SECONDS)
+            try:
+                row = db.execute(
+                    "SELECT id, kind, step, started_at, detected_after, timeout, stacks, notes FROM stalls"
+                    " WHERE backend_pid = ? AND host = ? AND ended_at IS NULL AND run_id = (SELECT id FROM"
+                    " runs WHERE started_at = ? AND host = ? AND pid IN (?, ?) ORDER BY id DESC LIMIT 1)"
+                    " ORDER BY id DESC LIMIT 1",
+                    (self.params.backend_pid, socket.gethostname(), target.started_at, socket.gethostname(),
+                     self.params.sources.pid, self.params.backend_pid),
+                ).fetchone()  # fmt: skip
+            finally:
+                db.close()
+        except (sqlite3.Error, OSError) as exc:  # no store or no table yet: nothing was left open
+            log.debug("resource monitor: no open stall read from %s (%s)", store, exc)
+            return
+        if row is None:
+            return
+        row_id, kind, step, started_at, detected_after, timeout, stacks, notes = row
+        since = time.monotonic() - (time.time() - started_at)
+        stall = Stall(kind, step, since, since + detected_after, timeout, 0)
+        self.detector.watch(stall)
+        self._row, self._frames = row_id, main_frames(stacks or "")
+        self._notes = [str(note) for note in json.loads(notes or "[]")] + [
+            "the sampling child watching it was restarted during it: its end is when the next one saw"
+            " the step move"
+        ]
+
     def open_since(self) -> float | None:
         """When the open stall's step stopped moving (monotonic s), None while none is open (for
         the endpoint's thread: one read of the detector's current stall)."""
@@ -219,8 +254,8 @@ class StallWatch:
         if store is not None and self._row is not None:
             self._write(
                 store,
-                "UPDATE stalls SET ended_at = started_at + ?, duration = ? WHERE id = ?",
-                (resumed.duration, resumed.duration, self._row),
+                "UPDATE stalls SET ended_at = started_at + ?, duration = ?, notes = ? WHERE id = ?",
+                (resumed.duration, resumed.duration, json.dumps(self._notes), self._row),
             )
         self._row, self._frames = None, []
         log.info(

@@ -29,7 +29,7 @@ from sampler.analysis import ranks, stretches
 from sampler.analysis.evidence import Reason
 from sampler.analysis.explain import Explanation, explain
 from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, argument, open_store
-from sampler.commands.stalls import explain_line, read_stalls
+from sampler.commands.stalls import explain_json, explain_line, read_stalls
 from sampler.settings.parsers import Invalid
 from sampler.store.reader import Launch, StoreReader, launches
 from sampler.util.quoting import printable
@@ -96,6 +96,8 @@ def main(args: argparse.Namespace) -> int:
             return EXIT_USAGE
     if args.json:
         found = explanation.as_json() if explanation is not None else {}
+        if explanation is not None:
+            found["stalls"] = [explain_json(stall) for stall in stalled]
         if comparison is not None:
             found["launch"] = comparison.as_json()
         json.dump(found, out, indent=2)

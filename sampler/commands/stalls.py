@@ -238,6 +238,19 @@ def _lasted(duration: float | None, run_ended: bool) -> str:
     return "until the run ended" if run_ended else "still when last seen"
 
 
+def explain_json(stall: StallRow) -> dict[str, Any]:
+    """What ``explain --json`` gives of a stall: its row's id, kind, step, start (Unix s), duration
+    (s; None for one that never closed) and the main thread's innermost frames."""
+    return {
+        "id": stall.id,
+        "kind": stall.kind,
+        "step": stall.step,
+        "started_at": stall.started_at,
+        "duration": stall.duration,
+        "main_frames": main_frames(stall.stacks or ""),
+    }
+
+
 def explain_line(stall: StallRow) -> str:
     """One line for ``explain``: the step, when and how long, and the main thread's innermost
     frame."""
