@@ -185,3 +185,32 @@ def test_several_ranks_name_their_rank() -> None:
         "resource/rank1/cpu/utilization_percent": 5.0
     }
     assert rank_names(values, Placement("h")) == values
+
+
+def test_a_trainer_with_no_report_to_integration_is_told_where_its_samples_go(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """report_to="none", or a handler the callback cannot find: the samples reach no logger, which
+    is said once, naming the store they still go to."""
+    pytest.importorskip("transformers")
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+    from transformers.trainer_callback import CallbackHandler
+
+    from sampler.integrations.transformers import ResourceMonitorCallback
+
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to="none")
+    store = str(tmp_path / "runs.sqlite")
+    for through_a_trainer in (True, False):
+        caplog.clear()
+        callback = ResourceMonitorCallback(categories=["cpu"], store=store, **FAST)
+        state, control = TrainerState(), TrainerControl()
+        try:
+            if through_a_trainer:
+                CallbackHandler([callback], None, None, None, None).on_train_begin(args, state, control)
+            else:
+                callback.on_train_begin(args, state, control)
+        finally:
+            callback.on_train_end(args, state, control)
+        said = [r.getMessage() for r in caplog.records if "Hugging Face callback found" in r.getMessage()]
+        expected = "no report_to integration" if through_a_trainer else "no Trainer calling it"
+        assert len(said) == 1 and expected in said[0] and f"to the run store {store} only" in said[0], said

@@ -7,6 +7,7 @@ Needs the ``transformers`` package (``pip install 'wl-resource-monitor[transform
 from __future__ import annotations
 
 import copy
+import logging
 import sys
 from types import FrameType
 from typing import Any
@@ -18,6 +19,7 @@ from transformers.trainer_callback import CallbackHandler
 from sampler.integrations.hand_over import HandOver
 
 _REPORTERS = tuple(INTEGRATION_TO_CALLBACK.values())
+log = logging.getLogger("sampler")
 
 
 def _calling_handler() -> CallbackHandler | None:
@@ -60,7 +62,19 @@ class ResourceMonitorCallback(TrainerCallback):
         callbacks = handler.callbacks if handler is not None else []
         self._reporters = [c for c in callbacks if isinstance(c, _REPORTERS)]
         self._state = state
-        self._hand_over.start(self._step)
+        monitor = self._hand_over.start(self._step)
+        if monitor is None or self._reporters:
+            return
+        if handler is None:
+            why = "no Trainer calling it (called directly, or a transformers that calls callbacks otherwise)"
+        else:
+            why = f"no report_to integration among the Trainer's callbacks (report_to={args.report_to!r})"
+        store = monitor.settings.store
+        log.warning(
+            "resource monitor: the Hugging Face callback found %s: its samples go %s",
+            why,
+            f"to the run store {store} only" if store else "nowhere (set report_to, or a store)",
+        )
 
     def _step(self) -> int:
         return 0 if self._state is None else self._state.global_step
