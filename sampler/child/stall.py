@@ -62,7 +62,8 @@ class Stall:
     detected_at: float
     """Monotonic s."""
     timeout: float
-    """The timeout in force, s."""
+    """The timeout that was passed, s: the step's, or (``monitor``) how long a record may wait for
+    the monitor thread."""
     not_taken: int
     """Records the monitor thread had not taken when it was seen."""
     untaken_for: float = 0.0
@@ -187,6 +188,7 @@ class StallDetector:
                 kind = "steps"
         if kind is None:
             return None
-        self.current = Stall(kind, step, self.moved_at, now, self.timeout(), not_taken, untaken_for)
+        timeout = self.monitor_after if kind == "monitor" else self.timeout()
+        self.current = Stall(kind, step, self.moved_at, now, timeout, not_taken, untaken_for)
         self.recaptures = 0
         return self.current

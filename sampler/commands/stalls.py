@@ -173,10 +173,14 @@ def headline(stall: StallRow) -> str:
         lasted = "lasted until the run ended"
     else:
         lasted = "still stalled when last seen"
+    if stall.kind == "monitor":
+        passed = f"a record waited {stall.timeout:.1f} s for the monitor thread"
+    else:
+        passed = f"timeout {stall.timeout:.1f} s"
     return (
         f"stall {stall.id}: {run} (pid {stall.backend_pid} on {printable(stall.host)}), step {stall.step}, "
         f"from {_when(stall.started_at)}: {KINDS.get(stall.kind, printable(stall.kind))}; "
-        f"seen after {stall.detected_after:.1f} s (timeout {stall.timeout:.1f} s); {lasted}"
+        f"seen after {stall.detected_after:.1f} s ({passed}); {lasted}"
     )
 
 
