@@ -6,7 +6,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import Recorder, wait_for
+from conftest import Recorder, free_ports, wait_for
 
 import sampler
 from sampler import signals
@@ -101,7 +101,7 @@ def test_a_raising_subscriber_does_not_starve_the_others(caplog: pytest.LogCaptu
     assert any("boom" in r.getMessage() for r in caplog.records)
 
 
-def test_a_second_monitor_of_the_process_replaces_the_first_unless_each_has_its_own_store(
+def test_a_second_monitor_of_the_process_replaces_the_first_unless_each_has_its_own_store_or_port(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     store_a, store_b = str(tmp_path / "a.sqlite"), str(tmp_path / "b.sqlite")
@@ -119,6 +119,10 @@ def test_a_second_monitor_of_the_process_replaces_the_first_unless_each_has_its_
         storeless = sampler.ResourceMonitor(sink=Recorder()).start()  # no store: it takes over
         started.append(storeless)
         assert not again.running and not b.running and storeless.running
+        port = free_ports(2)
+        served = [sampler.ResourceMonitor(sink=Recorder(), prometheus_port=port + k).start() for k in (0, 1)]
+        started += served
+        assert not storeless.running and all(m.running for m in served)  # a port each: both serve
     finally:
         for monitor in started:
             monitor.stop()

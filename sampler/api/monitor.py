@@ -273,7 +273,7 @@ class ResourceMonitor:
         and is a no-op while running. The first sample follows within
         min(interval, 1 s) plus the child's start-up. A running monitor of
         the same process is stopped and replaced, with one warning, unless
-        both record into run stores of their own. Nothing here raises for
+        each has a run store or a Prometheus port of its own. Nothing here raises for
         an unusable platform: the monitor falls back to sampling in-thread."""
         with _start_lock:
             if self.running:
@@ -286,16 +286,15 @@ class ResourceMonitor:
         have none, like this one): a notebook cell run again builds a second monitor, and the
         handle to the first is gone. Monitors with stores of their own both run."""
         for twin in [m for m in list(_monitors) if m is not self and m.running and m.pid == self.pid]:
-            mine, theirs = self._settings.store, twin.settings.store
-            if mine is not None and theirs is not None and os.path.realpath(mine) != os.path.realpath(theirs):
+            if _apart(self._settings, twin.settings):
                 continue
             twin.stop()
             _hand_over_singleton(twin, self)
             log.warning(
                 "resource monitor: stopped the monitor of pid %d started before (store %s): this one"
-                " replaces it (two monitors of one process need a store each)",
+                " replaces it (two monitors of one process need a run store or a Prometheus port each)",
                 self.pid,
-                theirs,
+                twin.settings.store,
             )
 
     def _start(self) -> ResourceMonitor:
@@ -466,6 +465,15 @@ def start_resource_monitor_from_config() -> ResourceMonitor | None:
 def get_resource_monitor() -> ResourceMonitor | None:
     """The process-wide monitor, or None (also in a forked copy of the process that started it)."""
     return _singleton if _singleton_pid == os.getpid() else None
+
+
+def _apart(one: MonitorSettings, other: MonitorSettings) -> bool:
+    """Whether two monitors of one process deliver to places of their own: each its own run
+    store, or each its own Prometheus port (a notebook cell run again delivers where it did)."""
+    stores, ports = (one.store, other.store), (one.prometheus_port, other.prometheus_port)
+    if None not in stores and os.path.realpath(str(stores[0])) != os.path.realpath(str(stores[1])):
+        return True
+    return None not in ports and ports[0] != ports[1]
 
 
 def _hand_over_singleton(old: ResourceMonitor, new: ResourceMonitor) -> None:
