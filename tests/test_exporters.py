@@ -219,14 +219,22 @@ def test_the_documented_wandb_snippet_never_pushes_the_training_s_rows_out(tmp_p
     which W&B reports as "less than the current step ... this data will be ignored"."""
     pytest.importorskip("wandb")
     two_rows = (
+        "    if step == 0:\n"  # counts the rows log_resources() hands W&B
+        "        ROWS, _log = [], run.log\n"
+        "        run.log = lambda row, **kw: (ROWS.append(row), _log(row, **kw))[1]\n"
         "    run.log({'train/loss': 1 / (step + 1)}, step=step)\n"
+        "    log_resources()\n"
         "    sampler.signals.log_signal('train/loss', 1 / (step + 1), step)\n"
         "    time.sleep(0.05)\n"
         "    run.log({'train/accuracy': 0.5}, step=step)\n"
     )
-    end = "run.finish()\nprint('finished at step', step)\n"
+    end = (
+        "run.finish()\n"
+        "print('finished at step', step, 'resource rows', sum('resource/step' in r for r in ROWS))\n"
+    )
     offline = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}
     done = train_with_snippet(tmp_path, "**Weights & Biases**", two_rows, end, offline)
     assert "finished at step" in done.stdout
     output = done.stdout + done.stderr
     assert "less than the current step" not in output and "will be ignored" not in output
+    assert int(done.stdout.split("resource rows")[1]) >= 2, done.stdout  # handed over from the loop
