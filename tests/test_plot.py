@@ -301,40 +301,29 @@ def test_counters_are_drawn_as_rates_and_a_counter_that_went_back_is_a_gap(count
 
 def test_each_panel_is_in_the_unit_its_values_read_in_and_a_flat_one_is_drawn_from_0(tmp_path: Path) -> None:
     """A CPU-only run's network moved 360 B/s: drawn in B/s, not at 0.00035 MiB/s; 23,000 MiB
-    free is 22.5 GiB. A thread count that stayed 3 all run is named under the figure, not drawn;
-    beside another run's, it is a line at 3 over whole ticks from 0, not in 2.85-3.15."""
+    free is 22.5 GiB; a thread count that stayed 3 is a line at 3 over whole ticks from 0, not
+    in 2.85-3.15."""
     path = tmp_path / "units.sqlite"
-    for _ in range(2):
-        writer = RunWriter(
-            str(path), RunInfo(pid=1, command=["train"], config={}, started_at=time.time() - 30)
-        )
-        base = time.monotonic_ns() - 20 * 10**9
-        for i in range(10):
-            values = {
-                "resource/network/bytes_sent": 1e6 + 360.0 * i + 40.0 * (i % 2),  # 400 and 320 B/s
-                "resource/disk/read_mb": 100.0 + 3.0 * i + 0.5 * (i % 2),  # 3.5 and 2.5 MiB/s
-                "resource/process/cpu_threads_in_use": 3.0,
-                "resource/process/memory_available_mb": 23000.0 + i,
-            }
-            writer.record(values, i, base + i * 10**9, None)
-        writer.close({})
-    fig, _ = draw(path, [1])
+    writer = RunWriter(str(path), RunInfo(pid=1, command=["train"], config={}, started_at=time.time() - 30))
+    base = time.monotonic_ns() - 20 * 10**9
+    for i in range(10):
+        values = {
+            "resource/network/bytes_sent": 1e6 + 360.0 * i,
+            "resource/disk/read_mb": 100.0 + 3.0 * i,
+            "resource/process/cpu_threads_in_use": 3.0,
+            "resource/process/memory_available_mb": 23000.0 + i,
+        }
+        writer.record(values, i, base + i * 10**9, None)
+    writer.close({})
+    fig, _ = draw(path, [None])
     FigureCanvasAgg(fig).draw()
     shown = panels(fig)
     sent, read = shown["resource/network/bytes_sent"], shown["resource/disk/read_mb"]
-    assert sent.get_ylabel() == "B/s" and finite(ys(lines(sent)["run1"])) == pytest.approx(
-        [400.0, 320.0] * 4 + [400.0]
-    )
-    assert read.get_ylabel() == "MiB/s" and finite(ys(lines(read)["run1"])) == pytest.approx(
-        [3.5, 2.5] * 4 + [3.5]
-    )
+    assert sent.get_ylabel() == "B/s" and finite(ys(lines(sent)["run1"])) == pytest.approx([360.0] * 9)
+    assert read.get_ylabel() == "MiB/s" and finite(ys(lines(read)["run1"])) == pytest.approx([3.0] * 9)
     free = shown["resource/process/memory_available_mb"]
     assert free.get_ylabel() == "GiB" and ys(lines(free)["run1"])[0] == pytest.approx(23000 / 1024)
-    assert "resource/process/cpu_threads_in_use" not in shown
-    (footnote,) = [t for t in fig.findobj(lambda o: getattr(o, "get_gid", lambda: None)() == "unchanged")]
-    assert footnote.get_text() == "the same all run, not drawn: process threads 3 threads"
-    fig, _ = draw(path, [1, 2])
-    threads = panels(fig)["resource/process/cpu_threads_in_use"]
+    threads = shown["resource/process/cpu_threads_in_use"]
     low, high = threads.get_ylim()
     assert low == 0 and 3 < high < 5
     ticks = [t for t in threads.get_yticks() if low <= t <= high]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -172,12 +171,11 @@ def figure(
             if pattern is not None
             else f"{which} has no points to plot"
         )
-    multi = len(runs) > 1
-    drawn, steady = (drawn, []) if multi else unchanged(drawn)
     figure_class = matplotlib_figure()
     cells = layout([panel.category for panel, _ in drawn])
     rows = cells[-1][0] + 1
     columns = max(column for _, column in cells) + 1
+    multi = len(runs) > 1
     devices = sorted(
         {device for panel, lines in drawn if not panel.parts for _, device, _, _, _ in lines if device},
         key=lambda d: (len(d), d),
@@ -245,16 +243,6 @@ def figure(
         lowest[column] = ax
     for ax in lowest.values():
         ax.set_xlabel(x_title)
-    if steady:
-        said = "; ".join(
-            f"{panel.title} {value:.4g}{' ' + panel.unit if panel.unit else ''}" for panel, value in steady
-        )
-        footnote = fig.supxlabel(
-            textwrap.fill(f"the same all run, not drawn: {said}", width=int(fig.get_figwidth() * 14)),
-            fontsize=9,
-            color="0.3",
-        )
-        footnote.set_gid("unchanged")
 
     if legend_row:
         from matplotlib.lines import Line2D
@@ -305,29 +293,6 @@ def figure(
             handlelength=3,
         )
     return fig
-
-
-def unchanged(
-    drawn: list[tuple[Panel, list[Line]]],
-) -> tuple[list[tuple[Panel, list[Line]]], list[tuple[Panel, float]]]:
-    """One run's panels split: those to draw, and (panel, value) of those whose every reading,
-    peaks and means included, was one value all run long (the CPUs allowed, a thread count),
-    which a panel would draw as a flat line and the figure names in one line instead. Training
-    curves and shares are always drawn, and so is one panel at least."""
-    kept: list[tuple[Panel, list[Line]]] = []
-    steady: list[tuple[Panel, float]] = []
-    for panel, lines in drawn:
-        finite = _finite(np.concatenate([ys for *_, ys in lines]))
-        if (
-            panel.category != TRAINING
-            and not panel.parts
-            and len(finite) > 1
-            and finite.min() == finite.max()
-        ):
-            steady.append((panel, float(finite[0])))
-        else:
-            kept.append((panel, lines))
-    return (kept, steady) if kept else (drawn, [])
 
 
 def in_fitting_unit(panel: Panel, lines: list[Line]) -> tuple[Panel, list[Line]]:
