@@ -160,6 +160,19 @@ def whole_machine() -> Iterator[None]:
         yield
 
 
+WAIT_FOR_THE_MACHINE_SECONDS = 600
+"""Added to the timeout of a test that waits for the machine: the suite's 120 s would count the
+turns of another run's tests on it (two clones' suites side by side timed one out in its setup)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "whole_machine" in getattr(item, "fixturenames", ()):
+            marker = item.get_closest_marker("timeout")
+            own = float(marker.args[0]) if marker is not None and marker.args else 120.0
+            item.add_marker(pytest.mark.timeout(own + WAIT_FOR_THE_MACHINE_SECONDS), append=False)
+
+
 def shm_segments() -> set[str]:
     """This test run's (this worker's) named segments in /dev/shm."""
     return {n for n in os.listdir("/dev/shm") if n.startswith(SHM_PREFIX)}
