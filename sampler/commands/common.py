@@ -32,6 +32,13 @@ EXIT_BROKEN_PIPE = 141
 """128 + SIGPIPE: what a shell reports for a tool whose output pipe closed."""
 
 
+def store_argument(parser: Any) -> None:
+    """The optional ``store`` positional the store-reading commands share (default ``./DEFAULT_STORE``)."""
+    parser.add_argument(
+        "store", nargs="?", default=DEFAULT_STORE, help=f"run store (default ./{DEFAULT_STORE})"
+    )
+
+
 def argument(parse: Callable[[str], T]) -> Callable[[str], T]:
     """An argparse ``type`` from a parser that raises ``settings.Invalid``: the
     reason it gives becomes the usage error, after the (bounded) value."""

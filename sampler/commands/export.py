@@ -27,7 +27,7 @@ import sys
 from collections.abc import Generator
 from typing import Any, TextIO
 
-from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, open_store, output_problem
+from sampler.commands.common import EXIT_USAGE, open_store, output_problem, store_argument
 from sampler.store import schema
 from sampler.store.reader import NAME, POINT_IS_VALID, RECORD_IS_VALID, StoreReader
 from sampler.util import atomicfile
@@ -41,9 +41,7 @@ def add_parser(commands: Any) -> None:
         help="write a run store's signals as CSV or JSON lines",
         description=__doc__.split("\n\n")[0],
     )
-    parser.add_argument(
-        "store", nargs="?", default=DEFAULT_STORE, help=f"run store (default ./{DEFAULT_STORE})"
-    )
+    store_argument(parser)
     parser.add_argument("--run", type=int, action="append", metavar="ID", help="only this run (repeatable)")
     parser.add_argument(
         "--format", choices=("csv", "jsonl"), default="csv", help="output format (default csv)"

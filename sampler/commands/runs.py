@@ -23,7 +23,7 @@ import time
 from typing import Any, TextIO
 
 from sampler import settings
-from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, argument, open_store
+from sampler.commands.common import EXIT_USAGE, argument, open_store, store_argument
 from sampler.commands.stalls import read_stalls, stall_lines
 from sampler.settings.placement import whole_number
 from sampler.store import prune, schema
@@ -70,9 +70,7 @@ def add_parser(commands: Any) -> None:
         description=__doc__.split("\n\n")[0],
         epilog=" ".join(__doc__.split("\n\n")[1].split()),
     )
-    parser.add_argument(
-        "store", nargs="?", default=DEFAULT_STORE, help=f"run store (default ./{DEFAULT_STORE})"
-    )
+    store_argument(parser)
     parser.add_argument(
         "--prune", action="store_true", help="remove the ended and lost runs last written before a time"
     )

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 from sampler.catalogue import GPU_POWER, GPU_POWER_LIMIT, GPU_SM_ACTIVITY, GPU_UTILIZATION
 from sampler.child.capture import main_frames
-from sampler.commands.common import DEFAULT_STORE, open_store
+from sampler.commands.common import open_store, store_argument
 from sampler.store.reader import RECORD_IS_VALID, Launch, Run, StoreReader, launches
 from sampler.util.quoting import printable
 
@@ -305,9 +305,7 @@ def add_parser(commands: Any) -> None:
         help="list a run store's stalls, with every thread's stack and kernel state",
         description=__doc__.split("\n\n")[0],
     )
-    parser.add_argument(
-        "store", nargs="?", default=DEFAULT_STORE, help=f"run store (default ./{DEFAULT_STORE})"
-    )
+    store_argument(parser)
     parser.add_argument("--run", type=int, help="only this run's stalls (its id, as `runs` lists it)")
     parser.add_argument("--list", action="store_true", help="one line per stall, without the stacks")
     parser.set_defaults(handler=main)
