@@ -26,6 +26,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.text import Text
 
 import sampler
 from sampler import catalogue
@@ -36,7 +37,7 @@ from sampler.store.reader import Run, Series, StoreReader
 from sampler.store.writer import RunInfo, RunWriter
 from sampler.views import plot
 from sampler.views.lines import points as prepared
-from sampler.views.panels import PHASES_KEY, matches
+from sampler.views.panels import BINARY_UNITS, LOOP, PHASES_KEY, matches
 from sampler.views.panels import panels as chosen
 
 REPO = Path(__file__).resolve().parent.parent
@@ -168,23 +169,27 @@ def draw(store: Path, run_ids: list[int | None], **kwargs: str | None) -> tuple[
 
 
 def test_one_run_training_on_top_then_a_panel_per_quantity_by_category(store: Path) -> None:
-    fig, (run,) = draw(store, [None])
+    fig, (run,) = draw(store, [None], pattern="*")  # every signal, the steady ones too
     assert run.id == 2  # the newest by default
     shown = panels(fig)
     keys = list(shown)
     assert keys[:2] == ["train/accuracy", "train/loss"]  # the run's own signals first
     categories = [key.split("/")[1] for key in keys[2:]]
     assert all(key.startswith("resource/") for key in keys[2:])
-    # Grouped: each category's panels together, in the documented order.
-    expected = ["cpu", "memory", "network", "disk", "process", "process_tree", "progress", "gpu"]
+    # Grouped: each category's panels together, in the documented order, the loop's throughput
+    # beside its own signals.
+    expected = ["progress", "cpu", "memory", "network", "disk", "process", "process_tree", "gpu"]
     assert list(dict.fromkeys(categories)) == expected
-    assert categories == sorted(categories, key=catalogue.CATEGORIES.index)
+    assert categories == sorted(categories, key=expected.index)
     # One panel per quantity, its unit on the y axis.
     units = {key: ax.get_ylabel() for key, ax in shown.items()}
     assert units["resource/cpu/utilization_percent"] == "%"
-    assert units["resource/process/memory_in_use_mb"] == "MiB"
-    assert units["resource/disk/utilization_gb"] == "GiB"
-    assert units["resource/disk/read_mb"] == units["resource/network/bytes_sent"] == "MiB/s"
+    # This machine's sizes and rates, each in the unit its values read in (360 B/s, 1.2 GiB/s
+    # while another suite reads the disk): any of the binary units.
+    assert units["resource/process/memory_in_use_mb"] in BINARY_UNITS
+    assert units["resource/disk/utilization_gb"] in BINARY_UNITS
+    rates = {unit + "/s" for unit in BINARY_UNITS}
+    assert {units["resource/disk/read_mb"], units["resource/network/bytes_sent"]} <= rates
     assert units["resource/gpu/*/temperature_celsius"] == "°C"
     assert units["resource/gpu/*/power_watts"] == "W"
     assert units["resource/gpu/*/sm_clock_mhz"] == "MHz"
@@ -222,7 +227,7 @@ def test_nothing_overlaps_and_the_png_is_written(store: Path, tmp_path: Path) ->
 
 
 def test_one_line_per_gpu(store: Path) -> None:
-    fig, _ = draw(store, [2])
+    fig, _ = draw(store, [2], pattern="resource/gpu/*")  # asked for: the flat ones drawn too
     gpu = {key: ax for key, ax in panels(fig).items() if key.startswith("resource/gpu/")}
     assert len(gpu) == GPU_PANELS
     for ax in gpu.values():
@@ -285,7 +290,7 @@ def test_x_in_seconds_since_the_run_started(store: Path) -> None:
 
 
 def test_counters_are_drawn_as_rates_and_a_counter_that_went_back_is_a_gap(counters: Counter) -> None:
-    fig, _ = draw(counters.path, [None])
+    fig, _ = draw(counters.path, [None], pattern="resource/")  # its steady rates asked for: drawn
     shown = panels(fig)
     read = ys(lines(shown["resource/disk/read_mb"])["run1"])
     sent = ys(lines(shown["resource/network/bytes_sent"])["run1"])
@@ -315,7 +320,7 @@ def test_each_panel_is_in_the_unit_its_values_read_in_and_a_flat_one_is_drawn_fr
         }
         writer.record(values, i, base + i * 10**9, None)
     writer.close({})
-    fig, _ = draw(path, [None])
+    fig, _ = draw(path, [None], pattern="resource/")  # asked for: the steady ones drawn too
     FigureCanvasAgg(fig).draw()
     shown = panels(fig)
     sent, read = shown["resource/network/bytes_sent"], shown["resource/disk/read_mb"]
@@ -328,6 +333,73 @@ def test_each_panel_is_in_the_unit_its_values_read_in_and_a_flat_one_is_drawn_fr
     assert low == 0 and 3 < high < 5
     ticks = [t for t in threads.get_yticks() if low <= t <= high]
     assert ticks and all(t == round(t) for t in ticks), ticks
+
+
+def steady_store(path: Path, runs: list[dict[str, float]], moving: bool = True) -> Path:
+    """One run per item of ``runs``, 10 samples each: the item's signals keep the one value it
+    gives them, and (``moving``) the loss and the process CPU move."""
+    for held in runs:
+        writer = RunWriter(
+            str(path), RunInfo(pid=1, command=["train"], config={}, started_at=time.time() - 30)
+        )
+        base = time.monotonic_ns() - 20 * 10**9
+        for i in range(10):
+            values = {"train/loss": 1.0 / (i + 1), "resource/process/cpu_utilization_percent": 50.0 + i}
+            writer.record({**(values if moving else {}), **held}, i, base + i * 10**9, None)
+        writer.close({})
+    return path
+
+
+def unchanged_line(fig: Figure) -> str | None:
+    said = [text.get_text() for text in fig.findobj(Text) if text.get_gid() == plot.UNCHANGED]
+    assert len(said) <= 1
+    return said[0] if said else None
+
+
+def test_a_signal_that_kept_one_value_is_named_under_the_figure_not_drawn(tmp_path: Path) -> None:
+    """Issue 30's first hour: a CPU-only run drew a row of flat lines (the CPUs allowed, a network
+    that never moved). Each is said in one line instead, with its value and unit; the loop's
+    signals, what a pattern asks for, and what differs between runs are still drawn."""
+    held = {"resource/process/cpu_cores_allowed": 2.0, "resource/process/cpu_threads_in_use": 4.0,
+            "resource/progress/steps_per_second": 7.0}  # fmt: skip
+    path = steady_store(tmp_path / "steady.sqlite", [held])
+    fig, _ = draw(path, [None])
+    shown = panels(fig)
+    assert set(shown) == {"train/loss", "resource/process/cpu_utilization_percent",
+                          "resource/progress/steps_per_second"}  # fmt: skip
+    said = unchanged_line(fig)
+    assert said is not None and said.replace("\n", " ") == (
+        "the same throughout, not drawn: process threads: 4 threads; process CPUs allowed: 2 cores"
+    )
+    # Asked for by a pattern: drawn, flat.
+    asked, _ = draw(path, [None], pattern="resource/process/*")
+    assert set(panels(asked)) == {
+        f"resource/process/{name}"
+        for name in ("cpu_utilization_percent", "cpu_threads_in_use", "cpu_cores_allowed")
+    }
+    assert unchanged_line(asked) is None
+    # Two runs: one value in both is said once; a value that differs between them is drawn.
+    both = steady_store(tmp_path / "both.sqlite", [held, {**held, "resource/process/cpu_cores_allowed": 8.0}])
+    overlaid, _ = draw(both, [1, 2])
+    assert "resource/process/cpu_cores_allowed" in panels(overlaid)
+    said = unchanged_line(overlaid)
+    assert said is not None and said.replace("\n", " ") == (
+        "the same in every run, throughout, not drawn: process threads: 4 threads"
+    )
+    # Nothing but steady signals: drawn all the same.
+    alone = steady_store(
+        tmp_path / "alone.sqlite", [{"resource/process/cpu_cores_allowed": 2.0}], moving=False
+    )
+    fig, _ = draw(alone, [None])
+    assert set(panels(fig)) == {"resource/process/cpu_cores_allowed"} and unchanged_line(fig) is None
+
+
+def test_the_loops_throughput_shares_the_training_row_and_resources_start_the_next() -> None:
+    categories = ["training", "training", "progress", "cpu", "memory", "disk", "disk"]
+    cells = plot.layout(categories)
+    assert cells[:3] == [(0, 0), (0, 1), (0, 2)]
+    assert cells[3:] == [(1, 0), (1, 1), (1, 2), (1, 3)]
+    assert LOOP == ("training", "progress")
 
 
 def test_a_model_that_restarted_leaves_a_gap_not_a_line_back(counters: Counter) -> None:

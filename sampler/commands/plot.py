@@ -1,7 +1,9 @@
 """``python -m sampler plot STORE``: small multiples of a run as a PNG.
 
-The run's own training signals on top, the resource panels grouped by
-category, one line per GPU, counters since boot as rates (MiB/s); ``--run``
+The run's own training signals on top with its throughput beside them, the
+resource panels grouped by category, one line per GPU, counters since boot as
+rates (MiB/s); a resource that kept one value all run is named under the figure
+instead of drawn, unless ``--signals`` asks for it; ``--run``
 given more than once overlays runs for comparison; ``--launch ID`` (a launch id
 or a unique start of one) draws the ranks of a multi-rank launch instead: each
 signal's spread across its ranks per step and each rank's throughput

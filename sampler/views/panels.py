@@ -1,7 +1,8 @@
 """Which panels a plot draws: one per quantity, chosen and titled from ``sampler.catalogue``.
 
-The run's own training signals (every name that is not ``resource/...``) come first, then the
-resource panels grouped by category in the catalogue's order, one panel per quantity, titled and
+The run's own training signals (every name that is not ``resource/...``) come first, then those
+derived from its steps (throughput, step time, phases), then the resource panels grouped by
+category in the catalogue's order, one panel per quantity, titled and
 with its unit as the catalogue says. A gpu panel holds one signal per device. A reading's peak
 and mean between logged steps (``..._peak``, ``..._mean``) go into its panel, and a counter's own
 ``..._per_second`` rate is left out where the counter is drawn. Counters (disk reads/writes and
@@ -21,6 +22,9 @@ from sampler import catalogue
 
 TRAINING = "training"
 """The category of the run's own signals' panels."""
+LOOP = (TRAINING, *catalogue.DERIVED_CATEGORIES)
+"""The categories drawn first, apart from the machine's: the run's own signals and those derived
+from its steps (throughput, step time, where each step's time went)."""
 _DRAWN_AS = {
     "bytes": ("GiB", 1.0 / catalogue.GIB),  # GPU memory: bytes are unreadable at 10^10
     "bytes/s": ("MiB/s", 1.0 / catalogue.MIB),
@@ -85,8 +89,9 @@ class Panel:
 
 
 def panels(names: Sequence[str]) -> list[Panel]:
-    """The panels that draw ``names``, in drawing order: training signals, then
-    the resource categories (``catalogue.CATEGORIES``, then any unknown ones)."""
+    """The panels that draw ``names``, in drawing order: training signals, the categories derived
+    from the steps (``LOOP``), then the other resource categories (``catalogue.CATEGORIES``, then
+    any unknown ones)."""
     training: list[Panel] = []
     resources: dict[str, dict[str, Panel]] = {}
     present = set(names)
@@ -118,7 +123,7 @@ def panels(names: Sequence[str]) -> list[Panel]:
         if base in by_name:
             panel, device = by_name[base]
             panel.variants[device, kind] = name
-    known = catalogue.CATEGORIES
+    known = [*LOOP[1:], *(c for c in catalogue.CATEGORIES if c not in LOOP)]
     order = [c for c in known if c in resources] + sorted(set(resources) - set(known))
     result = list(training)
     for category in order:

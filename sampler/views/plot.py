@@ -2,7 +2,8 @@
 
 The panels are ``sampler.views.panels``' (training signals first, then the resource
 categories in ``sampler.catalogue``'s order, counters as rates), their points
-``sampler.views.lines``'. In the gpu panels each device is its own line. Several runs
+``sampler.views.lines``'; a resource panel that would draw one flat line is named in a
+line under the figure instead (``unchanged``). In the gpu panels each device is its own line. Several runs
 are overlaid, one colour per run (and then one line style per GPU device). A
 reading's peak and mean between logged steps are drawn in its panel, as thin
 translucent and dotted lines beside it (the key names both).
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -31,7 +33,7 @@ from sampler.analysis.stretches import PAUSE, STARTUP, Stretch
 from sampler.store.reader import Run, StoreReader
 from sampler.util import atomicfile
 from sampler.views.lines import Line, RunPoints, lines_of
-from sampler.views.panels import TRAINING, Panel, fitted, matches, panels, stack_phases
+from sampler.views.panels import LOOP, TRAINING, Panel, fitted, matches, panels, stack_phases
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist
@@ -103,13 +105,14 @@ def x_label(runs: Sequence[Run], x: str) -> str:
 def layout(categories: list[str]) -> list[tuple[int, int]]:
     """(row, column) of each panel, given the category of each in drawing order:
     a category starts a new row unless it fits whole in what is left of the
-    current one, and the training signals never share a row with resources."""
+    current one, and the training loop's panels (``panels.LOOP``: its own signals,
+    its throughput) never share a row with the machine's."""
     cells: list[tuple[int, int]] = []
     row, column = 0, 0
     previous = None
     for category, group in itertools.groupby(categories):
         size = len(list(group))
-        shares = column + size <= COLUMNS and TRAINING not in (category, previous)
+        shares = column + size <= COLUMNS and (category in LOOP) == (previous in LOOP)
         if column and not shares:
             row, column = row + 1, 0
         for _ in range(size):
@@ -171,6 +174,7 @@ def figure(
             if pattern is not None
             else f"{which} has no points to plot"
         )
+    drawn, steady = (drawn, []) if pattern is not None else unchanged(drawn)
     figure_class = matplotlib_figure()
     cells = layout([panel.category for panel, _ in drawn])
     rows = cells[-1][0] + 1
@@ -243,6 +247,16 @@ def figure(
         lowest[column] = ax
     for ax in lowest.values():
         ax.set_xlabel(x_title)
+    if steady:
+        said = "; ".join(f"{panel.title}: {value:,.4g}{' ' + panel.unit if panel.unit else ''}"
+                         for panel, value in steady)  # fmt: skip
+        throughout = "in every run, throughout" if multi else "throughout"
+        footnote = fig.supxlabel(
+            textwrap.fill(f"the same {throughout}, not drawn: {said}", width=int(fig.get_figwidth() * 15)),
+            fontsize=9.5,
+            color="0.25",
+        )
+        footnote.set_gid(UNCHANGED)
 
     if legend_row:
         from matplotlib.lines import Line2D
@@ -293,6 +307,30 @@ def figure(
             handlelength=3,
         )
     return fig
+
+
+UNCHANGED = "unchanged"
+"""The gid of the line under the figure that names the panels not drawn (``unchanged``)."""
+
+
+def unchanged(
+    drawn: list[tuple[Panel, list[Line]]],
+) -> tuple[list[tuple[Panel, list[Line]]], list[tuple[Panel, float]]]:
+    """``drawn`` split into the panels to draw and (panel, value) of the resource panels that
+    would draw one flat line: every reading of every run and device, peaks and means
+    included, one value (the CPUs allowed, a thread count, a network that never moved), at two
+    points at least. The figure names those in one line instead. The loop's panels (``LOOP``)
+    are always drawn, and so is one panel at least; a ``--signals`` pattern asks for what it
+    names, so ``figure`` does not call this then."""
+    kept: list[tuple[Panel, list[Line]]] = []
+    steady: list[tuple[Panel, float]] = []
+    for panel, lines in drawn:
+        finite = _finite(np.concatenate([ys for *_, ys in lines]))
+        if panel.category not in LOOP and len(finite) > 1 and finite.min() == finite.max():
+            steady.append((panel, float(finite[0])))
+        else:
+            kept.append((panel, lines))
+    return (kept, steady) if kept else (drawn, [])
 
 
 def in_fitting_unit(panel: Panel, lines: list[Line]) -> tuple[Panel, list[Line]]:
