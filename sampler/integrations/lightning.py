@@ -6,11 +6,26 @@ Needs the ``lightning`` package (``pip install 'wl-resource-monitor[lightning]'`
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import lightning.pytorch as pl
 
 from sampler.integrations.hand_over import HandOver
+from sampler.settings import placement
+
+
+def launcher_env(trainer: pl.Trainer) -> dict[str, str]:
+    """This process's environment with the trainer's ranks: Lightning's own launcher (``devices=2``
+    without torchrun) sets ``LOCAL_RANK`` and ``WORLD_SIZE`` but neither ``RANK`` nor
+    ``LOCAL_WORLD_SIZE``, so every rank would read as rank 0."""
+    return {
+        **os.environ,
+        placement.ENV_RANK: str(trainer.global_rank),
+        placement.ENV_LOCAL_RANK: str(trainer.local_rank),
+        placement.ENV_WORLD_SIZE: str(trainer.world_size),
+        placement.ENV_LOCAL_WORLD_SIZE: str(trainer.num_devices),
+    }
 
 
 class ResourceMonitorCallback(pl.Callback):
@@ -36,7 +51,7 @@ class ResourceMonitorCallback(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
-            self._hand_over.start(lambda: trainer.global_step)
+            self._hand_over.start(lambda: trainer.global_step, launcher_env(trainer))
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
         self._log(trainer)
