@@ -259,10 +259,48 @@ def test_the_documented_transformers_snippet_hands_resources_to_tensorboard(tmp_
     accumulator = event_accumulator.EventAccumulator(str(run), size_guidance={event_accumulator.SCALARS: 0})
     accumulator.Reload()
     steps = [e.step for e in accumulator.Scalars("train/resource/cpu/utilization_percent")]
-    assert len(steps) >= 2 and steps == sorted(set(steps)) and 0 < steps[-1] <= 16, steps
+    assert len(steps) >= 2 and steps == sorted(set(steps)) and steps[-1] == 16, steps  # the last at stop
     process = [e.step for e in accumulator.Scalars("train/resource/process/memory_in_use_mb")]
     assert process == steps
     assert "resource" not in done.stdout  # handed to the integrations, not printed
+
+
+EARLY_STOP = """\
+from transformers import EarlyStoppingCallback, Trainer, TrainingArguments
+from sampler.integrations.transformers import ResourceMonitorCallback
+
+args = TrainingArguments(
+    output_dir="out", num_train_epochs=2, report_to=["tensorboard"], eval_strategy="steps", eval_steps=3,
+    metric_for_best_model="loss", save_strategy="no",
+)
+trainer = Trainer(
+    model=model,
+    args=args,
+    train_dataset=train_dataset,
+    eval_dataset=torch.utils.data.Subset(train_dataset, range(8)),
+    # No evaluation improves by a billion: the second, at step 6, stops the training.
+    callbacks=[ResourceMonitorCallback(), EarlyStoppingCallback(early_stopping_threshold=1e9)],
+)
+trainer.train()
+print("global_step", trainer.state.global_step, "of", trainer.state.max_steps)
+"""
+
+
+def test_a_training_stopped_early_hands_tensorboard_its_last_sample_at_its_last_step(tmp_path: Path) -> None:
+    """EarlyStoppingCallback ends the training at step 6 of 16: the sample taken at stop, and any
+    still waiting, reach TensorBoard before it closes, at step 6."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    done = run_script(tmp_path, HF_MODEL + EARLY_STOP)
+    assert "global_step 6 of 16" in done.stdout, done.stdout
+    assert "resource monitor" not in done.stderr, done.stderr[-4000:]  # nothing to say
+    [run] = {path.parent for path in (tmp_path / "out").rglob("events.out.tfevents.*")}
+    accumulator = event_accumulator.EventAccumulator(str(run), size_guidance={event_accumulator.SCALARS: 0})
+    accumulator.Reload()
+    tag = "train/resource/cpu/utilization_percent"
+    steps = [e.step for e in accumulator.Scalars(tag)] if tag in accumulator.Tags()["scalars"] else []
+    assert steps and steps == sorted(set(steps)) and steps[-1] == 6, steps
 
 
 def test_a_logger_that_raises_leaves_the_others_their_samples_and_the_monitor_running(
