@@ -37,7 +37,7 @@ class ResourceMonitorCallback(pl.Callback):
     ``trainer.global_step`` and handed, from the training thread after a batch, to each of
     ``trainer.loggers`` in one ``log_metrics(values, step=step)`` per sample. With several ranks
     the names carry the rank (``resource/rank0/cpu/...``); Lightning's loggers write on rank 0
-    only. ``options`` are
+    only, so the other ranks' samples are in the run store and on Prometheus alone. ``options`` are
     ``ResourceMonitor``'s settings (``interval_seconds``, ``categories``, ``store``, ...); the
     configuration gives the rest, the run store included.
     """
