@@ -90,9 +90,10 @@ class ResourceMonitorCallback(TrainerCallback):
     def on_epoch_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        # The Trainer ends each epoch, the last too, here, after the evaluation and save at its
-        # last step. The integrations close at on_train_end, before this callback's turn (the
-        # Trainer puts them first): the last sample goes to them now, when the loop is over.
+        # The Trainer ends each epoch, the last too, here, after its last step's evaluation and
+        # save (an epoch-end evaluation comes next, at the same step, where the step axis keeps no
+        # further sample). The integrations close at on_train_end, before this callback's turn
+        # (the Trainer puts them first): the last sample goes to them now, the loop being over.
         self._state = state
         if control.should_training_stop or state.global_step >= state.max_steps:
             self._hand_over.stop()
