@@ -447,6 +447,17 @@ def test_rank_1_leaves_the_host_wide_categories_to_local_rank_0(monkeypatch: pyt
     assert every.categories == settings.DEFAULT_CATEGORIES and every.host_sampling == "every_rank"
 
 
+def test_launcher_env_is_read_in_place_of_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As Lightning's own launcher leaves rank 1 (``LOCAL_RANK`` and ``WORLD_SIZE``, no ``RANK``),
+    with the ranks the framework knows given beside the process's rendezvous address."""
+    launched_as(monkeypatch, LOCAL_RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    assert sampler.ResourceMonitor(step_source="seconds").placement.rank == 0
+    ranks = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    monitor = sampler.ResourceMonitor(step_source="seconds", launcher_env={**os.environ, **ranks})
+    assert monitor.placement == Placement(HOST, 1, 1, 2, 2, "127.0.0.1:29500")
+    assert monitor.categories == ("gpu", "process", "process_tree", "pressure")
+
+
 def test_local_rank_0_samples_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
     launched_as(monkeypatch, RANK="2", LOCAL_RANK="0", WORLD_SIZE="4", LOCAL_WORLD_SIZE="2")
     assert sampler.ResourceMonitor(step_source="seconds").categories == settings.DEFAULT_CATEGORIES

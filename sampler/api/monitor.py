@@ -139,7 +139,10 @@ class ResourceMonitor:
     Under a launcher (torchrun sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
     ``LOCAL_WORLD_SIZE``) only local rank 0 samples the host-wide categories
     and the GPUs no rank owns, unless ``host_sampling="every_rank"``; each rank
-    samples its own process and GPU. ``prometheus_port`` (plus the local rank)
+    samples its own process and GPU. ``launcher_env``, when given, is read for
+    them (and the run id's) in place of ``os.environ``: a framework that starts its ranks
+    without setting them all passes its own (the Lightning callback: the trainer's ranks).
+    ``prometheus_port`` (plus the local rank)
     has the child serve ``/metrics`` at ``prometheus_address``, listed for
     Prometheus' file-based discovery in ``prometheus_sd_dir``.
     """
@@ -151,6 +154,7 @@ class ResourceMonitor:
         age_source: AgeSource | None = None,
         on_sample: SampleHook | None = None,
         pid: int | None = None,
+        launcher_env: Mapping[str, str] | None = None,
         _min_interval_seconds: float = settings.MIN_INTERVAL_SECONDS,
         _ring_capacity: int = RING_CAPACITY,
         _restart_backoff: tuple[float, float] = RESTART_BACKOFF_SECONDS,
@@ -169,7 +173,7 @@ class ResourceMonitor:
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable or None, got {type(fn).__name__}")
         s = self._settings
-        where = self._placement = placement.from_environment(run_id=s.run_id)
+        where = self._placement = placement.from_environment(launcher_env, run_id=s.run_id)
         categories = s.categories
         if not where.samples_host(s.host_sampling):
             categories = tuple(c for c in categories if c not in HOST_WIDE_CATEGORIES)

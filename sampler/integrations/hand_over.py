@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sampler import catalogue
@@ -52,9 +52,12 @@ class HandOver:
         self._lock = threading.Lock()
         self._failures = RateLimitedWarning()
 
-    def start(self, age_source: Callable[[], object]) -> ResourceMonitor | None:
-        """Start this training's monitor, stamped by ``age_source``; None (and nothing started)
-        when monitoring is disabled or the process-wide monitor already samples this process."""
+    def start(
+        self, age_source: Callable[[], object], launcher_env: Mapping[str, str] | None = None
+    ) -> ResourceMonitor | None:
+        """Start this training's monitor, stamped by ``age_source``, placed by ``launcher_env``
+        (``ResourceMonitor``'s); None (and nothing started) when monitoring is disabled or the
+        process-wide monitor already samples this process."""
         if self.monitor is not None and self.monitor.running:
             return self.monitor
         if get_resource_monitor() is not None:
@@ -67,7 +70,11 @@ class HandOver:
             )
             return None
         monitor = ResourceMonitor(
-            sink=_nowhere, age_source=age_source, on_sample=self._receive, **self.options
+            sink=_nowhere,
+            age_source=age_source,
+            on_sample=self._receive,
+            launcher_env=launcher_env,
+            **self.options,
         )
         if not monitor.settings.enabled:
             log.info("resource monitor: disabled by configuration")

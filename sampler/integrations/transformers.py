@@ -38,7 +38,9 @@ class ResourceMonitorCallback(TrainerCallback):
     """``Trainer(..., callbacks=[ResourceMonitorCallback()])``: resources wherever ``report_to`` goes.
 
     Starts a monitor when training begins (``on_train_begin``), stamped at ``state.global_step``,
-    and stops it after the last step (a last sample is taken then). After each step, in the
+    and stops it when the training loop is over (``on_epoch_end`` after the last step, or after a
+    callback such as ``EarlyStoppingCallback`` stopped it): a last sample is taken then, and handed
+    over with any still waiting. After each step, in the
     training thread, each waiting sample goes to the trainer's ``report_to`` integration callbacks
     in one ``on_log`` call each, at the sample's step; it is not printed, nor kept in
     ``state.log_history``. The integrations name it as they name the loss (TensorBoard's
@@ -83,14 +85,24 @@ class ResourceMonitorCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self._state = state
-        if state.global_step >= state.max_steps:  # the last step: the reporters close at train end
+        self._hand_over.hand_over([self._reporter(r, args, state, control, kwargs) for r in self._reporters])
+
+    def on_epoch_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        # The Trainer ends each epoch, the last too, here, after its last step's evaluation and
+        # save (an epoch-end evaluation comes next, at the same step, where the step axis keeps no
+        # further sample). The integrations close at on_train_end, before this callback's turn
+        # (the Trainer puts them first): the last sample goes to them now, the loop being over.
+        self._state = state
+        if control.should_training_stop or state.global_step >= state.max_steps:
             self._hand_over.stop()
         self._hand_over.hand_over([self._reporter(r, args, state, control, kwargs) for r in self._reporters])
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        self._hand_over.stop()
+        self._hand_over.stop()  # a training whose loop never ran (resumed at its end)
 
     @staticmethod
     def _reporter(
