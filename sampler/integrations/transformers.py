@@ -85,7 +85,7 @@ class ResourceMonitorCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self._state = state
-        self._hand_over.hand_over([self._reporter(r, args, state, control, kwargs) for r in self._reporters])
+        self._hand(args, state, control, kwargs)
 
     def on_epoch_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -97,12 +97,17 @@ class ResourceMonitorCallback(TrainerCallback):
         self._state = state
         if control.should_training_stop or state.global_step >= state.max_steps:
             self._hand_over.stop()
-        self._hand_over.hand_over([self._reporter(r, args, state, control, kwargs) for r in self._reporters])
+        self._hand(args, state, control, kwargs)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self._hand_over.stop()  # a training whose loop never ran (resumed at its end)
+
+    def _hand(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, kwargs: Any
+    ) -> None:
+        self._hand_over.hand_over([self._reporter(r, args, state, control, kwargs) for r in self._reporters])
 
     @staticmethod
     def _reporter(
