@@ -149,12 +149,17 @@ def test_export_to_dash_writes_standard_output(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.sqlite"]
 
 
+@pytest.mark.parametrize("name", ["-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"])
 @pytest.mark.parametrize("command", ["export", "plot"])
-def test_dash_writes_standard_output_in_a_real_process(store: Path, tmp_path: Path, command: str) -> None:
+def test_dash_writes_standard_output_in_a_real_process(
+    store: Path, tmp_path: Path, command: str, name: str
+) -> None:
+    """``-o -`` and the names a shell user gives standard output (links, which an output is
+    otherwise never written through) write into the pipe."""
     if command == "plot":
         pytest.importorskip("matplotlib")
     done = subprocess.run(
-        [sys.executable, "-m", "sampler", command, str(store), "-o", "-"],
+        [sys.executable, "-m", "sampler", command, str(store), "-o", name],
         cwd=tmp_path,
         capture_output=True,
         timeout=120,

@@ -28,6 +28,9 @@ EXIT_USAGE = 2
 """Exit status for a store, run or argument that cannot be used."""
 SQLITE_HEADER = b"SQLite format 3\x00"
 """The first 16 bytes of every SQLite database file."""
+STANDARD_OUTPUT_NAMES = ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
+"""Names of standard output read as ``-`` by ``-o``: each is a symbolic link, which an output is
+otherwise never written through (``atomicfile.output``)."""
 EXIT_BROKEN_PIPE = 141
 """128 + SIGPIPE: what a shell reports for a tool whose output pipe closed."""
 
@@ -82,6 +85,11 @@ def open_store(path: str) -> StoreReader | None:
     except sqlite3.Error as exc:
         print(f"error: {path} cannot be read as a run store: {exc}", file=sys.stderr)
     return None
+
+
+def output_argument(text: str) -> str:
+    """``-o``'s value: ``-`` (standard output) for any of ``STANDARD_OUTPUT_NAMES``, else ``text``."""
+    return "-" if text in STANDARD_OUTPUT_NAMES else text
 
 
 def output_problem(output: str, store: str) -> str | None:

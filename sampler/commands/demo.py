@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from sampler import signals
 from sampler.api.monitor import ResourceMonitor
-from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, seconds_argument, this_python
+from sampler.commands.common import DEFAULT_STORE, EXIT_USAGE, output_argument, seconds_argument, this_python
 from sampler.pipeline.steps import watch_model
 from sampler.store.reader import StoreReader
 
@@ -39,7 +39,9 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--store", default=DEFAULT_STORE, help=f"run store to record into (default ./{DEFAULT_STORE})"
     )
-    parser.add_argument("-o", "--output", help="the plot to write (default: demo-run<ID>.png)")
+    parser.add_argument(
+        "-o", "--output", type=output_argument, help="the plot to write (default: demo-run<ID>.png)"
+    )
     parser.add_argument("--interval", type=_SECONDS, default=1.0, help="seconds between samples (default 1)")
     parser.add_argument("--nvml-module", default="pynvml", help=argparse.SUPPRESS)
     parser.set_defaults(handler=main)

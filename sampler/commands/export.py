@@ -27,7 +27,7 @@ import sys
 from collections.abc import Generator
 from typing import Any, TextIO
 
-from sampler.commands.common import EXIT_USAGE, open_store, output_problem, store_argument
+from sampler.commands.common import EXIT_USAGE, open_store, output_argument, output_problem, store_argument
 from sampler.store import schema
 from sampler.store.reader import NAME, POINT_IS_VALID, RECORD_IS_VALID, StoreReader
 from sampler.util import atomicfile
@@ -47,7 +47,13 @@ def add_parser(commands: Any) -> None:
         "--format", choices=("csv", "jsonl"), default="csv", help="output format (default csv)"
     )
     parser.add_argument("--wide", action="store_true", help="one row per step, one column per signal")
-    parser.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout (-: stdout)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=output_argument,
+        metavar="FILE",
+        help="write here instead of stdout (-: stdout)",
+    )
     parser.set_defaults(handler=main)
 
 

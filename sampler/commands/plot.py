@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from sampler.analysis import ranks
 from sampler.analysis.explain import explain
-from sampler.commands.common import output_problem
+from sampler.commands.common import output_argument, output_problem
 from sampler.store.reader import StoreReader
 from sampler.store.schema import StoreVersionError
 from sampler.util.quoting import printable
@@ -78,6 +78,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "-o",
         "--output",
+        type=output_argument,
         metavar="FILE.png",
         help="where to write the PNG (default: ./<store stem>-run<ID>.png; -: stdout)",
     )
