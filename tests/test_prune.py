@@ -314,8 +314,8 @@ def rows(store: Path, query: str, *args: object) -> list[tuple[object, ...]]:
 
 def test_a_suspended_backend_is_never_pruned(tmp_path: Path, backends: list[Backend]) -> None:
     """SIGSTOPped (Ctrl-Z, scontrol suspend) for longer than a run may go quiet: its run reads
-    lost, but its process lives on this host, the one that started it, so the run stays; on
-    SIGCONT its points go on into it."""
+    suspended (it read lost), in ``runs`` and ``top`` too, its process living on this host, the
+    one that started it, so the run stays; on SIGCONT its points go on into it."""
     store = tmp_path / "runs.sqlite"
     backend = Backend(store)
     backends.append(backend)
@@ -323,7 +323,11 @@ def test_a_suspended_backend_is_never_pruned(tmp_path: Path, backends: list[Back
     backend.suspend()
     backdate(store, run_id, 10)
     with StoreReader(str(store)) as reader:
-        assert reader.run(run_id).status == "lost"  # quiet for 10 days
+        assert reader.run(run_id).status == "suspended"  # quiet for 10 days, and stopped
+    listed = sampler_command("runs", str(store), cwd=tmp_path)
+    assert listed.stdout.splitlines()[1].split()[-1] == "suspended", listed.stdout
+    top = sampler_command("top", str(store), "--once", cwd=tmp_path)
+    assert " | suspended | " in top.stdout.splitlines()[0], top.stdout
     dry = sampler_command("runs", str(store), "--prune", "--older-than", "7d", "--dry-run", cwd=tmp_path)
     done = sampler_command("runs", str(store), "--prune", "--older-than", "7d", cwd=tmp_path)
     assert dry.returncode == 0 and "nothing to prune" in dry.stdout, dry.stdout + dry.stderr

@@ -212,6 +212,9 @@ def test_no_sample_for_n_seconds_when_the_backend_went_quiet() -> None:
     gone_text = text_of(top.render(gone, NOW))
     assert "pid 4242) is gone" in gone_text and "| lost |" in gone_text
     assert "| running |" in text_of(top.render(hung, NOW))
+    stopped = View(store="s", run=run, newest=NOW - 42.4, pid_alive=True, pid_suspended=True)
+    line = top.stale_line(stopped, NOW)
+    assert line is not None and "(pid 4242) is stopped (SIGSTOP, Ctrl-Z" in line.text
     ended = View(store="s", run=make_run(ended_at=NOW - 60), newest=NOW - 60)
     assert "no sample" not in text_of(top.render(ended, NOW))
     nothing_yet = View(store="s", run=make_run(started_at=NOW - 30))  # no point at all: since the start

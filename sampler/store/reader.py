@@ -75,19 +75,32 @@ class Run:
 
     @property
     def status(self) -> str:
-        """ "ended", "running", or "lost" now (see ``status_at``)."""
-        return self.status_at(time.time(), self.process_alive())
+        """ "ended", "running", "suspended" or "lost" now (see ``status_at``)."""
+        return self.status_at(time.time(), self.process_alive(), self.process_suspended())
 
-    def status_at(self, now: float, alive: bool | None) -> str:
-        """ "ended", "running" or "lost" at wall time ``now``: lost when it has
-        neither ended nor written for a while, or at once when its process is
-        known to be gone (``alive`` False, from ``process_alive``)."""
+    def status_at(self, now: float, alive: bool | None, suspended: bool = False) -> str:
+        """ "ended", "running", "suspended" or "lost" at wall time ``now``: lost when it has
+        neither ended nor written for a while, or at once when its process is known to be gone
+        (``alive`` False, from ``process_alive``); suspended when it has not written for a while
+        because its process is stopped (``suspended``, from ``process_suspended``)."""
         if self.ended_at is not None:
             return "ended"
         if alive is False:
             return "lost"
-        quiet = now - self.updated_at
-        return "lost" if quiet > max(LOST_AFTER_INTERVALS * self.interval, 30.0) else "running"
+        if now - self.updated_at <= max(LOST_AFTER_INTERVALS * self.interval, 30.0):
+            return "running"
+        return "suspended" if suspended else "lost"
+
+    def process_suspended(self) -> bool:
+        """Whether the monitored process runs here but is stopped (SIGSTOP, Ctrl-Z, a scheduler
+        that suspends jobs), so that neither it nor its monitor writes; False when that cannot be
+        told from here."""
+        if self.host != socket.gethostname() or self.pid is None:
+            return False
+        try:
+            return psutil.Process(self.pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+        except (psutil.Error, OSError):
+            return False
 
     def process_alive(self) -> bool | None:
         """Whether the monitored process still runs; None when this cannot be

@@ -171,6 +171,8 @@ def stale_line(view: View, now: float) -> Line | None:
         return None
     if view.pid_alive is False:
         why = f"the backend (pid {_pid(run)}) is gone"
+    elif view.pid_suspended:
+        why = f"the backend (pid {_pid(run)}) is stopped (SIGSTOP, Ctrl-Z, a suspended job)"
     elif view.pid_alive:
         why = f"the backend (pid {_pid(run)}) still runs: hung, or its steps paused"
     else:
@@ -186,7 +188,7 @@ def header_lines(view: View, now: float) -> list[Line]:
     run = view.run
     if run is None:
         return [Line("wl-resource-monitor top", "title"), Line(view.waiting or "waiting", "alert")]
-    status = run.status_at(now, view.pid_alive)
+    status = run.status_at(now, view.pid_alive, view.pid_suspended)
     duration = run.clock_at(now) - run.started_at if status == "running" else run.duration
     step = "-" if view.last_step is None else str(view.last_step)
     title = (

@@ -56,6 +56,8 @@ class View:
     """Wall time of the newest point, s since the epoch."""
     pid_alive: bool | None = None
     """Whether the run's process still runs (None: another host, or unknown)."""
+    pid_suspended: bool = False
+    """Whether the run's process is here and stopped (SIGSTOP, Ctrl-Z)."""
     waiting: str | None = None
     """Why there is no run to show (no store, no runs yet, unreadable)."""
     window: int = WINDOW_POINTS
@@ -136,6 +138,7 @@ class StoreWatch:
                 self._follow(db, run.id)
         view.run = run
         view.pid_alive = run.process_alive()
+        view.pid_suspended = run.process_suspended()
 
     def _load(self, db: sqlite3.Connection, run_id: int) -> None:
         """The latest ``window`` points of each signal of the run (by step, through the index)."""
