@@ -16,7 +16,7 @@ from typing import Any
 import fake_driver
 import psutil
 import pytest
-from conftest import FAST, Recorder, wait_for
+from conftest import FAST, Recorder, free_ports, scrape, wait_for
 
 import sampler
 from ringbuf import segment
@@ -112,14 +112,16 @@ def test_a_hanging_call_is_killed_at_its_deadline_and_quarantined(nvml: fake_dri
 def test_a_gpu_that_brings_the_child_down_is_quarantined_and_the_others_keep_reading(
     nvml: fake_driver.Driver, caplog: pytest.LogCaptureFixture, how: str
 ) -> None:
-    """Issue 26: the device quarantined, not the gpu category."""
+    """Issue 26: the device quarantined, not the gpu category; the endpoint names it."""
     driver(nvml, devices=[{}, {}], **{how: {"nvmlDeviceGetPowerUsage": [1]}})
     sink = Recorder()
+    port = free_ports()
     with sampler.ResourceMonitor(
         categories=["cpu", "gpu"],
         sink=sink,
         step_source="seconds",
         hang_deadline_seconds=0.5,
+        prometheus_port=port,
         **FAST,
         **QUICK_RESTARTS,
     ) as monitor:
@@ -127,6 +129,14 @@ def test_a_gpu_that_brings_the_child_down_is_quarantined_and_the_others_keep_rea
         before = count(sink, GPU_TEMP)
         wait_for(lambda: count(sink, GPU_TEMP) >= before + 3, what="GPU 0 read after the quarantine")
         stats = monitor.stats()
+        parser = pytest.importorskip("prometheus_client.parser")
+        quarantined = [
+            sample.labels.get("gpu")
+            for family in parser.text_string_to_metric_families(scrape(port))
+            for sample in family.samples
+            if sample.name == "wl_resource_monitor_gpu_quarantined" and sample.value == 1
+        ]
+        assert quarantined == ["1"]
     assert stats["quarantined"] == []
     assert len(stats["deaths"]) == 3
     warnings = [r.getMessage() for r in caplog.records if "quarantined" in r.getMessage()]

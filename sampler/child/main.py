@@ -209,7 +209,9 @@ class Child:
         assert p.prometheus is not None
         uuids = {} if self.gpu is None else self.gpu.uuids
         stall_since = None if self.stalls is None else self.stalls.open_since
-        self.exposed = RecordCollector(fields, p.prometheus, self.status, p.categories, uuids, stall_since)
+        self.exposed = RecordCollector(
+            fields, p.prometheus, self.status, p.categories, uuids, stall_since, p.sources.gpus_quarantined
+        )
         self._bind(time.monotonic_ns())
 
     def _bind(self, now_ns: int) -> None:

@@ -60,8 +60,11 @@ class RecordCollector:
         categories: Sequence[str],
         gpu_uuids: dict[str, str],
         stall_since: Callable[[], float | None] | None = None,
+        gpus_quarantined: Sequence[str] = (),
     ) -> None:
         self._status = status
+        self._gpus_quarantined = tuple(gpus_quarantined)
+        """The devices this child never opens (``Sources.gpus_quarantined``)."""
         self._stall_since = stall_since
         """The open stall's start (monotonic s), None while none is open; itself None when stalls
         are not watched."""
@@ -139,6 +142,10 @@ class RecordCollector:
         gpus = family(metrics.GPUS_NOT_READING, names)
         gpus.add_metric(values, not_reading)
         yield gpus
+        quarantined_gpus = family(metrics.GPU_QUARANTINED, (*names, "gpu"))
+        for device in self._gpus_quarantined:
+            quarantined_gpus.add_metric((*values, device), 1)
+        yield quarantined_gpus
         errors = family(metrics.GPU_ERRORS, names)
         errors.add_metric(values, health.gpu_errors + stops)
         yield errors

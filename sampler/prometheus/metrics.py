@@ -56,6 +56,11 @@ RECORDS_LOST = _m(
 QUARANTINED = _m("monitor_quarantined", 1, "1 for a category quarantined after killing the child, else 0.")
 CHILD_CPU = _m("monitor_child_cpu_seconds_per_sample", 1, "CPU the sampling child spends per record.")
 GPUS_NOT_READING = _m("monitor_gpus_not_reading", 1, "GPU devices whose readings an NVML error has stopped.")
+GPU_QUARANTINED = _m(
+    "monitor_gpu_quarantined",
+    1,
+    "1 for a GPU device quarantined after it brought the sampling child down three times.",
+)
 GPU_ERRORS = _m(
     "monitor_gpu_errors_total", 1, "Times an NVML error stopped a GPU device's readings.", COUNTER
 )
