@@ -125,7 +125,7 @@ def test_signals_are_grouped_training_first_then_categories_in_order() -> None:
     received = row(text, "received /s")
     assert "2.0 KiB/s" in received and "1.0 KiB/s" in received
     assert row(text, "steps_per_second").split()[1] == "4"
-    assert "run 3 | trainer-7 pid 4242 | running | 2m05s | step 77" in text
+    assert "run 3 | trainer-7 | pid 4242 | running | 2m05s | step 77" in text
 
 
 def test_cpu_seconds_have_no_row_beside_the_cpu_percent_that_is_their_rate() -> None:
@@ -263,6 +263,54 @@ def test_the_process_rows_come_first_and_the_rows_scroll_under_a_header_that_sta
     assert [line.text for line in waiting] == ["wl-resour…", "waiting f…"]
 
 
+def test_no_value_is_cut_and_a_narrow_terminal_drops_whole_columns() -> None:
+    """Throughput's cells ("12.35 steps/s") are wider than a cell was, a GPU has more columns than
+    80 characters hold, and a cluster's host name pushes the title's step to the edge: each value
+    shows whole at every width, in a wider column, a second GPU table or a second title line."""
+    gpu = "resource/gpu/0/"
+    readings = {
+        "utilization_percent": 87,
+        "utilization_percent_peak": 99,
+        "memory_allocated_bytes": 12 * 1024**3,
+        "memory_allocated_bytes_peak": 13 * 1024**3,
+        "memory_allocated_percent": 15,
+        "process_memory_bytes": 1024**3,
+        "tree_memory_bytes": 2 * 1024**3,
+        "temperature_celsius": 45,
+        "power_watts": 312,
+        "power_limit_watts": 700,
+        "sm_clock_mhz": 1980,
+        "memory_clock_mhz": 2619,
+    }
+    values = {gpu + signal: value for signal, value in readings.items()}
+    points = {name: series(value) for name, value in values.items()}
+    points |= {
+        "resource/progress/steps_per_second": series(9.5, 12.345, 11.25),
+        "resource/process/memory_in_use_mb": series(100, 120),
+        "train/loss": series(2.0, 1.0),
+    }
+    host = "ip-172-31-22-118.eu-west-1.compute.internal"
+    run = make_run(host=host, rank=3, world_size=8, pid=1234567)
+    view = View(store="s", run=run, points=points, last_step=12345678, newest=NOW)
+    throughput = ["11.25 steps/s", "9.50 steps/s", "12.35 steps/s"]
+    gpu_values = [top.format_value(name, value) for name, value in values.items()]
+    for width in (120, 80, 50, 40):
+        lines = top.render(view, NOW, width=width)
+        text = text_of(lines)
+        assert all(len(line.text) <= width for line in lines), text
+        parts = {part for line in text.splitlines() for part in line.split(" | ")}
+        named = host if len(host) <= width else host[: width - 1] + "…"  # text is cut, the numbers are not
+        assert {named, "rank 3/8", "pid 1234567", "step 12345678"} <= parts, text
+        body = text.split("min and max: over the last", 1)[1].splitlines()[1:]
+        assert not any("…" in line for line in body), text
+        columns = body[0].split()
+        assert columns[0] == "now" and ("min" in columns) == ("max" in columns) == (width >= 80), text
+        shown = re.findall(r"\S+ steps/s", row(text, "steps /s"))
+        assert shown == throughput[: len(columns) - ("recent" in columns)], text
+        gpu_rows = " ".join(line for line in body if line.strip().startswith("gpu/0"))
+        assert all(value in gpu_rows for value in gpu_values), text
+
+
 # --- against stores written by a real monitor ----------------------------------------------------
 
 
@@ -301,7 +349,7 @@ def test_once_prints_a_frame_of_a_run_a_real_monitor_is_writing(
     # The same run's header, but for its age, which a loaded machine may have moved a second meanwhile.
     headers = [re.sub(r"\| [0-9hms]+ \|", "| |", t.splitlines()[0]) for t in (text, text_run)]
     assert status == 0 and status_run == 0 and headers[0] == headers[1]
-    assert re.match(r"run 1 \| \S+ pid \d+ \| running \| \d+s \| step \d+ \| every 0.1 s", text)
+    assert re.match(r"run 1 \| \S+ \| pid \d+ \| running \| \d+s \| step \d+ \| every 0.1 s", text)
     assert "health: ok" in text and "no sample for" not in text, text
     loss = row(text, "loss").split()
     assert 0 < float(loss[1]) < 1 and loss[3] == "1"  # now, and the window's max: the first loss
@@ -309,7 +357,8 @@ def test_once_prints_a_frame_of_a_run_a_real_monitor_is_writing(
     assert row(text, "utilization").split()[1].endswith("%")
     assert row(text, "memory (RSS)").split()[3] == "MiB"
     gpus = [line.split() for line in text.splitlines() if line.strip().startswith("gpu/")]
-    assert [g[0] for g in gpus] == ["gpu/0", "gpu/1"] and [g[1] for g in gpus] == ["87.0%", "12.0%"]
+    assert [g[0] for g in gpus[:2]] == ["gpu/0", "gpu/1"] and [g[1] for g in gpus[:2]] == ["87.0%", "12.0%"]
+    assert [g[0] for g in gpus] == ["gpu/0", "gpu/1"] * (len(gpus) // 2)  # what 120 columns do not hold below
     assert text.index("loss") < text.index("gpu/0") < text.index("\ncpu")
     status, text = once(store)  # the monitor stopped: the run ended, nothing is stale
     assert status == 0 and "| ended |" in text and "no sample" not in text
@@ -543,9 +592,20 @@ def test_top_at_80x24_shows_the_process_first_and_scrolls_with_the_keys(
         first = tmux.wait_screen("run 1 |", "loss", "memory (RSS)", "gpu/1", "(0 above, ")
         assert "min and max: over the last 120 points" in first, first
         assert all(len(line) <= 80 for line in first.splitlines())
-        tmux.tmux("send-keys", "-t", "top", "End")
-        last = tmux.wait_screen(", 0 below)")
+
+        def at_the_end() -> str | None:
+            """The screen after End once it shows the throughput (rows that arrive later, the
+            pressure's, push it below the end End went to: End again)."""
+            tmux.tmux("send-keys", "-t", "top", "End")
+            screen = tmux.screen()
+            return screen if ", 0 below)" in screen and "steps /s" in screen else None
+
+        last = wait_for(at_the_end, what="the throughput's row at the end of the rows")
         assert "memory (RSS)" not in last and "run 1 |" in last, last
+        rows = [line for screen in (first, last) for line in screen.splitlines()[5:-1]]  # below the header
+        assert not any("…" in line for line in rows), f"{first}\n{last}"  # every value whole at 80 columns
+        throughput = re.findall(r"\S+ steps/s", line_with(last, "steps /s"))
+        assert len(throughput) == 3 and all(re.fullmatch(r"\d+(\.\d+)? steps/s", t) for t in throughput), last
         tmux.tmux("send-keys", "-t", "top", "Home")
         tmux.wait_screen("(0 above, ", "memory (RSS)")
         tmux.tmux("send-keys", "-t", "top", "Down")
@@ -624,6 +684,6 @@ def test_once_shows_the_stores_host_command_and_names_escaped(
     status, text = once(store)
     assert status == 0 and terminal_unsafe(text) == [], text
     title, command = text.splitlines()[:2]
-    assert "node\\x1b[2J\\x1b]0;owned\\x07-7\\u202egpj.exe\\n\\x9b31m pid" in title
+    assert "node\\x1b[2J\\x1b]0;owned\\x07-7\\u202egpj.exe\\n\\x9b31m | pid" in title
     assert ": python \\x1b[31mtrain.py --tag=a\\x7fb\\u200fc" in command
     assert "\\x1b[8mloss" in text and "\\x1b[5mkilled" in text and "boom\\x1b[0m\\r" in text

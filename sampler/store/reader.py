@@ -115,7 +115,12 @@ class Run:
     @property
     def where(self) -> str:
         """``host`` alone, or ``host rank R/W`` for a rank of a multi-rank job."""
-        return self.host if self.world_size == 1 else f"{self.host} rank {self.rank}/{self.world_size}"
+        return " ".join(filter(None, (self.host, self.rank_label)))
+
+    @property
+    def rank_label(self) -> str:
+        """``rank R/W`` for a rank of a multi-rank job, else empty."""
+        return "" if self.world_size == 1 else f"rank {self.rank}/{self.world_size}"
 
     @property
     def duration(self) -> float:

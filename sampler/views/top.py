@@ -10,6 +10,7 @@ are ``sampler.catalogue``'s.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -51,9 +52,17 @@ OWN_CATEGORIES = ("process", "process_tree")
 """The training process's own categories, shown right after the training signals: what people
 open ``top`` for, before the host's."""
 LABEL_WIDTH = 30
+"""The label column at its widest (characters); narrower when the labels are shorter."""
 VALUE_WIDTH = 12
+"""A value column at its narrowest (characters); wider when a value needs it."""
 MIN_SPARK_WIDTH = 8
 MAX_SPARK_WIDTH = 60
+LABEL_MIN_WIDTH = 4
+"""The label column at its narrowest, when a terminal has room for the value alone."""
+VALUE_HEADINGS = ("now", "min", "max")
+GPU_SPARK_HEADING = "util recent"
+HEADER_SEPARATOR = " | "
+"""Between the parts of the title and of the health line, where a narrow terminal breaks them."""
 
 
 class Line(NamedTuple):
@@ -156,7 +165,7 @@ def health_line(stats: Mapping[str, Any] | None) -> Line:
         problems.append(f"monitor stopped: {stats['error']}")
     if not problems:
         return Line("health: ok (0 restarts, 0 records lost, nothing quarantined, store ok)")
-    return Line("health: " + " | ".join(problems), "alert")
+    return Line("health: " + HEADER_SEPARATOR.join(problems), "alert")
 
 
 def stale_line(view: View, now: float) -> Line | None:
@@ -184,19 +193,30 @@ def _pid(run: Run) -> str:
     return "?" if run.pid is None else str(run.pid)
 
 
-def header_lines(view: View, now: float) -> list[Line]:
+def header_lines(view: View, now: float, width: int | None = None) -> list[Line]:
+    """The title, the store and command line, the health and the alerts; the title and the
+    health on as many lines as ``width`` needs (``_wrap``), escaped (``printable``)."""
     run = view.run
     if run is None:
         return [Line("wl-resource-monitor top", "title"), Line(view.waiting or "waiting", "alert")]
     status = run.status_at(now, view.pid_alive, view.pid_suspended)
     duration = run.clock_at(now) - run.started_at if status == "running" else run.duration
     step = "-" if view.last_step is None else str(view.last_step)
-    title = (
-        f"run {run.id} | {run.where} pid {_pid(run)} | {status} | {format_duration(duration)} | step {step}"
-        f" | every {run.interval:g} s | q quits"
+    title = HEADER_SEPARATOR.join(
+        (
+            f"run {run.id}",
+            *filter(None, (run.host, run.rank_label)),  # a part each: a long host is cut, not the rank
+            f"pid {_pid(run)}",
+            status,
+            format_duration(duration),
+            f"step {step}",
+            f"every {run.interval:g} s",
+            "q quits",
+        )
     )
     command = " ".join(run.command) or "?"
-    lines = [Line(title, "title"), Line(f"{view.store}: {command}"), health_line(run.stats)]
+    lines = [*_wrap(Line(title, "title"), width), Line(f"{view.store}: {command}")]
+    lines += _wrap(health_line(run.stats), width)
     if view.error is not None:
         lines.append(Line(f"!! {view.error}", "alert"))
     stale = stale_line(view, now)
@@ -207,6 +227,22 @@ def header_lines(view: View, now: float) -> list[Line]:
 
 def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def _wrap(line: Line, width: int | None) -> list[Line]:
+    """``line`` escaped and, when too long for ``width``, on several, broken between its `` | ``
+    parts (the title's step or a health problem is not cut off the end), a part longer than a
+    line between its words; a word longer than a line is cut."""
+    text = printable(line.text)  # measured as the terminal will show it
+    if width is None or len(text) <= width:
+        return [Line(text, line.style)]
+    lines: list[str] = []
+    for part in text.split(HEADER_SEPARATOR):
+        if lines and len(lines[-1]) + len(HEADER_SEPARATOR) + len(part) <= width:
+            lines[-1] += HEADER_SEPARATOR + part
+        else:
+            lines += textwrap.wrap(part, width, break_long_words=False, break_on_hyphens=False) or [part]
+    return [Line(_fit(text, width), line.style) for text in lines]
 
 
 def _is_counter(name: str) -> bool:
@@ -226,16 +262,42 @@ def _shown_elsewhere(name: str, points: Mapping[str, Sequence[Point]]) -> bool:
     return catalogue.shown_by_another(name, points)
 
 
+class Columns(NamedTuple):
+    """How the signal rows fill a width: the label column's and each value column's width, how
+    many value columns are shown (now, min, max; or now alone), and the sparkline's (0: none)."""
+
+    label: int
+    value: int
+    shown: int
+    spark: int
+
+
+def columns(longest_label: int, longest_cell: int, width: int) -> Columns:
+    """The layout of rows whose longest label and value cell are that many characters, in
+    ``width``: every cell whole (a column is as wide as its longest cell, and at least
+    ``VALUE_WIDTH``), the label column as wide as its longest label (at most ``LABEL_WIDTH``).
+    What does not fit goes, least needed first: the sparkline, then min and max, then the
+    labels' ends (cut with "…"); a number is never cut."""
+    label = min(LABEL_WIDTH, 2 + longest_label + 1)
+    value = max(VALUE_WIDTH, longest_cell + 1)
+    for shown in (len(VALUE_HEADINGS), 1):
+        used = label + shown * value
+        spark = min(MAX_SPARK_WIDTH, width - used - 2)
+        if spark >= MIN_SPARK_WIDTH:
+            return Columns(label, value, shown, spark)
+        if used <= width:
+            return Columns(label, value, shown, 0)
+    return Columns(max(width - value, LABEL_MIN_WIDTH), value, 1, 0)
+
+
 def signal_lines(
     points: Mapping[str, Sequence[Point]], width: int, window: int = WINDOW_POINTS
 ) -> list[Line]:
     """A row per signal, grouped (see ``group_of``): label, current value, min
-    and max over the window, sparkline; GPUs as one row per device (see
-    ``gpu_lines``), between the training signals and the other resources.
+    and max over the window, sparkline, laid out in ``width`` by ``columns``; GPUs as one row
+    per device (see ``gpu_lines``), between the training signals and the other resources.
     Peaks, means, counters' own rates and counters shown by a gauge have no row
     (``_shown_elsewhere``)."""
-    spark = max(MIN_SPARK_WIDTH, min(MAX_SPARK_WIDTH, width - LABEL_WIDTH - 3 * VALUE_WIDTH - 4))
-    lines: list[Line] = []
     if not points:
         return [Line("no signals yet")]
     gpus: dict[str, dict[str, Sequence[Point]]] = {}
@@ -246,13 +308,9 @@ def signal_lines(
             gpus.setdefault(group, {})[label] = points[name]
         elif not _shown_elsewhere(name, points):
             rows.setdefault((key, group), []).append((_rank(name), label, name))
-    columns = f"{'':<{LABEL_WIDTH}}{'now':>{VALUE_WIDTH}}{'min':>{VALUE_WIDTH}}{'max':>{VALUE_WIDTH}}  recent"
-    lines.append(Line(columns, "heading"))
+    groups: list[tuple[int, str, list[tuple[str, list[str], list[float]]]]] = []
     for (key, group), members in sorted(rows.items()):
-        if gpus and key[0] == 2:  # the GPUs right below the process's own rows, before the host's
-            lines += gpu_lines(gpus, spark)
-            gpus = {}
-        lines.append(Line(group, "heading"))
+        shown = []
         for _, label, name in sorted(members):
             series = list(points[name])
             rate = _is_counter(name)
@@ -261,48 +319,93 @@ def signal_lines(
                 label += " /s"
             values = [v for _, v in series]
             finite = [v for v in values if math.isfinite(v)]
-            if not values:
-                cells = ["-", "-", "-"]
-            else:
-                cells = [
-                    format_value(name, values[-1], rate=rate),
-                    format_value(name, min(finite), rate=rate) if finite else "-",
-                    format_value(name, max(finite), rate=rate) if finite else "-",
-                ]
-            text = f"  {_fit(label, LABEL_WIDTH - 3):<{LABEL_WIDTH - 2}}" + "".join(
-                f"{_fit(c, VALUE_WIDTH - 1):>{VALUE_WIDTH}}" for c in cells
+            texts = [
+                format_value(name, values[-1], rate=rate) if values else "-",
+                format_value(name, min(finite), rate=rate) if finite else "-",
+                format_value(name, max(finite), rate=rate) if finite else "-",
+            ]
+            shown.append((printable(label), texts, values))  # escaped before it is measured
+        groups.append((key[0], group, shown))
+    every = [member for _, _, group_rows in groups for member in group_rows]
+    layout = columns(
+        max((len(label) for label, _, _ in every), default=0),
+        max((len(text) for _, texts, _ in every for text in texts), default=0),
+        width,
+    )
+    headings = "".join(f"{h:>{layout.value}}" for h in VALUE_HEADINGS[: layout.shown])
+    lines = [Line(f"{'':<{layout.label}}{headings}{'  recent' if layout.spark else ''}", "heading")]
+    for order, group, group_rows in groups:
+        if gpus and order == 2:  # the GPUs right below the process's own rows, before the host's
+            lines += gpu_lines(gpus, layout.spark, width)
+            gpus = {}
+        lines.append(Line(group, "heading"))
+        for label, texts, values in group_rows:
+            text = f"  {_fit(label, layout.label - 3):<{layout.label - 2}}" + "".join(
+                f"{c:>{layout.value}}" for c in texts[: layout.shown]
             )
-            lines.append(Line(f"{text}  {sparkline(values, spark)}"))
+            lines.append(Line(f"{text}  {sparkline(values, layout.spark)}" if layout.spark else text))
     if gpus:
-        lines += gpu_lines(gpus, spark)
+        lines += gpu_lines(gpus, layout.spark, width)
     return lines
 
 
-def gpu_lines(gpus: Mapping[str, Mapping[str, Sequence[Point]]], spark: int = 20) -> list[Line]:
+def gpu_lines(
+    gpus: Mapping[str, Mapping[str, Sequence[Point]]], spark: int = 20, width: int | None = None
+) -> list[Line]:
     """One row per GPU (``gpu/<i>`` -> signal after it -> points): the latest value of
     each of ``GPU_COLUMNS`` it logs side by side under a header of their labels, then a
-    sparkline of its utilization."""
-    present = {s for signals in gpus.values() for s in signals}
+    sparkline of its utilization, ``spark`` characters wide at most (0: none). Columns that do
+    not fit in ``width`` follow in a table of their own below, so no value is cut."""
+    present = [s for s in GPU_COLUMNS if s in {s for signals in gpus.values() for s in signals}]
     devices = sorted(gpus, key=lambda g: int(g.split("/")[1]))  # gpu/2 before gpu/10
-    columns = [(label_of(f"{catalogue.PREFIX}{devices[0]}/{s}"), s) for s in GPU_COLUMNS if s in present]
+    heads = [label_of(f"{catalogue.PREFIX}{devices[0]}/{s}") for s in present]
     table: list[list[str]] = []
     for device in devices:
-        signals = gpus[device]
-        row = []
-        for _, signal in columns:
-            kept = signals.get(signal)
-            name = f"{catalogue.PREFIX}{device}/{signal}"
-            row.append(format_value(name, kept[-1][1]) if kept else "-")
-        table.append(row)
-    widths = [max(len(label), *(len(r[i]) for r in table)) for i, (label, _) in enumerate(columns)]
+        kept = [gpus[device].get(signal) for signal in present]
+        table.append(
+            [
+                format_value(f"{catalogue.PREFIX}{device}/{signal}", points[-1][1]) if points else "-"
+                for signal, points in zip(present, kept, strict=True)
+            ]
+        )
+    widths = [max(len(head), *(len(r[i]) for r in table)) for i, head in enumerate(heads)]
     label = 2 + max(len(d) for d in devices) + 2
-    head = "  ".join(f"{name:>{w}}" for (name, _), w in zip(columns, widths, strict=True))
-    lines = [Line(f"{'gpu':<{label}}{head}  util recent", "heading")]
-    for device, row in zip(devices, table, strict=True):
-        util = gpus[device].get(catalogue.GPU_UTILIZATION.suffix) or []
-        cells = "  ".join(f"{c:>{w}}" for c, w in zip(row, widths, strict=True))
-        lines.append(Line(f"  {device:<{label - 2}}{cells}  {sparkline([v for _, v in util], spark)}"))
+    parts = _parts(widths, label, width)
+    if spark:  # in the last table's room when the heading fits there, else a table of its own
+        room = spark if width is None else width - label - sum(widths[i] + 2 for i in parts[-1])
+        if room < len(GPU_SPARK_HEADING):
+            parts.append([])
+        else:
+            spark = min(spark, room)
+        parts[-1].append(len(heads))
+        heads.append(GPU_SPARK_HEADING)
+        widths.append(max(spark, len(GPU_SPARK_HEADING)))
+        for device, row in zip(devices, table, strict=True):
+            util = gpus[device].get(catalogue.GPU_UTILIZATION.suffix) or []
+            row.append(sparkline([v for _, v in util], spark))
+    lines: list[Line] = []
+    for part in parts:
+        align = ["<" if spark and i == len(heads) - 1 else ">" for i in part]  # the sparkline to the left
+        head = "  ".join(f"{heads[i]:{a}{widths[i]}}" for i, a in zip(part, align, strict=True))
+        lines.append(Line(f"{'gpu':<{label}}{head}", "heading"))
+        for device, row in zip(devices, table, strict=True):
+            cells = "  ".join(f"{row[i]:{a}{widths[i]}}" for i, a in zip(part, align, strict=True))
+            lines.append(Line(f"  {device:<{label - 2}}{cells}"))
     return lines
+
+
+def _parts(widths: Sequence[int], label: int, width: int | None) -> list[list[int]]:
+    """The GPU table's columns (their indices), in order, in tables that each fit in ``width``
+    beside the ``label`` column (one column at least, however narrow)."""
+    parts: list[list[int]] = [[]]
+    used = label
+    for i, w in enumerate(widths):
+        if parts[-1] and width is not None and used + 2 + w > width:
+            parts.append([])
+            used = label
+        used += w + (2 if parts[-1] else 0)
+        parts[-1].append(i)
+    return parts
 
 
 def render(
@@ -322,7 +425,7 @@ def frame(
     below them start ``offset`` rows down (kept within what there is), and the last line says
     how many rows are above and below and which keys scroll."""
     width = max(width, 1)
-    head = header_lines(view, now)
+    head = header_lines(view, now, width)
     body: list[Line] = []
     if view.run is not None:
         head.append(Line(f"min and max: over the last {view.window} points"))
