@@ -7,12 +7,14 @@ import asyncio
 import dataclasses
 import functools
 import itertools
+import linecache
 import logging
 import sqlite3
 import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -151,6 +153,43 @@ def test_a_signal_handler_stopping_the_monitor_during_stop_does_not_deadlock(tmp
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["handler returned", "stopped False"], done.stdout
+
+
+def test_a_stop_that_lands_while_start_runs_ends_the_run_start_began(tmp_path: Path) -> None:
+    """A signal handler (or another thread) calls stop() just after start() made the run the
+    monitor's and before its thread started: stop() found a thread it could not join and raised
+    into start(), whose run then never ended (no store row, its pipes and subscription left)."""
+    store = tmp_path / "runs.sqlite"
+    mon = sampler.ResourceMonitor(categories=["cpu"], store=str(store), step_source="seconds", **FAST)
+    start = sampler.ResourceMonitor._start.__code__
+    fds = open_fds()
+
+    def at(frame: types.FrameType, event: str, arg: object) -> object:
+        """Runs stop() where a signal handler could: before the line that starts the thread."""
+        if (
+            event == "line"
+            and linecache.getline(start.co_filename, frame.f_lineno).strip() == "run.thread.start()"
+        ):
+            frame.f_trace = None
+            mon.stop()
+        return at
+
+    sys.settrace(lambda frame, event, arg: at if frame.f_code is start else None)
+    try:
+        mon.start()
+    finally:
+        sys.settrace(None)
+    assert not mon.running
+
+    def ended() -> bool:
+        try:
+            with StoreReader(str(store)) as reader:
+                return [run.ended_at is not None for run in reader.runs()] == [True]
+        except (FileNotFoundError, sqlite3.Error):  # not there yet, or its schema not written yet
+            return False
+
+    wait_for(ended, what="the run to read as ended")
+    wait_for(lambda: open_fds() <= fds, what="the run's pipes to close")
 
 
 def test_huge_deadlines_are_clamped_and_the_thread_lives(caplog: pytest.LogCaptureFixture) -> None:

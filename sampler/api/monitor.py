@@ -361,10 +361,12 @@ class ResourceMonitor:
         child = supervisor.child if supervisor is not None else None
         if child is not None:
             child.request_stop()  # the child takes its last record, which the thread emits
-        if thread is None or thread is threading.current_thread():
+        if thread is None or thread.ident is None or thread is threading.current_thread():
             if supervisor is not None:
                 supervisor.emitter.stopping.set()
-            return  # stop() from the sink: the thread ends once the sink returns
+            # stop() from the sink: the thread ends once the sink returns. Or from a signal handler
+            # or another thread while start() ran: its thread, once started, finds the stop byte.
+            return
         thread.join(STOP_TIMEOUT_SECONDS)
         if supervisor is not None:  # a sink behind by seconds of calls must not keep the thread
             supervisor.emitter.stopping.set()
