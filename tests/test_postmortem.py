@@ -330,6 +330,29 @@ def test_the_command_finds_the_store_a_script_named_in_its_working_directory(
     [row] = listing.stdout.splitlines()[1:]
     assert row.endswith("runs.sqlite (postmortem 1)") and f" {backend.pid} " in row, listing.stdout
 
+    # Another program holds the store locked (a browser of SQLite files, a long write): its
+    # postmortem cannot be listed now, which is said, naming it, rather than "no run store here".
+    # A FIFO and a directory with a store's name are not opened: nothing waits on them.
+    os.mkfifo(tmp_path / "x.sqlite")
+    (tmp_path / "d.sqlite3").mkdir()
+    locked = sqlite3.connect(tmp_path / "runs.sqlite", isolation_level=None)
+    try:
+        locked.execute("PRAGMA locking_mode=EXCLUSIVE")
+        locked.execute("BEGIN EXCLUSIVE")
+        blocked = subprocess.run(
+            [sys.executable, "-m", "sampler", "postmortem"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        locked.close()
+    assert blocked.returncode == 0, blocked.stderr
+    [warning] = blocked.stderr.splitlines()
+    assert "cannot read runs.sqlite (database is locked)" in warning and "--store runs.sqlite" in warning
+    assert "no run store here could be read (other.sqlite, runs.sqlite)" in blocked.stdout, blocked.stdout
+
 
 def test_the_command_says_where_else_to_look_when_it_finds_none(tmp_path: Path) -> None:
     done = subprocess.run(

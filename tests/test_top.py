@@ -364,7 +364,7 @@ def test_once_prints_a_frame_of_a_run_a_real_monitor_is_writing(
     assert status == 0 and "| ended |" in text and "no sample" not in text
 
 
-def test_once_without_a_run_says_it_waits(tmp_path: Path) -> None:
+def test_once_without_a_run_says_it_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     missing = tmp_path / "nothing.sqlite"
     args = parse_command("top", str(missing), "--once")
     args.out = io.StringIO()
@@ -375,6 +375,14 @@ def test_once_without_a_run_says_it_waits(tmp_path: Path) -> None:
     status, text = once(empty, run_id=2)
     assert status == 2 and f"waiting for run 2 in {empty}" in text
     assert once(empty)[0] == 0
+    # Something with a store's name that is no file: said (not "no store there yet"), never opened
+    # (a FIFO's open would wait for a writer), and still waited on: it may be moved aside.
+    monkeypatch.chdir(tmp_path)  # short names: the line fits in the width, wherever tmp is
+    os.mkdir("dir.sqlite")
+    os.mkfifo("fifo.sqlite")
+    for name, what in (("dir.sqlite", "a directory"), ("fifo.sqlite", "a FIFO")):
+        status, text = once(name)
+        assert status == 2 and f"(cannot read it: {what}, not a run store)" in text, text
     assert parse_command("top").store == "resource_monitor.sqlite"
     assert parse_command("top", "--interval", "0.5").interval == 0.5
     with pytest.raises(SystemExit):

@@ -37,6 +37,7 @@ from sampler.postmortems.reading import (
     mark_read,
     with_header,
 )
+from sampler.store.schema import NotARunStore
 from sampler.util.quoting import printable
 
 LATEST = "latest"
@@ -124,6 +125,7 @@ def main(args: argparse.Namespace) -> int:
         else [("--dir", settings.DEFAULT_POSTMORTEM_DIR), *(("--store", store) for store in stores_here())]
     )
     found: list[Found] = []
+    skipped: list[str] = []  # the SQLite files here that could not be read as run stores
     for flag, place in list(places):
         if place is None:
             continue
@@ -137,7 +139,14 @@ def main(args: argparse.Namespace) -> int:
                 return EXIT_USAGE
         except (OSError, sqlite3.Error) as exc:
             if not explicit and flag == "--store":
-                places.remove((flag, place))  # an SQLite file here that is no run store
+                places.remove((flag, place))
+                skipped.append(place)
+                if not _not_a_store(exc):  # a run store, locked by another program or unreadable
+                    print(
+                        f"warning: cannot read {printable(place)} ({exc}): its postmortems are not"
+                        f" listed; try again, or --store {printable(place)}",
+                        file=sys.stderr,
+                    )
                 continue
             print(f"error: cannot read the postmortems in {place}: {exc}", file=sys.stderr)
             return EXIT_USAGE
@@ -146,7 +155,7 @@ def main(args: argparse.Namespace) -> int:
         return _show(found, args.show, args.last, out)
     listed = [(n, with_header(f)) for n, f in enumerate(found, 1) if args.all or not f.read]
     if not listed:
-        _say_none(places, explicit, args.all, out)
+        _say_none(places, explicit, args.all, out, skipped)
         return 0
     _table([HEADER, *(_row(n, f) for n, f in listed)], out)
     if args.mark_read:
@@ -156,13 +165,24 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _say_none(places: list[tuple[str, str | None]], explicit: bool, read_too: bool, out: TextIO) -> None:
+def _not_a_store(exc: Exception) -> bool:
+    """Whether ``exc`` says the file is no run store (another program's database), rather than a
+    run store that cannot be read now (locked by another program, unreadable)."""
+    return isinstance(exc, NotARunStore) or getattr(exc, "sqlite_errorname", None) == "SQLITE_NOTADB"
+
+
+def _say_none(
+    places: list[tuple[str, str | None]], explicit: bool, read_too: bool, out: TextIO, skipped: list[str]
+) -> None:
     """There are no postmortems (``read_too``: not even read ones) where we looked: say where that
-    was and, when it was only the default places, where else they may be."""
+    was and, when it was only the default places, where else they may be (``skipped``: the SQLite
+    files here that could not be read as run stores)."""
     stores = [place for flag, place in places if flag == "--store" and place is not None]
     where = " or ".join(place for flag, place in places if flag == "--dir" and place is not None)
     if stores:
         where += f"{' or ' * bool(where)}the run store{'s' * (len(stores) > 1)} {', '.join(stores)}"
+    elif skipped:
+        where += f", and no run store here could be read ({', '.join(map(printable, skipped))})"
     elif not explicit:
         suffixes = ", ".join(f"*{suffix}" for suffix in STORE_SUFFIXES)
         where += f", and there is no run store here (no {suffixes} file)"

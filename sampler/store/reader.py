@@ -11,6 +11,7 @@ import fnmatch
 import os
 import socket
 import sqlite3
+import stat
 import time
 import warnings
 from collections.abc import Iterable
@@ -267,12 +268,20 @@ class PostmortemRow:
 
 
 class StoreReader:
-    """A read-only view of a store; ``FileNotFoundError`` if there is none at ``path``,
-    ``sqlite3.DatabaseError`` if it is not a run store."""
+    """A read-only view of a store; ``FileNotFoundError`` if there is nothing at ``path``,
+    ``sqlite3.DatabaseError`` if it is not a run store (``schema.NotARunStore`` for something
+    that is not even a file: a directory, a FIFO, never opened, so never waited on)."""
 
     def __init__(self, path: str) -> None:
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"no run store at {path}")
+            try:
+                mode = os.stat(path).st_mode
+            except OSError:
+                raise FileNotFoundError(f"no run store at {path}") from None
+            kind = (
+                "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a special file"
+            )
+            raise schema.NotARunStore(f"{kind}, not a run store")
         self.path = path
         self.db = schema.connect(path, readonly=True, timeout=1.0)
         self.db.text_factory = decode_text

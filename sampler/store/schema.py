@@ -403,6 +403,11 @@ class StoreVersionError(sqlite3.DatabaseError):
     """The store was written by a newer release than this one."""
 
 
+class NotARunStore(StoreVersionError):
+    """What is at the path is no run store this release reads: another program's SQLite database
+    (or a store older than it reads), or no file at all (a directory, a FIFO)."""
+
+
 def connect(path: str, *, readonly: bool = False, timeout: float = 0.0) -> sqlite3.Connection:
     """Open the store at ``path``, creating or migrating it unless ``readonly``.
 
@@ -411,7 +416,7 @@ def connect(path: str, *, readonly: bool = False, timeout: float = 0.0) -> sqlit
     crash of the process (not of the machine) without an fsync per commit.
     ``timeout`` is how long a statement waits for a lock (s). A new store is
     created ``MODE``; an existing one keeps its mode. Raises ``sqlite3.Error``
-    (``StoreVersionError`` for a newer schema) or ``OSError``.
+    (``StoreVersionError`` for a newer schema, ``NotARunStore`` for none) or ``OSError``.
     """
     if readonly:
         # Quoted: in the URI, a "#", "?" or "%" of the name would cut it short (and the mode off).
@@ -434,7 +439,7 @@ def connect(path: str, *, readonly: bool = False, timeout: float = 0.0) -> sqlit
             db.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # an empty file: it takes effect
         if readonly:
             if version < READABLE_FROM:
-                raise StoreVersionError("not a run store (or an older one: open it for writing once)")
+                raise NotARunStore("not a run store (or an older one: open it for writing once)")
             return db
         _use_wal(db, timeout)
         db.execute("PRAGMA synchronous=NORMAL")
