@@ -113,12 +113,14 @@ def test_signals_are_grouped_training_first_then_categories_in_order() -> None:
         "resource/network/bytes_received": series(0, 1024, 3072),  # a counter: shown as a rate
         "resource/memory/system_utilization_percent": series(40, 41),
         "steps_per_second": series(3, 4),
+        "resource/progress/steps_per_second": series(7, 8),
     }
     view = View(store="s.sqlite", run=make_run(), points=points, last_step=77, newest=NOW - 0.5)
     lines = top.render(view, NOW, width=120)
     text = text_of(lines)
     groups = [line.text for line in lines if line.style == "heading" and " " not in line.text]
-    assert groups == ["eval", "train", "training", "process", "cpu", "memory", "network"], text
+    # The loop's throughput beside its signals, then its process, then the host's.
+    assert groups == ["eval", "train", "training", "progress", "process", "cpu", "memory", "network"], text
     loss = row(text, "loss").split()
     assert loss[1:4] == ["0.5", "0.5", "2"] and loss[4] == "█▃▁"  # now, min, max, recent
     assert row(text, "utilization").split()[1:4] == ["50.0%", "10.0%", "90.0%"]
@@ -597,23 +599,26 @@ def test_top_at_80x24_shows_the_process_first_and_scrolls_with_the_keys(
     try:
         wait_for(lambda: store.exists() and once(store)[0] == 0, what="the backend's run in the store")
         tmux = Tmux(top_command_line(store), tmp_path, columns=80, rows=24)
-        first = tmux.wait_screen("run 1 |", "loss", "memory (RSS)", "gpu/1", "(0 above, ")
+        # The loop's throughput and its process first, before the host's rows.
+        first = tmux.wait_screen("run 1 |", "loss", "steps /s", "memory (RSS)", "gpu/0", "(0 above, ")
         assert "min and max: over the last 120 points" in first, first
         assert all(len(line) <= 80 for line in first.splitlines())
+        throughput = re.findall(r"\S+ steps/s", line_with(first, "steps /s"))
+        assert len(throughput) == 3 and all(re.fullmatch(r"\d+(\.\d+)? steps/s", t) for t in throughput), (
+            first
+        )
 
         def at_the_end() -> str | None:
-            """The screen after End once it shows the throughput (rows that arrive later, the
+            """The screen after End once it is at the end (rows that arrive later, the
             pressure's, push it below the end End went to: End again)."""
             tmux.tmux("send-keys", "-t", "top", "End")
             screen = tmux.screen()
-            return screen if ", 0 below)" in screen and "steps /s" in screen else None
+            return screen if ", 0 below)" in screen else None
 
-        last = wait_for(at_the_end, what="the throughput's row at the end of the rows")
-        assert "memory (RSS)" not in last and "run 1 |" in last, last
+        last = wait_for(at_the_end, what="the end of the rows")
+        assert "memory (RSS)" not in last and "steps /s" not in last and "run 1 |" in last, last
         rows = [line for screen in (first, last) for line in screen.splitlines()[5:-1]]  # below the header
         assert not any("…" in line for line in rows), f"{first}\n{last}"  # every value whole at 80 columns
-        throughput = re.findall(r"\S+ steps/s", line_with(last, "steps /s"))
-        assert len(throughput) == 3 and all(re.fullmatch(r"\d+(\.\d+)? steps/s", t) for t in throughput), last
         tmux.tmux("send-keys", "-t", "top", "Home")
         tmux.wait_screen("(0 above, ", "memory (RSS)")
         tmux.tmux("send-keys", "-t", "top", "Down")

@@ -48,9 +48,9 @@ GPU_COLUMNS = tuple(
 """A GPU row's columns (what follows ``gpu/<i>/`` in their names), in order, those a device
 logs; its other signals (means, the raw throttle bitmask, ...) are in the store, for ``plot``
 and ``export``."""
-OWN_CATEGORIES = ("process", "process_tree")
-"""The training process's own categories, shown right after the training signals: what people
-open ``top`` for, before the host's."""
+OWN_CATEGORIES = (*catalogue.DERIVED_CATEGORIES, "process", "process_tree")
+"""The training's own categories, shown right after its signals: its throughput and step phases,
+then its process: what people open ``top`` for, before the host's."""
 LABEL_WIDTH = 30
 """The label column at its widest (characters); narrower when the labels are shorter."""
 VALUE_WIDTH = 12
