@@ -45,7 +45,10 @@ _forwarding: Callable[[], bool] = _never
 
 _lock = threading.Lock()
 _subscribers: tuple[Subscriber, ...] = ()
-_failures = RateLimitedWarning()
+_failures: dict[int, RateLimitedWarning] = {}
+"""Each subscriber's failures, by its id while it is subscribed: one broken subscriber's minute of
+held-back lines must not hide another's first."""
+_forward_failures = RateLimitedWarning()
 _SUBSCRIBER_RAISED = "resource monitor: signal subscriber %r raised %r"
 _FORWARDING_RAISED = "resource monitor: forwarding %s to WeightsLab raised %r"
 _training_step: int | None = None
@@ -71,11 +74,13 @@ def subscribe(fn: Subscriber) -> Callable[[], None]:
     global _subscribers
     with _lock:
         _subscribers = (*_subscribers, fn)
+        _failures[id(fn)] = RateLimitedWarning()
 
     def unsubscribe() -> None:
         global _subscribers
         with _lock:
             _subscribers = tuple(s for s in _subscribers if s is not fn)
+            _failures.pop(id(fn), None)
 
     return unsubscribe
 
@@ -129,11 +134,20 @@ def log_signal(name: str, value: float, step: int) -> None:
         try:
             fn(name, value, step)
         except Exception as exc:
-            _failures.warn(_SUBSCRIBER_RAISED, fn, exc)
+            _raised(fn, exc)
     try:
         _forward(name, value, step)
     except Exception as exc:
-        _failures.warn(_FORWARDING_RAISED, name, exc)
+        _forward_failures.warn(_FORWARDING_RAISED, name, exc)
+
+
+def _raised(fn: Subscriber, exc: BaseException) -> None:
+    """Say that subscriber ``fn`` raised ``exc``, rate-limited per subscriber."""
+    limiter = _failures.get(id(fn))
+    if limiter is None:  # unsubscribed while it was called: nothing left to limit
+        log.warning(_SUBSCRIBER_RAISED, fn, exc)
+    else:
+        limiter.warn(_SUBSCRIBER_RAISED, fn, exc)
 
 
 def _refuse(name: str, step: object) -> None:
@@ -175,9 +189,9 @@ def log_batch(
                     fn(name, value, step)
                 except BaseException as exc:  # CancelledError too: nothing stops the monitor thread
                     if fn is forward:
-                        _failures.warn(_FORWARDING_RAISED, name, exc)
+                        _forward_failures.warn(_FORWARDING_RAISED, name, exc)
                     else:
-                        _failures.warn(_SUBSCRIBER_RAISED, fn, exc)
+                        _raised(fn, exc)
         finally:
             spent.append((fn, clock() - start))
     return True

@@ -101,6 +101,32 @@ def test_a_raising_subscriber_does_not_starve_the_others(caplog: pytest.LogCaptu
     assert any("boom" in r.getMessage() for r in caplog.records)
 
 
+def test_each_broken_subscriber_is_said_however_recently_another_was(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One limiter for every subscriber held a second one's first failure back for a minute (and
+    made the test above depend on which tests ran before it in the same process)."""
+    errors = {"first": ValueError("first broke"), "second": KeyError("second broke")}
+
+    def broken(which: str) -> signals.Subscriber:
+        def receive(name: str, value: float, step: int) -> None:
+            raise errors[which]
+
+        return receive
+
+    offs = [signals.subscribe(broken("first"))]
+    try:
+        signals.log_signal("a", 1.0, 1)
+        signals.log_signal("a", 2.0, 2)  # the same one again within the minute: held back
+        offs.append(signals.subscribe(broken("second")))
+        signals.log_signal("a", 3.0, 3)
+    finally:
+        for off in offs:
+            off()
+    said = [r.getMessage() for r in caplog.records if "broke" in r.getMessage()]
+    assert len(said) == 2 and "first broke" in said[0] and "second broke" in said[1], said
+
+
 def test_a_second_monitor_of_the_process_replaces_the_first_unless_each_has_its_own_store_or_port(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
