@@ -394,6 +394,20 @@ def test_a_signal_that_kept_one_value_is_named_under_the_figure_not_drawn(tmp_pa
     assert set(panels(fig)) == {"resource/process/cpu_cores_allowed"} and unchanged_line(fig) is None
 
 
+def test_the_line_naming_the_steady_signals_fits_the_figure(store: Path) -> None:
+    """Two fake GPUs read the same power, clocks and memory all run: a long line, wrapped within
+    the figure's width (its first version ran off both edges)."""
+    fig, _ = draw(store, [2])
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()  # type: ignore[no-untyped-call]
+    (said,) = [text for text in fig.findobj(Text) if text.get_gid() == plot.UNCHANGED]
+    assert "GPU power limit" in said.get_text() and said.get_text().count("\n") >= 1
+    box = said.get_window_extent(canvas.get_renderer())  # type: ignore[no-untyped-call]
+    assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0, (box, fig.bbox)
+    lowest = min(ax.get_tightbbox(canvas.get_renderer()).y0 for ax in fig.axes)  # type: ignore[no-untyped-call]
+    assert box.y1 <= lowest, "the line overlaps the panels"
+
+
 def test_the_loops_throughput_shares_the_training_row_and_resources_start_the_next() -> None:
     categories = ["training", "training", "progress", "cpu", "memory", "disk", "disk"]
     cells = plot.layout(categories)

@@ -252,7 +252,8 @@ def figure(
                          for panel, value in steady)  # fmt: skip
         throughout = "in every run, throughout" if multi else "throughout"
         footnote = fig.supxlabel(
-            textwrap.fill(f"the same {throughout}, not drawn: {said}", width=int(fig.get_figwidth() * 15)),
+            # About 12 characters an inch at this size: wider lines ran off both edges.
+            textwrap.fill(f"the same {throughout}, not drawn: {said}", width=int(fig.get_figwidth() * 12)),
             fontsize=9.5,
             color="0.25",
         )
