@@ -185,7 +185,7 @@ def test_weightslab_without_a_logger_gets_nothing(weightslab: Path) -> None:
     from weightslab import src
 
     imported = weightslab_modules()
-    failures = signals._failures.count
+    failures = signals._forward_failures.count
     seen = Recorder()
     unsubscribe = signals.subscribe(seen)
     try:
@@ -195,7 +195,7 @@ def test_weightslab_without_a_logger_gets_nothing(weightslab: Path) -> None:
         unsubscribe()
     assert CPU in seen.names()
     assert src.CALLS == []
-    assert signals._failures.count == failures
+    assert signals._forward_failures.count == failures
     assert weightslab_modules() == imported
     assert FORWARDING not in monitor.stats()["callbacks"]  # nothing forwarded, nothing timed
 
