@@ -163,7 +163,8 @@ print("RANK " + json.dumps({
     "steps": sorted(probe.steps),
     "children": sorted(pid for pid in probe.children if pid),
     "children_left": sorted(pid for pid in probe.children if pid and psutil.pid_exists(pid)),
-    "other_children": sorted({p.pid for p in psutil.Process().children(recursive=True)} - launched),
+    # Its own children: the other ranks' (their monitors' children) may still be leaving.
+    "other_children": sorted({p.pid for p in psutil.Process().children()} - launched),
     "held": sorted(probe.held),
     "held_after": sorted(memory_files()),
 }), flush=True)
