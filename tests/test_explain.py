@@ -531,6 +531,37 @@ def phases(**shares: tuple[float, float]) -> dict[str, list[float]]:
     }
 
 
+def epoch_pauses(input_shares: list[float]) -> list[list[evidence.Reason]]:
+    """The pause reasons of a loop waiting for its input 85 % of the time, with DataLoader workers,
+    that stood still 1.5 s at the start of each of its epochs (every 1,125 steps), the loop
+    waiting for its input ``input_shares`` of each pause's window."""
+    seconds, steps, inputs = [0.25] * 40, [125] * 40, [85.0] * 40
+    for pause, share in zip((10, 20, 30), input_shares, strict=True):
+        seconds[pause], steps[pause], inputs[pause] = 1.5, 0, share
+    records = timeline(
+        seconds,
+        steps,
+        **{"resource/progress/input_percent": inputs, OWN_CPU: [20.0] * 40, TREE_CPU: [80.0] * 40},
+        **{TREE_COUNT: [3.0] * 40},
+    )
+    found = stretches.find(records)
+    pauses = [s for s in found.stretches if s.kind == stretches.PAUSE]
+    assert [p.start_step for p in pauses] == [1250, 2375, 3500]
+    return evidence.pause_reasons(pauses, evidence.Baseline(records, found.regular))
+
+
+def test_an_input_bound_loops_pause_on_the_epochs_period_is_named_with_the_others() -> None:
+    """Beside two busy loops a real loop waited for its input 85 % of the time: its first epoch's
+    pause (94 %) did not stand out by 10 points and read as an evaluation or a checkpoint, while
+    the next two (97 %) were named. Being on their period, it is one of them."""
+    said = epoch_pauses([94.0, 97.0, 97.0])
+    assert [[r.cause for r in reasons] for reasons in said] == [["input_pause"]] * 3
+    assert "(every 1,125 steps, 3 times)" in said[0][0].text
+    # A pause not spent mostly waiting for its input is not one of them.
+    first, *_ = epoch_pauses([40.0, 97.0, 97.0])
+    assert first == []
+
+
 def test_a_process_whose_cpu_fell_while_it_did_not_wait_for_a_cpu_was_idle() -> None:
     (idle,) = reasons_with(**{OWN_CPU: during(25, 95), CPU_WAIT: during(3, 2)})
     assert idle.cause == "process_idle" and "its CPU 25% (typically 95%)" in idle.text

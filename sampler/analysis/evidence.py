@@ -629,19 +629,28 @@ def pause_reasons(pauses: list[Stretch], baseline: Baseline) -> list[list[Reason
     it. Such pauses every so many steps, with DataLoader workers in the tree, are the workers
     started again at each epoch (``persistent_workers=False``), each epoch's first batch waiting
     for their start."""
-    found: list[tuple[Stretch, _Compare, bool] | None] = []
+    waited: list[tuple[Stretch, _Compare, bool] | None] = []  # pauses spent mostly waiting for input
     for pause in pauses:
         frame = _Frame(baseline, np.array([pause.last]), False)
         share = frame.compare(_PHASES[0][0], _phase_share(_PHASES[0][0]))
-        if share is None or share.stretch < INPUT_PAUSE_SHARE or share.stretch - share.typical < PHASE_POINTS:
-            found.append(None)
-        else:
-            found.append((pause, share, _workers(frame) is not None))
-    count = sum(item is not None for item in found)
+        mostly = share is not None and share.stretch >= INPUT_PAUSE_SHARE
+        waited.append((pause, share, _workers(frame) is not None) if share is not None and mostly else None)
+    # Named where its share also stood out from the typical.
+    found = [item if item and item[1].stretch - item[1].typical >= PHASE_POINTS else None for item in waited]
     # Epochs of one length: the pauses came every so many steps (the records' steps within 10 %).
     gaps = np.diff([item[0].start_step for item in found if item is not None])
     every = float(np.median(gaps)) if len(gaps) else 0.0
     epochs = every > 0 and bool(np.all(np.abs(gaps - every) <= 0.1 * every))
+    if epochs:
+        # A pause on their period that also waited for its input is one more: in a loop bound by
+        # its input all along, such a window's share cannot stand out from the typical.
+        first = next(item[0].start_step for item in found if item is not None)
+        for i, item in enumerate(waited):
+            if item is not None and found[i] is None:
+                periods = abs(item[0].start_step - first) / every
+                if round(periods) >= 1 and abs(periods - round(periods)) <= 0.1:
+                    found[i] = item
+    count = sum(item is not None for item in found)
     reasons: list[list[Reason]] = []
     for item in found:
         if item is None:
