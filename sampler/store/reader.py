@@ -77,7 +77,9 @@ class Run:
     @property
     def status(self) -> str:
         """ "ended", "running", "suspended" or "lost" now (see ``status_at``)."""
-        return self.status_at(time.time(), self.process_alive(), self.process_suspended())
+        status = self.status_at(time.time(), self.process_alive())
+        # Asked of a quiet run alone: a listing of ended runs reads no process state.
+        return "suspended" if status == "lost" and self.process_suspended() else status
 
     def status_at(self, now: float, alive: bool | None, suspended: bool = False) -> str:
         """ "ended", "running", "suspended" or "lost" at wall time ``now``: lost when it has
