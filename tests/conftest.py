@@ -320,6 +320,20 @@ def _ephemeral_ports() -> tuple[int, int]:
         return 32768, 60999
 
 
+def sampler_command(
+    *args: str, cwd: Path, timeout: float = 60, **kwargs: object
+) -> subprocess.CompletedProcess[str]:
+    """``python -m sampler ARGS`` run in ``cwd``, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "sampler", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        **kwargs,
+    )
+
+
 def scrape(port: int) -> str:
     """The body of ``/metrics`` on 127.0.0.1:``port``; raises ``OSError`` when nothing serves."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:

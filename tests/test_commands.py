@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import FAST, default_sigint, wait_for
+from conftest import FAST, default_sigint, sampler_command, wait_for
 
 import sampler
 from sampler.collectors.host import SWAP_NAMES
@@ -29,19 +29,6 @@ from sampler.store.writer import RunInfo, RunWriter
 
 CPU = "resource/cpu/utilization_percent"
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def sampler_command(
-    *args: str, cwd: Path, timeout: float = 60, **kwargs: object
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sampler", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        **kwargs,
-    )
 
 
 @pytest.fixture

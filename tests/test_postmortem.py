@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 import pytest
 from cgroups import cgroup_skip_reason, memory_cgroup
-from conftest import FAST, Recorder, backend_script, gone, old_store, run_command, wait_for
+from conftest import FAST, Recorder, backend_script, gone, old_store, run_command, sampler_command, wait_for
 
 import sampler
 from ringbuf import Ring
@@ -319,13 +319,7 @@ def test_the_command_finds_the_store_a_script_named_in_its_working_directory(
     backend.kill()
     (tmp_path / "notes.db").write_text("not SQLite")  # neither is looked at as a store
     sqlite3.connect(tmp_path / "other.sqlite").execute("CREATE TABLE t (a)").connection.close()
-    listing = subprocess.run(
-        [sys.executable, "-m", "sampler", "postmortem"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    listing = sampler_command("postmortem", cwd=tmp_path)
     assert listing.returncode == 0, listing.stderr
     [row] = listing.stdout.splitlines()[1:]
     assert row.endswith("runs.sqlite (postmortem 1)") and f" {backend.pid} " in row, listing.stdout
@@ -339,13 +333,7 @@ def test_the_command_finds_the_store_a_script_named_in_its_working_directory(
     try:
         locked.execute("PRAGMA locking_mode=EXCLUSIVE")
         locked.execute("BEGIN EXCLUSIVE")
-        blocked = subprocess.run(
-            [sys.executable, "-m", "sampler", "postmortem"],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        blocked = sampler_command("postmortem", cwd=tmp_path)
     finally:
         locked.close()
     assert blocked.returncode == 0, blocked.stderr
@@ -355,13 +343,7 @@ def test_the_command_finds_the_store_a_script_named_in_its_working_directory(
 
 
 def test_the_command_says_where_else_to_look_when_it_finds_none(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "sampler", "postmortem"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = sampler_command("postmortem", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "no run store here" in done.stdout and "--store PATH" in done.stdout, done.stdout
 

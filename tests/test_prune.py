@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import conftest
 import psutil
 import pytest
 from conftest import old_store, run_command, wait_for
@@ -31,9 +32,7 @@ POINTS_PER_RUN = 2000  # more than the few pages every store has, of 16 KiB each
 
 
 def sampler_command(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sampler", *args], capture_output=True, text=True, timeout=120, cwd=cwd
-    )
+    return conftest.sampler_command(*args, cwd=cwd, timeout=120)  # a prune of millions of points
 
 
 LOST_BACKEND = """
