@@ -171,6 +171,28 @@ def test_dash_writes_standard_output_in_a_real_process(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.sqlite"]
 
 
+@pytest.mark.parametrize("command", [["export", "-o", "-"], ["plot", "-o", "/dev/stdout"], ["runs"]])
+def test_a_closed_standard_output_is_one_line_and_status_2(
+    store: Path, tmp_path: Path, command: list[str]
+) -> None:
+    """``... >&-``: Python gives the command no standard output at all; it said so with a
+    traceback ('NoneType' object has no attribute 'buffer')."""
+    done = subprocess.run(
+        [sys.executable, "-m", "sampler", command[0], str(store), *command[1:]],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        check=False,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert done.returncode == 2 and done.stderr == (
+        "error: standard output is closed; give it somewhere to go (> FILE)\n"
+    ), done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.sqlite"]
+
+
 def link_to(out: Path, target: Path | str) -> Path:
     out.symlink_to(target)
     return out

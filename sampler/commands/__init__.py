@@ -25,7 +25,7 @@ from sampler.commands import (
     stalls,
     top,
 )
-from sampler.commands.common import EXIT_BROKEN_PIPE, silence
+from sampler.commands.common import EXIT_BROKEN_PIPE, EXIT_USAGE, silence
 
 COMMANDS = (demo, run, top, plot, explain, runs, stalls, export, config, postmortem, prometheus)
 
@@ -52,8 +52,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run ``python -m sampler``; returns the exit status. ``out``: where results go (stdout)."""
+    out = out or sys.stdout
+    if out is None:  # started with its standard output closed (`... >&-`): Python gives None
+        if sys.stderr is not None:
+            print("error: standard output is closed; give it somewhere to go (> FILE)", file=sys.stderr)
+        return EXIT_USAGE
     args = _parser().parse_args(argv)
-    args.out = out or sys.stdout
+    args.out = out
     try:
         status: int = args.handler(args)
     except BrokenPipeError:  # `... | head`: end quietly, as a Unix tool killed by SIGPIPE would
